@@ -1,0 +1,130 @@
+//! `fixed_window`: windows aligned to multiples of `window` since the Unix epoch.
+//!
+//! The window a state belongs to is stored with its count, so a request in a
+//! later window starts from zero without any timer. The state's expiry is the
+//! end of its window and nothing pushes it back (seed 004's bug: an `EXPIRE`
+//! refreshed by every request locks a hammering client out forever).
+
+use super::{Check, NEVER};
+use crate::clock::Micros;
+
+/// Parameters: `limit` per `window`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FixedWindow {
+    limit: u64,
+    window: Micros,
+}
+
+/// Count of the window starting at `start`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    /// Start of the window the count belongs to (µs since the epoch).
+    pub start: Micros,
+    /// Summed cost charged in that window.
+    pub count: u64,
+}
+
+impl FixedWindow {
+    /// `limit` (>= 1) per `window` (>= 1 µs).
+    ///
+    /// ```
+    /// use ratewarden::algorithm::fixed_window::{FixedWindow, State};
+    /// let fw = FixedWindow::new(2, 1_000_000);
+    /// let mut s = State::default();
+    /// for _ in 0..2 {
+    ///     assert!(fw.check(&s, 500, 1).allowed);
+    ///     fw.charge(&mut s, 500, 1);
+    /// }
+    /// let third = fw.check(&s, 500, 1);
+    /// assert!(!third.allowed);
+    /// assert_eq!(third.retry_after, 999_500); // the next window starts at 1 s
+    /// ```
+    pub fn new(limit: u64, window: Micros) -> Self {
+        assert!(limit >= 1 && window >= 1);
+        Self { limit, window }
+    }
+
+    fn window_start(&self, now: Micros) -> Micros {
+        now - now % self.window
+    }
+
+    fn count_at(&self, s: &State, now: Micros) -> u64 {
+        if s.start == self.window_start(now) {
+            s.count
+        } else {
+            0
+        }
+    }
+
+    /// See the [module](super) docs.
+    pub fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
+        let used = self.count_at(s, now);
+        let reset_after = self.window_start(now) + self.window - now;
+        if cost <= self.limit && used + cost <= self.limit {
+            Check::allow(self.limit - used - cost, reset_after)
+        } else {
+            let retry = if cost > self.limit {
+                NEVER
+            } else {
+                reset_after
+            };
+            Check::deny(self.limit.saturating_sub(used), reset_after, retry)
+        }
+    }
+
+    /// See the [module](super) docs.
+    pub fn charge(&self, s: &mut State, now: Micros, cost: u64) {
+        let start = self.window_start(now);
+        if s.start != start {
+            *s = State { start, count: 0 };
+        }
+        s.count = s.count.saturating_add(cost);
+    }
+
+    /// See the [module](super) docs.
+    pub fn idle_at(&self, s: &State) -> Micros {
+        s.start + self.window
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: Micros = 60_000_000;
+
+    #[test]
+    fn resets_exactly_at_the_window_edge() {
+        let fw = FixedWindow::new(3, W);
+        let mut s = State::default();
+        for _ in 0..3 {
+            fw.charge(&mut s, W - 1, 1);
+        }
+        assert!(!fw.check(&s, W - 1, 1).allowed);
+        assert_eq!(fw.check(&s, W - 1, 1).retry_after, 1);
+        let at_edge = fw.check(&s, W, 1);
+        assert!(at_edge.allowed);
+        assert_eq!(at_edge.remaining, 2);
+    }
+
+    #[test]
+    fn cost_larger_than_limit_never_fits() {
+        let fw = FixedWindow::new(3, W);
+        let c = fw.check(&State::default(), 0, 4);
+        assert!(!c.allowed);
+        assert_eq!(c.retry_after, NEVER);
+        assert_eq!(c.remaining, 3);
+    }
+
+    #[test]
+    fn forced_charges_do_not_move_the_expiry() {
+        let fw = FixedWindow::new(1, W);
+        let mut s = State::default();
+        fw.charge(&mut s, 10, 1);
+        for t in [20, 30, W - 1] {
+            fw.charge(&mut s, t, 1);
+        }
+        assert_eq!(fw.idle_at(&s), W);
+        assert_eq!(s.count, 4);
+    }
+}

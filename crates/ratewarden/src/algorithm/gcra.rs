@@ -1,0 +1,114 @@
+//! `gcra`: the generic cell rate algorithm; one timestamp of state per key.
+//!
+//! Each request of cost `c` moves the key's theoretical arrival time (TAT)
+//! `c` emission intervals `T = window / limit` past `max(TAT, now)`; it is
+//! admitted while the TAT stays within the tolerance `burst × T` of now.
+//! `T` is rounded down to a whole microsecond (as governor rounds to a
+//! nanosecond), so `burst` requests always fit at once and the long-run rate
+//! errs, by at most 1 µs per request, towards admitting.
+
+use super::{Check, NEVER};
+use crate::clock::Micros;
+
+/// Parameters: emission interval and tolerance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gcra {
+    /// Emission interval `T`, µs.
+    interval: Micros,
+    /// `burst × T`, µs.
+    tolerance: Micros,
+    burst: u64,
+}
+
+/// Theoretical arrival time of the next conforming request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    /// TAT, µs since the epoch.
+    pub tat: Micros,
+}
+
+impl Gcra {
+    /// `limit` per `window` µs, `burst` at once; `window / limit` must be >= 1 µs.
+    ///
+    /// ```
+    /// use ratewarden::algorithm::gcra::{Gcra, State};
+    /// let g = Gcra::new(10, 1_000_000, 2); // 10/s, burst 2
+    /// let mut s = State::default();
+    /// g.charge(&mut s, 0, 2);
+    /// let c = g.check(&s, 0, 1);
+    /// assert!(!c.allowed);
+    /// assert_eq!(c.retry_after, 100_000);
+    /// ```
+    pub fn new(limit: u64, window: Micros, burst: u64) -> Self {
+        assert!(limit >= 1 && burst >= 1 && window >= limit);
+        let interval = window / limit;
+        Self {
+            interval,
+            tolerance: interval.saturating_mul(burst),
+            burst,
+        }
+    }
+
+    /// See the [module](super) docs.
+    pub fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
+        let start = s.tat.max(now);
+        let new_tat = start.saturating_add(cost.saturating_mul(self.interval));
+        let used = start - now;
+        if cost <= self.burst && new_tat - now <= self.tolerance {
+            Check::allow(
+                (self.tolerance - (new_tat - now)) / self.interval,
+                new_tat - now,
+            )
+        } else {
+            let retry = if cost > self.burst {
+                NEVER
+            } else {
+                new_tat - now - self.tolerance
+            };
+            Check::deny(
+                self.tolerance.saturating_sub(used) / self.interval,
+                used,
+                retry,
+            )
+        }
+    }
+
+    /// See the [module](super) docs.
+    pub fn charge(&self, s: &mut State, now: Micros, cost: u64) {
+        let start = s.tat.max(now);
+        let new_tat = start.saturating_add(cost.saturating_mul(self.interval));
+        s.tat = new_tat.min(now.saturating_add(self.tolerance));
+    }
+
+    /// See the [module](super) docs.
+    pub fn idle_at(&self, s: &State) -> Micros {
+        s.tat
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn burst_fits_at_once_even_when_the_interval_is_rounded() {
+        // 60 s / 7 = 8_571_428.57 µs, rounded down.
+        let g = Gcra::new(7, 60_000_000, 7);
+        let mut s = State::default();
+        let now = 1_000_000_000;
+        for i in 0..7 {
+            let c = g.check(&s, now, 1);
+            assert!(c.allowed, "request {i}");
+            assert_eq!(c.remaining, 6 - i);
+            g.charge(&mut s, now, 1);
+        }
+        assert!(!g.check(&s, now, 1).allowed);
+        assert_eq!(g.check(&s, now, 1).retry_after, 8_571_428);
+    }
+
+    #[test]
+    fn cost_above_burst_never_fits() {
+        let g = Gcra::new(10, 1_000_000, 3);
+        assert_eq!(g.check(&State::default(), 5, 4).retry_after, NEVER);
+    }
+}

@@ -1,0 +1,146 @@
+//! `leaky_bucket`: a queue of capacity `burst` drained at `limit / window`.
+//!
+//! In `reject` mode a request that does not fit in the queue is rejected. In
+//! `delay` mode it is admitted and told how long to wait before being
+//! forwarded: the time the queue ahead of it takes to drain, as nginx
+//! `limit_req` without `nodelay` does. A wait longer than `max_delay` is a
+//! rejection instead.
+
+use super::fluid::Fluid;
+use super::{Check, NEVER};
+use crate::clock::Micros;
+
+/// Parameters: queue of `burst`, drained at `limit` per `window`, optional delay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeakyBucket {
+    fluid: Fluid,
+    /// `Some(max_delay)` in delay mode.
+    max_delay: Option<Micros>,
+}
+
+/// Queue level (in fluid units) at time `last`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    /// Units in the queue at `last`.
+    pub level: u64,
+    /// When `level` was computed (µs since the epoch).
+    pub last: Micros,
+}
+
+impl LeakyBucket {
+    /// Reject mode: a queue of `burst` drained at `limit` per `window` µs.
+    pub fn new(limit: u64, window: Micros, burst: u64) -> Self {
+        assert!(limit >= 1 && window >= 1 && burst >= 1);
+        Self {
+            fluid: Fluid::new(limit, window, burst),
+            max_delay: None,
+        }
+    }
+
+    /// Delay mode: requests wait for the queue ahead of them, at most `max_delay` µs.
+    ///
+    /// ```
+    /// use ratewarden::algorithm::leaky_bucket::{LeakyBucket, State};
+    /// // 10 per second, queue of 5, wait at most 1 s.
+    /// let lb = LeakyBucket::delayed(10, 1_000_000, 5, 1_000_000);
+    /// let mut s = State::default();
+    /// let delays: Vec<u64> = (0..3)
+    ///     .map(|_| {
+    ///         let c = lb.check(&s, 0, 1);
+    ///         lb.charge(&mut s, 0, 1);
+    ///         c.delay
+    ///     })
+    ///     .collect();
+    /// assert_eq!(delays, [0, 100_000, 200_000]);
+    /// ```
+    pub fn delayed(limit: u64, window: Micros, burst: u64, max_delay: Micros) -> Self {
+        Self {
+            max_delay: Some(max_delay),
+            ..Self::new(limit, window, burst)
+        }
+    }
+
+    fn level_at(&self, s: &State, now: Micros) -> u64 {
+        self.fluid.drain(s.level, now.saturating_sub(s.last))
+    }
+
+    /// See the [module](super) docs.
+    pub fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
+        let f = &self.fluid;
+        let level = self.level_at(s, now);
+        let need = f.units(cost);
+        let fits = level + need <= f.capacity;
+        // In delay mode the request leaves once the queue ahead has drained.
+        let delay = match self.max_delay {
+            Some(_) => f.time_for(level),
+            None => 0,
+        };
+        let delay_ok = self.max_delay.is_none_or(|max| delay <= max);
+        if fits && delay_ok {
+            let after = level + need;
+            let mut c = Check::allow(f.tokens(f.capacity - after), f.time_for(after));
+            c.delay = delay;
+            c
+        } else {
+            let retry = if need > f.capacity {
+                NEVER
+            } else {
+                let over_capacity = (level + need).saturating_sub(f.capacity);
+                let over_delay = match self.max_delay {
+                    Some(max) => level.saturating_sub(max.saturating_mul(f.rate)),
+                    None => 0,
+                };
+                f.time_for(over_capacity.max(over_delay))
+            };
+            Check::deny(f.tokens(f.capacity - level), f.time_for(level), retry)
+        }
+    }
+
+    /// See the [module](super) docs.
+    pub fn charge(&self, s: &mut State, now: Micros, cost: u64) {
+        let level = self.level_at(s, now);
+        s.level = (level.saturating_add(self.fluid.units(cost))).min(self.fluid.capacity);
+        s.last = now.max(s.last);
+    }
+
+    /// See the [module](super) docs.
+    pub fn idle_at(&self, s: &State) -> Micros {
+        s.last + self.fluid.time_for(s.level)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reject_mode_rejects_when_full_and_drains_at_rate() {
+        let lb = LeakyBucket::new(2, 1_000_000, 2);
+        let mut s = State::default();
+        lb.charge(&mut s, 0, 1);
+        lb.charge(&mut s, 0, 1);
+        let c = lb.check(&s, 0, 1);
+        assert!(!c.allowed);
+        assert_eq!(c.retry_after, 500_000);
+        assert!(lb.check(&s, 500_000, 1).allowed);
+        assert_eq!(lb.check(&s, 0, 3).retry_after, NEVER);
+    }
+
+    #[test]
+    fn delay_mode_is_bounded_by_max_delay() {
+        // 1 per second, queue of 10, but wait at most 2 s.
+        let lb = LeakyBucket::delayed(1, 1_000_000, 10, 2_000_000);
+        let mut s = State::default();
+        let mut delays = vec![];
+        for _ in 0..4 {
+            let c = lb.check(&s, 0, 1);
+            if c.allowed {
+                lb.charge(&mut s, 0, 1);
+                delays.push(c.delay);
+            } else {
+                assert_eq!(c.retry_after, 1_000_000);
+            }
+        }
+        assert_eq!(delays, [0, 1_000_000, 2_000_000]);
+    }
+}

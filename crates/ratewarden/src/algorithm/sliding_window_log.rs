@@ -1,0 +1,146 @@
+//! `sliding_window_log`: admit while the cost admitted in `(now − window, now]`
+//! plus this request's cost stays within `limit`. Exact.
+//!
+//! Every charge is its own entry, so two requests in the same microsecond are
+//! two entries (seed 004's sorted-set members collapsed when they shared a
+//! millisecond score and member).
+//!
+//! The log never holds more than `limit` entries: when forced charges
+//! (`count_rejected`, reported failures) push the sum past the limit, the oldest
+//! entries are dropped as long as the newer ones alone still reach the limit.
+//! That loses nothing: while a dropped entry would still be in the window, all
+//! the newer ones are too, so the key is over its limit either way.
+
+use std::collections::VecDeque;
+
+use super::{Check, NEVER};
+use crate::clock::Micros;
+
+/// Parameters: `limit` per rolling `window`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlidingWindowLog {
+    limit: u64,
+    window: Micros,
+}
+
+/// Charged entries, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    /// `(time, cost)` of each charge, oldest first.
+    pub entries: VecDeque<(Micros, u64)>,
+}
+
+impl SlidingWindowLog {
+    /// `limit` per rolling `window` µs.
+    ///
+    /// ```
+    /// use ratewarden::algorithm::sliding_window_log::{SlidingWindowLog, State};
+    /// let log = SlidingWindowLog::new(2, 10_000_000);
+    /// let mut s = State::default();
+    /// log.charge(&mut s, 1_000_000, 1);
+    /// log.charge(&mut s, 4_000_000, 1);
+    /// let c = log.check(&s, 9_000_000, 1);
+    /// assert!(!c.allowed);
+    /// assert_eq!(c.retry_after, 2_000_000); // the first entry leaves at 11 s
+    /// assert!(log.check(&s, 11_000_000, 1).allowed);
+    /// ```
+    pub fn new(limit: u64, window: Micros) -> Self {
+        assert!(limit >= 1 && window >= 1);
+        Self { limit, window }
+    }
+
+    fn live<'s>(&self, s: &'s State, now: Micros) -> impl Iterator<Item = &'s (Micros, u64)> {
+        let window = self.window;
+        s.entries.iter().skip_while(move |(t, _)| t + window <= now)
+    }
+
+    /// See the [module](super) docs.
+    pub fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
+        let used: u64 = self.live(s, now).map(|(_, c)| c).sum();
+        if cost <= self.limit && used + cost <= self.limit {
+            return Check::allow(self.limit - used - cost, self.window);
+        }
+        let reset_after = s.entries.back().map_or(0, |(t, _)| t + self.window - now);
+        let retry = if cost > self.limit {
+            NEVER
+        } else {
+            // The earliest time enough of the oldest entries have left.
+            let mut left = used;
+            let mut retry = NEVER;
+            for (t, c) in self.live(s, now) {
+                left -= c;
+                if left + cost <= self.limit {
+                    retry = t + self.window - now;
+                    break;
+                }
+            }
+            retry
+        };
+        Check::deny(self.limit.saturating_sub(used), reset_after, retry)
+    }
+
+    /// See the [module](super) docs.
+    pub fn charge(&self, s: &mut State, now: Micros, cost: u64) {
+        while s
+            .entries
+            .front()
+            .is_some_and(|(t, _)| t + self.window <= now)
+        {
+            s.entries.pop_front();
+        }
+        // Keep the log in time order even if a caller's clock stepped back.
+        let t = s.entries.back().map_or(now, |(last, _)| now.max(*last));
+        s.entries.push_back((t, cost));
+        let mut sum: u64 = s.entries.iter().map(|(_, c)| c).sum();
+        while let Some(&(_, oldest)) = s.entries.front() {
+            if sum - oldest < self.limit {
+                break;
+            }
+            sum -= oldest;
+            s.entries.pop_front();
+        }
+    }
+
+    /// See the [module](super) docs.
+    pub fn idle_at(&self, s: &State) -> Micros {
+        s.entries.back().map_or(0, |(t, _)| t + self.window)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_microsecond_requests_are_separate_entries() {
+        let log = SlidingWindowLog::new(100, 1_000);
+        let mut s = State::default();
+        for _ in 0..100 {
+            assert!(log.check(&s, 5, 1).allowed);
+            log.charge(&mut s, 5, 1);
+        }
+        assert_eq!(s.entries.len(), 100);
+        assert!(!log.check(&s, 5, 1).allowed);
+    }
+
+    #[test]
+    fn an_entry_leaves_exactly_one_window_later() {
+        let log = SlidingWindowLog::new(1, 1_000);
+        let mut s = State::default();
+        log.charge(&mut s, 100, 1);
+        assert!(!log.check(&s, 1_099, 1).allowed);
+        assert!(log.check(&s, 1_100, 1).allowed);
+    }
+
+    #[test]
+    fn forced_charges_keep_at_most_limit_entries() {
+        let log = SlidingWindowLog::new(3, 1_000);
+        let mut s = State::default();
+        for t in 0..50 {
+            log.charge(&mut s, t, 1);
+        }
+        assert_eq!(s.entries.len(), 3);
+        // Blocked until the newest three have left: the hammering counted.
+        assert_eq!(log.check(&s, 50, 1).retry_after, 47 + 1_000 - 50);
+    }
+}

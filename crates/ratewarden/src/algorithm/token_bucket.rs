@@ -1,0 +1,119 @@
+//! `token_bucket`: capacity `burst`, refilled continuously at `limit / window`.
+//!
+//! The state is how far the bucket is from full at a time; the refill since
+//! then is computed when the next request arrives (no timers). Storing the
+//! deficit rather than the token count makes the fresh state (all zeros) a full
+//! bucket, so a forgotten key and a new key read the same.
+
+use super::fluid::Fluid;
+use super::{Check, NEVER};
+use crate::clock::Micros;
+
+/// Parameters: `burst` tokens, `limit` tokens added per `window`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBucket {
+    fluid: Fluid,
+}
+
+/// Deficit (in fluid units) at time `last`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    /// Units missing from a full bucket at `last`.
+    pub deficit: u64,
+    /// When `deficit` was computed (µs since the epoch).
+    pub last: Micros,
+}
+
+impl TokenBucket {
+    /// A bucket of `burst` tokens refilled at `limit` per `window` µs.
+    ///
+    /// ```
+    /// use ratewarden::algorithm::token_bucket::{State, TokenBucket};
+    /// // 2 tokens per second, bucket of 2.
+    /// let tb = TokenBucket::new(2, 1_000_000, 2);
+    /// let mut s = State::default();
+    /// tb.charge(&mut s, 0, 2);
+    /// let c = tb.check(&s, 0, 1);
+    /// assert!(!c.allowed);
+    /// assert_eq!(c.retry_after, 500_000); // one token every half second
+    /// assert!(tb.check(&s, 500_000, 1).allowed);
+    /// ```
+    pub fn new(limit: u64, window: Micros, burst: u64) -> Self {
+        assert!(limit >= 1 && window >= 1 && burst >= 1);
+        Self {
+            fluid: Fluid::new(limit, window, burst),
+        }
+    }
+
+    fn deficit_at(&self, s: &State, now: Micros) -> u64 {
+        self.fluid.drain(s.deficit, now.saturating_sub(s.last))
+    }
+
+    /// See the [module](super) docs.
+    pub fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
+        let f = &self.fluid;
+        let deficit = self.deficit_at(s, now);
+        let need = f.units(cost);
+        if deficit + need <= f.capacity {
+            let after = deficit + need;
+            Check::allow(f.tokens(f.capacity - after), f.time_for(after))
+        } else {
+            let retry = if need > f.capacity {
+                NEVER
+            } else {
+                f.time_for(deficit + need - f.capacity)
+            };
+            Check::deny(f.tokens(f.capacity - deficit), f.time_for(deficit), retry)
+        }
+    }
+
+    /// See the [module](super) docs.
+    pub fn charge(&self, s: &mut State, now: Micros, cost: u64) {
+        let deficit = self.deficit_at(s, now);
+        s.deficit = (deficit.saturating_add(self.fluid.units(cost))).min(self.fluid.capacity);
+        s.last = now.max(s.last);
+    }
+
+    /// See the [module](super) docs.
+    pub fn idle_at(&self, s: &State) -> Micros {
+        s.last + self.fluid.time_for(s.deficit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refills_a_fractional_token_exactly() {
+        // 7 per minute: one token every 8_571_428.57 µs.
+        let tb = TokenBucket::new(7, 60_000_000, 1);
+        let mut s = State::default();
+        tb.charge(&mut s, 0, 1);
+        assert!(!tb.check(&s, 8_571_428, 1).allowed);
+        assert_eq!(tb.check(&s, 8_571_428, 1).retry_after, 1);
+        assert!(tb.check(&s, 8_571_429, 1).allowed);
+    }
+
+    #[test]
+    fn bucket_never_exceeds_burst() {
+        let tb = TokenBucket::new(10, 1_000_000, 3);
+        let s = State::default();
+        let c = tb.check(&s, 5_000_000_000, 1);
+        assert_eq!(c.remaining, 2);
+        assert!(!tb.check(&s, 5_000_000_000, 4).allowed);
+        assert_eq!(tb.check(&s, 0, 4).retry_after, NEVER);
+    }
+
+    #[test]
+    fn forced_charge_empties_but_does_not_go_negative() {
+        let tb = TokenBucket::new(1, 1_000_000, 2);
+        let mut s = State::default();
+        for _ in 0..10 {
+            tb.charge(&mut s, 0, 1);
+        }
+        assert_eq!(tb.check(&s, 1_000_000, 1).remaining, 0);
+        assert!(tb.check(&s, 1_000_000, 1).allowed);
+        assert_eq!(tb.idle_at(&s), 2_000_000);
+    }
+}

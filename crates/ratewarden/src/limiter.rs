@@ -1,0 +1,141 @@
+//! The front door: decisions over any [`Store`], and the settle step of
+//! `count: failures` rules.
+
+use std::time::Duration;
+
+use crate::decision::{Decision, RuleDecision};
+use crate::rule::{Rule, Verdict, finite};
+use crate::store::{Mode, Op, Store, StoreError};
+
+/// Decides requests against rules, over a store.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratewarden::{Limiter, MemoryStore, Penalty, Rule, algorithm::Kind, clock::ManualClock};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// // 20 requests per minute per IP; going over earns a 10-minute ban.
+/// let clock = ManualClock::new(1_700_000_000_000_000);
+/// let limiter = Limiter::new(MemoryStore::builder().clock(clock.clone()).build());
+/// let per_ip = Rule::builder("per-ip")
+///     .algorithm(Kind::SlidingWindowLog)
+///     .limit(20, Duration::from_secs(60))
+///     .penalty(Penalty::fixed(Duration::from_secs(600)))
+///     .build()
+///     .unwrap();
+/// for _ in 0..20 {
+///     assert!(limiter.check(&per_ip, "203.0.113.7").await.unwrap().allowed);
+/// }
+/// let d = limiter.check(&per_ip, "203.0.113.7").await.unwrap();
+/// assert!(!d.allowed);
+/// assert_eq!(d.retry_after_secs(), Some(600));
+/// // Another address is unaffected.
+/// assert!(limiter.check(&per_ip, "198.51.100.1").await.unwrap().allowed);
+/// // Nine minutes later the first is still banned, though its window has passed.
+/// clock.advance(Duration::from_secs(540));
+/// assert_eq!(limiter.check(&per_ip, "203.0.113.7").await.unwrap().retry_after_secs(), Some(60));
+/// clock.advance(Duration::from_secs(60));
+/// assert!(limiter.check(&per_ip, "203.0.113.7").await.unwrap().allowed);
+/// # });
+/// ```
+#[derive(Debug, Clone)]
+pub struct Limiter<S> {
+    store: S,
+}
+
+/// An admitted request whose `count: failures` rules wait for its outcome.
+#[derive(Debug, Clone)]
+#[must_use = "report the outcome, or the failure is never counted"]
+pub struct Pending {
+    ops: Vec<(Rule, String)>,
+    weight: u64,
+}
+
+/// The answer to [`Limiter::acquire`].
+#[derive(Debug)]
+pub struct Admission {
+    /// The decision.
+    pub decision: Decision,
+    /// Set when the request was admitted and some rule counts failures:
+    /// pass it to [`Limiter::report`] with the outcome.
+    pub pending: Option<Pending>,
+}
+
+impl<S: Store> Limiter<S> {
+    /// A limiter over `store`.
+    pub fn new(store: S) -> Self {
+        Self { store }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// One rule, one key, weight 1.
+    pub async fn check(&self, rule: &Rule, key: &str) -> Result<Decision, StoreError> {
+        Ok(self.acquire(&[Op { rule, key }], 1).await?.decision)
+    }
+
+    /// Decides a request under every rule in `ops` at once, all-or-nothing.
+    pub async fn acquire(&self, ops: &[Op<'_>], weight: u64) -> Result<Admission, StoreError> {
+        let verdicts = self.store.decide(ops, weight, Mode::Apply).await?;
+        let decision = assemble(ops, &verdicts);
+        let pending =
+            (decision.allowed && ops.iter().any(|op| op.rule.counts_failures())).then(|| Pending {
+                ops: ops
+                    .iter()
+                    .filter(|op| op.rule.counts_failures())
+                    .map(|op| (op.rule.clone(), op.key.to_owned()))
+                    .collect(),
+                weight,
+            });
+        Ok(Admission { decision, pending })
+    }
+
+    /// What [`acquire`](Self::acquire) would decide now, recording nothing.
+    pub async fn peek(&self, ops: &[Op<'_>], weight: u64) -> Result<Decision, StoreError> {
+        let verdicts = self.store.decide(ops, weight, Mode::Peek).await?;
+        Ok(assemble(ops, &verdicts))
+    }
+
+    /// Settles a request's `count: failures` rules: `failure` charges them,
+    /// a success clears their history (with `reset_on_success`).
+    pub async fn report(&self, pending: &Pending, failure: bool) -> Result<(), StoreError> {
+        let ops: Vec<Op<'_>> = pending
+            .ops
+            .iter()
+            .map(|(rule, key)| Op { rule, key })
+            .collect();
+        self.store.settle(&ops, pending.weight, failure).await
+    }
+}
+
+/// Builds the decision a store's verdicts amount to.
+pub fn assemble(ops: &[Op<'_>], verdicts: &[Verdict]) -> Decision {
+    let allowed = crate::store::admitted(ops, verdicts);
+    let delay = if allowed {
+        verdicts.iter().map(|v| v.check.delay).max().unwrap_or(0)
+    } else {
+        0
+    };
+    Decision {
+        allowed,
+        delay: Duration::from_micros(delay),
+        rules: ops
+            .iter()
+            .zip(verdicts)
+            .map(|(op, v)| RuleDecision {
+                rule: op.rule.clone(),
+                key: op.key.to_owned(),
+                reason: v.reason,
+                remaining: v.check.remaining,
+                reset_after: Duration::from_micros(v.check.reset_after),
+                retry_after: if v.allowed() {
+                    None
+                } else {
+                    finite(v.check.retry_after).map(Duration::from_micros)
+                },
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,372 @@
+//! The in-process store: sharded, exact under concurrency, bounded.
+//!
+//! Keys are hashed once with a per-process random seed (so clients cannot
+//! aim at one shard or one bucket) to 64 bits; the hash picks a shard and is
+//! the map key, so a key costs no heap allocation. Two distinct keys would
+//! share a state only on a full 64-bit collision of a seeded hash: about one
+//! chance in 3·10^7 with a million live keys.
+//!
+//! A decision locks the shards of all its keys (in ascending order, so two
+//! decisions cannot deadlock), evaluates every rule, then records: that is
+//! what makes multi-rule decisions all-or-nothing and a hot key exact.
+//!
+//! Memory is bounded by `max_keys`: each shard holds at most its share. When a
+//! shard is full, expired states go first, then the states closest to expiring:
+//! a state near its expiry is nearly a fresh one, so forgetting it changes the
+//! fewest future decisions (an attacker spraying new keys only evicts keys
+//! that carry little, and mostly its own).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::clock::{Clock, Micros, SystemClock};
+use crate::rule::{KeyState, Verdict};
+use crate::store::{KeyInfo, Mode, Op, Store, StoreError, admitted};
+
+/// The map key is already a seeded hash: pass it through.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Map = HashMap<u64, Slot, BuildHasherDefault<PassThrough>>;
+
+#[derive(Debug)]
+struct Slot {
+    state: KeyState,
+    /// When `state` reads as fresh; an expired slot is treated as absent.
+    expires: Micros,
+}
+
+struct Shard {
+    map: Map,
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    shard_bits: u32,
+    per_shard: usize,
+    max_keys: usize,
+    seed: foldhash::quality::RandomState,
+    clock: Arc<dyn Clock>,
+}
+
+/// The in-process store. Cheap to clone; clones share the state.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratewarden::{Limiter, MemoryStore, Rule, clock::ManualClock};
+/// # tokio_test_block(async {
+/// let clock = ManualClock::new(0);
+/// let limiter = Limiter::new(MemoryStore::builder().clock(clock.clone()).build());
+/// let rule = Rule::builder("r").limit(1, Duration::from_secs(1)).build().unwrap();
+/// assert!(limiter.check(&rule, "k").await.unwrap().allowed);
+/// assert!(!limiter.check(&rule, "k").await.unwrap().allowed);
+/// # });
+/// # fn tokio_test_block(f: impl std::future::Future<Output = ()>) {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+/// Builds a [`MemoryStore`].
+pub struct MemoryStoreBuilder {
+    max_keys: usize,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryStoreBuilder {
+    /// The most keys held at once (default 1,000,000).
+    pub fn max_keys(mut self, n: usize) -> Self {
+        self.max_keys = n.max(1);
+        self
+    }
+
+    /// The clock (default [`SystemClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The store.
+    pub fn build(self) -> MemoryStore {
+        // Enough shards that two threads rarely meet on one lock, few enough
+        // that each holds a useful share of `max_keys` (at least 1024 keys).
+        let wanted = (self.max_keys / 1024).clamp(1, 64);
+        let shard_bits = usize::BITS - 1 - wanted.leading_zeros();
+        let shards = 1usize << shard_bits;
+        let per_shard = (self.max_keys / shards).max(1);
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards: (0..shards)
+                    .map(|_| {
+                        Mutex::new(Shard {
+                            map: Map::default(),
+                        })
+                    })
+                    .collect(),
+                shard_bits,
+                per_shard,
+                max_keys: self.max_keys,
+                seed: foldhash::quality::RandomState::default(),
+                clock: self.clock,
+            }),
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::builder().build()
+    }
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while a shard was locked cannot leave a slot half-written in a
+    // way later decisions misread (each slot is replaced whole), so carry on.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl MemoryStore {
+    /// A builder with the defaults.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            max_keys: 1_000_000,
+            clock: Arc::new(SystemClock::new()),
+        }
+    }
+
+    /// The configured bound.
+    pub fn max_keys(&self) -> usize {
+        self.inner.max_keys
+    }
+
+    /// The store's clock reading.
+    pub fn now(&self) -> Micros {
+        self.inner.clock.now()
+    }
+
+    /// Number of slots held (expired ones included until swept).
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether the store holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every expired slot; returns how many. Call it now and then (the
+    /// gateway does, every few seconds) so that a quiet store shrinks too.
+    pub fn purge_expired(&self) -> usize {
+        let now = self.now();
+        self.inner
+            .shards
+            .iter()
+            .map(|s| {
+                let mut s = lock(s);
+                let before = s.map.len();
+                s.map.retain(|_, slot| slot.expires > now);
+                before - s.map.len()
+            })
+            .sum()
+    }
+
+    fn hash(&self, op: &Op<'_>) -> u64 {
+        self.inner.seed.hash_one((op.rule.id(), op.key))
+    }
+
+    fn shard_of(&self, h: u64) -> usize {
+        // Middle bits: the map uses the low bits for buckets and the top
+        // seven as tags.
+        ((h >> 32) as usize) & ((1 << self.inner.shard_bits) - 1)
+    }
+
+    /// Decides synchronously (the memory store never waits). Same contract
+    /// as [`Store::decide`].
+    pub fn decide_now(&self, ops: &[Op<'_>], weight: u64, mode: Mode) -> Vec<Verdict> {
+        let now = self.now();
+        let hashes: Vec<u64> = ops.iter().map(|op| self.hash(op)).collect();
+        let mut shard_ids: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
+        shard_ids.sort_unstable();
+        shard_ids.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> = shard_ids
+            .iter()
+            .map(|&i| lock(&self.inner.shards[i]))
+            .collect();
+        let guard_of = |h: u64| {
+            shard_ids
+                .binary_search(&self.shard_of(h))
+                .expect("every key's shard is locked")
+        };
+
+        if mode == Mode::Apply {
+            // Make room before evaluating, so that no eviction can drop a
+            // state between its check and its commit.
+            for (g, &sid) in guards.iter_mut().zip(&shard_ids) {
+                let incoming = hashes.iter().filter(|&&h| self.shard_of(h) == sid).count();
+                self.make_room(g, now, incoming);
+            }
+        }
+
+        let fresh = KeyState::default();
+        let verdicts: Vec<Verdict> = ops
+            .iter()
+            .zip(&hashes)
+            .map(|(op, &h)| {
+                let state = guards[guard_of(h)]
+                    .map
+                    .get(&h)
+                    .filter(|s| s.expires > now)
+                    .map_or(&fresh, |s| &s.state);
+                op.rule.verdict(state, now, op.rule.cost(weight))
+            })
+            .collect();
+
+        if mode == Mode::Apply {
+            let ok = admitted(ops, &verdicts);
+            for ((op, &h), v) in ops.iter().zip(&hashes).zip(&verdicts) {
+                let map = &mut guards[guard_of(h)].map;
+                update(map, h, now, |state| {
+                    op.rule.commit(state, now, op.rule.cost(weight), v, ok);
+                    op.rule.idle_at(state)
+                });
+            }
+        }
+        verdicts
+    }
+
+    fn make_room(&self, shard: &mut Shard, now: Micros, incoming: usize) {
+        let cap = self.inner.per_shard;
+        if shard.map.len() + incoming <= cap {
+            return;
+        }
+        shard.map.retain(|_, s| s.expires > now);
+        let len = shard.map.len();
+        if len + incoming <= cap {
+            return;
+        }
+        // Evict an eighth of the shard at once (amortised O(1) per insert),
+        // soonest-to-expire first, exactly `evict` slots even on ties.
+        let evict = (cap / 8).max(len + incoming - cap).min(len);
+        let mut expiries: Vec<Micros> = shard.map.values().map(|s| s.expires).collect();
+        let (_, &mut threshold, _) = expiries.select_nth_unstable(evict - 1);
+        let below = expiries.iter().filter(|&&e| e < threshold).count();
+        let mut ties = evict - below;
+        shard.map.retain(|_, s| {
+            if s.expires < threshold {
+                false
+            } else if s.expires == threshold && ties > 0 {
+                ties -= 1;
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+/// Applies `f` to the live state at `h` (fresh if absent or expired) and
+/// stores the result with the expiry `f` returns; a state that is already
+/// idle is not kept.
+fn update(map: &mut Map, h: u64, now: Micros, f: impl FnOnce(&mut KeyState) -> Micros) {
+    match map.get_mut(&h) {
+        Some(slot) => {
+            if slot.expires <= now {
+                slot.state = KeyState::default();
+            }
+            slot.expires = f(&mut slot.state);
+            if slot.expires <= now {
+                map.remove(&h);
+            }
+        }
+        None => {
+            let mut state = KeyState::default();
+            let expires = f(&mut state);
+            if expires > now {
+                map.insert(h, Slot { state, expires });
+            }
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    async fn decide(
+        &self,
+        ops: &[Op<'_>],
+        weight: u64,
+        mode: Mode,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        Ok(self.decide_now(ops, weight, mode))
+    }
+
+    async fn settle(&self, ops: &[Op<'_>], weight: u64, failure: bool) -> Result<(), StoreError> {
+        let now = self.now();
+        for op in ops.iter().filter(|op| op.rule.counts_failures()) {
+            let h = self.hash(op);
+            let mut shard = lock(&self.inner.shards[self.shard_of(h)]);
+            if !shard.map.contains_key(&h) {
+                self.make_room(&mut shard, now, 1);
+            }
+            update(&mut shard.map, h, now, |state| {
+                op.rule.settle(state, now, op.rule.cost(weight), failure);
+                op.rule.idle_at(state)
+            });
+        }
+        Ok(())
+    }
+
+    async fn inspect(&self, op: Op<'_>) -> Result<KeyInfo, StoreError> {
+        let now = self.now();
+        let h = self.hash(&op);
+        let shard = lock(&self.inner.shards[self.shard_of(h)]);
+        let live = shard.map.get(&h).filter(|s| s.expires > now);
+        let fresh = KeyState::default();
+        let state = live.map_or(&fresh, |s| &s.state);
+        let check = op.rule.params().check(&state.algo, now, 1);
+        Ok(KeyInfo {
+            exists: live.is_some(),
+            remaining: check.remaining,
+            reset_after: Duration::from_micros(check.reset_after),
+            ban_left: (state.ban_until > now).then(|| Duration::from_micros(state.ban_until - now)),
+            ban_level: state.ban_level,
+        })
+    }
+
+    async fn clear(&self, op: Op<'_>) -> Result<bool, StoreError> {
+        let now = self.now();
+        let h = self.hash(&op);
+        let mut shard = lock(&self.inner.shards[self.shard_of(h)]);
+        Ok(shard.map.remove(&h).is_some_and(|s| s.expires > now))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.inner.shards.len())
+            .field("max_keys", &self.inner.max_keys)
+            .finish()
+    }
+}
