@@ -28,6 +28,9 @@ pub struct SlidingWindowLog {
 pub struct State {
     /// `(time, cost)` of each charge, oldest first.
     pub entries: VecDeque<(Micros, u64)>,
+    /// Sum of the costs in `entries`, so a check only walks the entries that
+    /// have left the window (usually none or a few), not the whole log.
+    pub total: u64,
 }
 
 impl SlidingWindowLog {
@@ -54,13 +57,24 @@ impl SlidingWindowLog {
         s.entries.iter().skip_while(move |(t, _)| t + window <= now)
     }
 
+    /// Cost charged within the window ending at `now`.
+    fn used(&self, s: &State, now: Micros) -> u64 {
+        let expired: u64 = s
+            .entries
+            .iter()
+            .take_while(|(t, _)| t + self.window <= now)
+            .map(|(_, c)| c)
+            .sum();
+        s.total - expired
+    }
+
     /// See the [module](super) docs.
     pub fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
-        let used: u64 = self.live(s, now).map(|(_, c)| c).sum();
+        let used = self.used(s, now);
         if cost <= self.limit && used + cost <= self.limit {
             return Check::allow(self.limit - used - cost, self.window);
         }
-        let reset_after = s.entries.back().map_or(0, |(t, _)| t + self.window - now);
+        let reset_after = self.idle_at(s).saturating_sub(now);
         let retry = if cost > self.limit {
             NEVER
         } else {
@@ -81,22 +95,22 @@ impl SlidingWindowLog {
 
     /// See the [module](super) docs.
     pub fn charge(&self, s: &mut State, now: Micros, cost: u64) {
-        while s
-            .entries
-            .front()
-            .is_some_and(|(t, _)| t + self.window <= now)
-        {
+        while let Some(&(t, c)) = s.entries.front() {
+            if t + self.window > now {
+                break;
+            }
+            s.total -= c;
             s.entries.pop_front();
         }
         // Keep the log in time order even if a caller's clock stepped back.
         let t = s.entries.back().map_or(now, |(last, _)| now.max(*last));
         s.entries.push_back((t, cost));
-        let mut sum: u64 = s.entries.iter().map(|(_, c)| c).sum();
+        s.total = s.total.saturating_add(cost);
         while let Some(&(_, oldest)) = s.entries.front() {
-            if sum - oldest < self.limit {
+            if s.total - oldest < self.limit {
                 break;
             }
-            sum -= oldest;
+            s.total -= oldest;
             s.entries.pop_front();
         }
     }

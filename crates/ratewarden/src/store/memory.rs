@@ -202,6 +202,9 @@ impl MemoryStore {
     /// Decides synchronously (the memory store never waits). Same contract
     /// as [`Store::decide`].
     pub fn decide_now(&self, ops: &[Op<'_>], weight: u64, mode: Mode) -> Vec<Verdict> {
+        if let [op] = ops {
+            return vec![self.decide_one(op, weight, mode)];
+        }
         let now = self.now();
         let hashes: Vec<u64> = ops.iter().map(|op| self.hash(op)).collect();
         let mut shard_ids: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
@@ -251,6 +254,36 @@ impl MemoryStore {
             }
         }
         verdicts
+    }
+
+    /// One rule, one key: the common case, with one lock, one hash lookup and
+    /// no allocation for a key already held.
+    pub fn decide_one(&self, op: &Op<'_>, weight: u64, mode: Mode) -> Verdict {
+        let now = self.now();
+        let h = self.hash(op);
+        let rule = op.rule;
+        let cost = rule.cost(weight);
+        let mut shard = lock(&self.inner.shards[self.shard_of(h)]);
+        if mode == Mode::Peek {
+            let fresh = KeyState::default();
+            let state = shard
+                .map
+                .get(&h)
+                .filter(|s| s.expires > now)
+                .map_or(&fresh, |s| &s.state);
+            return rule.verdict(state, now, cost);
+        }
+        if !shard.map.contains_key(&h) {
+            self.make_room(&mut shard, now, 1);
+        }
+        let mut verdict = None;
+        update(&mut shard.map, h, now, |state| {
+            let v = rule.verdict(state, now, cost);
+            rule.commit(state, now, cost, &v, v.allowed() || rule.is_shadow());
+            verdict = Some(v);
+            rule.idle_at(state)
+        });
+        verdict.expect("update always calls its closure")
     }
 
     fn make_room(&self, shard: &mut Shard, now: Micros, incoming: usize) {
