@@ -273,17 +273,33 @@ impl MemoryStore {
                 .map_or(&fresh, |s| &s.state);
             return rule.verdict(state, now, cost);
         }
-        if !shard.map.contains_key(&h) {
-            self.make_room(&mut shard, now, 1);
+        if let Some(slot) = shard.map.get_mut(&h) {
+            if slot.expires <= now {
+                slot.state = KeyState::default();
+            }
+            let v = rule.verdict(&slot.state, now, cost);
+            rule.commit(
+                &mut slot.state,
+                now,
+                cost,
+                &v,
+                v.allowed() || rule.is_shadow(),
+            );
+            slot.expires = rule.idle_at(&slot.state);
+            if slot.expires <= now {
+                shard.map.remove(&h);
+            }
+            return v;
         }
-        let mut verdict = None;
-        update(&mut shard.map, h, now, |state| {
-            let v = rule.verdict(state, now, cost);
-            rule.commit(state, now, cost, &v, v.allowed() || rule.is_shadow());
-            verdict = Some(v);
-            rule.idle_at(state)
-        });
-        verdict.expect("update always calls its closure")
+        let mut state = KeyState::default();
+        let v = rule.verdict(&state, now, cost);
+        rule.commit(&mut state, now, cost, &v, v.allowed() || rule.is_shadow());
+        let expires = rule.idle_at(&state);
+        if expires > now {
+            self.make_room(&mut shard, now, 1);
+            shard.map.insert(h, Slot { state, expires });
+        }
+        v
     }
 
     fn make_room(&self, shard: &mut Shard, now: Micros, incoming: usize) {
