@@ -48,6 +48,6 @@ pub mod store;
 
 pub use decision::{Decision, HeaderStyle, RuleDecision};
 pub use limiter::{Admission, Limiter, Pending, assemble};
-pub use rule::{Counting, KeyState, Penalty, Reason, Rule, RuleError, RuleSpec, Verdict};
+pub use rule::{Counting, KeyState, Marks, Penalty, Reason, Rule, RuleError, RuleSpec, Verdict};
 pub use store::memory::MemoryStore;
 pub use store::{KeyInfo, Mode, Op, Store, StoreError};

@@ -3,7 +3,6 @@
 //! `shadow`), and the pure evaluation of a request against one key's state.
 
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher};
 use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,7 +80,7 @@ pub enum Counting {
 
 /// The configuration of a rule, before validation. Build one with
 /// [`Rule::builder`].
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleSpec {
     /// Unique name; also the `violated-policies` entry and the header item.
     pub name: String,
@@ -288,9 +287,23 @@ impl Rule {
             Kind::SlidingWindowLog => Params::SlidingWindowLog(
                 algorithm::sliding_window_log::SlidingWindowLog::new(limit, window),
             ),
-            Kind::SlidingWindowCounter => Params::SlidingWindowCounter(
-                algorithm::sliding_window_counter::SlidingWindowCounter::new(limit, window),
-            ),
+            Kind::SlidingWindowCounter => {
+                let ticks = if window % 1_000 == 0 {
+                    window / 1_000
+                } else {
+                    window
+                };
+                if (limit as u128) * (ticks as u128) * 3 >= LUA_EXACT as u128 {
+                    return Err(RuleError::OutOfRange(format!(
+                        "sliding_window_counter with `limit` {limit} and `window` {:?} is too \
+                         large to estimate exactly; lower one of them",
+                        spec.window
+                    )));
+                }
+                Params::SlidingWindowCounter(
+                    algorithm::sliding_window_counter::SlidingWindowCounter::new(limit, window),
+                )
+            }
             Kind::TokenBucket | Kind::LeakyBucket => {
                 let g = gcd(window, limit);
                 if (burst as u128) * ((window / g) as u128) >= LUA_EXACT as u128 {
@@ -323,6 +336,11 @@ impl Rule {
                         "gcra needs `window / limit` of at least 1µs".into(),
                     ));
                 }
+                if (window / limit) as u128 * burst as u128 >= (LUA_EXACT / 4) as u128 {
+                    return Err(RuleError::OutOfRange(
+                        "gcra `burst` × `window` / `limit` must be under 70 years".into(),
+                    ));
+                }
                 Params::Gcra(algorithm::gcra::Gcra::new(limit, window, burst))
             }
         };
@@ -347,9 +365,7 @@ impl Rule {
         }
         // The id names the rule's state: a rule reloaded with the same name and
         // parameters keeps its keys; change a parameter and it starts afresh.
-        let mut h = foldhash::fast::FixedState::with_seed(0x7261_7465_7761_7264).build_hasher();
-        spec.hash(&mut h);
-        let id = h.finish();
+        let id = fnv1a(canonical(&spec).as_bytes());
         Ok(Self(Arc::new(Compiled {
             params,
             min_interval,
@@ -396,6 +412,50 @@ impl Rule {
     }
 }
 
+/// Every parameter of a rule as one string, in a fixed format: the input of
+/// the rule's id, which names its keys in Redis, so it must not depend on the
+/// build (as `derive(Hash)` or `Debug` output may).
+fn canonical(spec: &RuleSpec) -> String {
+    let us = |d: Option<Duration>| d.map_or(-1, |d| micros(d) as i128);
+    let (pd, pm, px, pmem) = spec.penalty.map_or((-1, 0, -1, -1), |p| {
+        (
+            us(Some(p.duration)),
+            p.multiplier,
+            us(Some(p.max)),
+            us(Some(p.memory)),
+        )
+    });
+    let counting = match spec.counting {
+        Counting::All => "all",
+        Counting::Failures {
+            reset_on_success: true,
+        } => "failures+reset",
+        Counting::Failures {
+            reset_on_success: false,
+        } => "failures",
+    };
+    format!(
+        "v1|{}|{}|{}|{}|{}|{}|{}|{pd}|{pm}|{px}|{pmem}|{counting}|{}|{}|{}",
+        spec.name,
+        spec.algorithm,
+        spec.limit,
+        micros(spec.window),
+        spec.burst.map_or(0, NonZeroU64::get),
+        us(spec.max_delay),
+        us(spec.min_interval),
+        spec.count_rejected,
+        spec.cost,
+        spec.shadow
+    )
+}
+
+/// 64-bit FNV-1a: tiny, and fixed forever.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {
         (a, b) = (b, a % b);
@@ -426,16 +486,42 @@ impl Reason {
 }
 
 /// One key's state under one rule: the algorithm's, plus the modifiers'.
+///
+/// The modifiers' marks are boxed and only allocated for keys of rules that
+/// use `min_interval` or have actually banned: most keys carry 8 bytes for them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyState {
     /// The algorithm's state.
     pub algo: algorithm::State,
+    marks: Option<Box<Marks>>,
+}
+
+/// The modifiers' part of a key's state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marks {
     /// Time of the previous admitted request (for `min_interval`); 0 = none.
     pub last: Micros,
     /// The key is banned until this time; 0 = never banned.
     pub ban_until: Micros,
-    /// Number of consecutive escalations of the current / latest ban.
+    /// Number of escalations of the current or latest ban (0 = first ban).
     pub ban_level: u32,
+}
+
+impl KeyState {
+    /// A state from its parts.
+    pub fn new(algo: algorithm::State, marks: Marks) -> Self {
+        let marks = (marks != Marks::default()).then(|| Box::new(marks));
+        Self { algo, marks }
+    }
+
+    /// The modifiers' marks (all zero when none were ever set).
+    pub fn marks(&self) -> Marks {
+        self.marks.as_deref().copied().unwrap_or_default()
+    }
+
+    fn marks_mut(&mut self) -> &mut Marks {
+        self.marks.get_or_insert_with(Box::default)
+    }
 }
 
 /// What a rule says about one request on one key, before anything is recorded.
@@ -461,15 +547,16 @@ impl Rule {
     pub fn verdict(&self, state: &KeyState, now: Micros, cost: u64) -> Verdict {
         let c = &self.0;
         let check = c.params.check(&state.algo, now, cost);
-        if state.ban_until > now {
-            let left = state.ban_until - now;
+        let marks = state.marks();
+        if marks.ban_until > now {
+            let left = marks.ban_until - now;
             return Verdict {
                 check: Check::deny(0, check.reset_after, left),
                 reason: Some(Reason::Banned),
             };
         }
-        if c.min_interval > 0 && state.last > 0 && now < state.last + c.min_interval {
-            let wait = state.last + c.min_interval - now;
+        if c.min_interval > 0 && marks.last > 0 && now < marks.last + c.min_interval {
+            let wait = marks.last + c.min_interval - now;
             let retry = if check.allowed {
                 wait
             } else {
@@ -501,8 +588,9 @@ impl Rule {
 
     /// Length and level of the ban a limit rejection at `now` starts.
     fn next_ban(&self, state: &KeyState, now: Micros, p: &Penalty) -> (Micros, u32) {
-        let remembered = state.ban_until > 0 && now <= state.ban_until + micros(p.memory);
-        let level = if remembered { state.ban_level + 1 } else { 0 };
+        let marks = state.marks();
+        let remembered = marks.ban_until > 0 && now <= marks.ban_until + micros(p.memory);
+        let level = if remembered { marks.ban_level + 1 } else { 0 };
         let factor = (p.multiplier as u64).saturating_pow(level);
         let len = micros(p.duration).saturating_mul(factor).min(micros(p.max));
         (len, level)
@@ -527,18 +615,23 @@ impl Rule {
                 if !self.counts_failures() {
                     c.params.charge(&mut state.algo, now, cost);
                 }
-                state.last = now;
+                if c.min_interval > 0 {
+                    state.marks_mut().last = now;
+                }
             }
             None | Some(Reason::Banned) => {}
             Some(reason) => {
                 if c.spec.count_rejected {
                     c.params.charge(&mut state.algo, now, cost);
-                    state.last = now;
+                    if c.min_interval > 0 {
+                        state.marks_mut().last = now;
+                    }
                 }
                 if let (Reason::Limit, Some(p)) = (reason, &c.spec.penalty) {
                     let (len, level) = self.next_ban(state, now, p);
-                    state.ban_until = now + len;
-                    state.ban_level = level;
+                    let marks = state.marks_mut();
+                    marks.ban_until = now + len;
+                    marks.ban_level = level;
                 }
             }
         }
@@ -564,12 +657,13 @@ impl Rule {
     pub fn idle_at(&self, state: &KeyState) -> Micros {
         let c = &self.0;
         let mut t = c.params.idle_at(&state.algo);
-        if state.last > 0 {
-            t = t.max(state.last + c.min_interval);
+        let marks = state.marks();
+        if marks.last > 0 {
+            t = t.max(marks.last + c.min_interval);
         }
-        if state.ban_until > 0 {
+        if marks.ban_until > 0 {
             let memory = c.spec.penalty.map_or(0, |p| micros(p.memory));
-            t = t.max(state.ban_until + memory);
+            t = t.max(marks.ban_until + memory);
         }
         t
     }
@@ -578,4 +672,33 @@ impl Rule {
 /// Turns a `retry_after` of [`NEVER`] into `None`.
 pub(crate) fn finite(us: Micros) -> Option<Micros> {
     (us != NEVER).then_some(us)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_id_is_fixed_by_name_and_parameters_alone() {
+        let a = Rule::builder("r")
+            .limit(5, Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let b = Rule::builder("r")
+            .limit(5, Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let c = Rule::builder("r")
+            .limit(6, Duration::from_secs(60))
+            .build()
+            .unwrap();
+        assert_eq!(a.id(), b.id());
+        assert_ne!(a.id(), c.id());
+        // Pinned: a change here renames every key in every Redis.
+        assert_eq!(
+            canonical(a.spec()),
+            "v1|r|sliding_window_counter|5|60000000|0|-1|-1|-1|0|-1|-1|all|false|1|false"
+        );
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
 }

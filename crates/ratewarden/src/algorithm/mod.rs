@@ -160,9 +160,10 @@ pub enum Params {
 }
 
 /// The state of one key under one algorithm.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum State {
     /// Never seen, or forgotten: every algorithm reads it as its fresh state.
+    #[default]
     Fresh,
     /// See [`fixed_window::State`].
     FixedWindow(fixed_window::State),
@@ -176,12 +177,6 @@ pub enum State {
     LeakyBucket(leaky_bucket::State),
     /// See [`gcra::State`].
     Gcra(gcra::State),
-}
-
-impl Default for State {
-    fn default() -> Self {
-        State::Fresh
-    }
 }
 
 /// Dispatches to the algorithm's function with its own state type, treating a
@@ -329,9 +324,4 @@ impl Params {
             }
         };
     }
-}
-
-/// `a * b / c` rounded down, in 128 bits.
-pub(crate) fn mul_div_floor(a: u64, b: u64, c: u64) -> u64 {
-    u64::try_from(a as u128 * b as u128 / c as u128).unwrap_or(u64::MAX)
 }

@@ -5,8 +5,12 @@
 //!
 //! The comparison `prev × (window − elapsed) / window + cur + cost <= limit` is
 //! done multiplied through by `window`, in integers, so there is no rounding.
+//! Elapsed time is counted in milliseconds when the window is a whole number of
+//! them (it always is when written as `5m` or `500ms`), which keeps those
+//! products exact in a Lua double (the rule validator checks `limit × window`).
+//! Counts saturate at the limit: a window counted full stays full.
 
-use super::{Check, NEVER, mul_div_floor};
+use super::{Check, NEVER};
 use crate::clock::Micros;
 
 /// Parameters: `limit` per `window`.
@@ -14,6 +18,8 @@ use crate::clock::Micros;
 pub struct SlidingWindowCounter {
     limit: u64,
     window: Micros,
+    /// Microseconds per tick of elapsed time (1000 or 1).
+    tick: Micros,
 }
 
 /// Counts of the window starting at `start` and of the one before it.
@@ -22,9 +28,9 @@ pub struct State {
     /// Start of the current window (µs since the epoch).
     pub start: Micros,
     /// Count of the window before `start`.
-    pub prev: u64,
+    pub prev: u32,
     /// Count of the window starting at `start`.
-    pub cur: u64,
+    pub cur: u32,
 }
 
 impl SlidingWindowCounter {
@@ -41,7 +47,12 @@ impl SlidingWindowCounter {
     /// ```
     pub fn new(limit: u64, window: Micros) -> Self {
         assert!(limit >= 1 && window >= 1);
-        Self { limit, window }
+        let tick = if window % 1_000 == 0 { 1_000 } else { 1 };
+        Self {
+            limit,
+            window,
+            tick,
+        }
     }
 
     /// `(window start, elapsed, prev, cur)` as seen at `now`.
@@ -54,36 +65,40 @@ impl SlidingWindowCounter {
         } else {
             (0, 0)
         };
-        (start, now - start, prev, cur)
+        (start, now - start, u64::from(prev), u64::from(cur))
     }
 
     /// See the [module](super) docs.
     pub fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
-        let w = self.window as u128;
-        let (_, elapsed, prev, cur) = self.roll(s, now);
-        let left_in_window = self.window - elapsed;
-        // All quantities multiplied by the window length.
-        let estimate = prev as u128 * left_in_window as u128 + cur as u128 * w;
-        let limit = self.limit as u128 * w;
-        let need = cost as u128 * w;
-        let remaining = |used: u128| (limit.saturating_sub(used) / w) as u64;
+        // All times in ticks from here on; the window is a whole number of them.
+        let w = self.window / self.tick;
+        let (start, elapsed_us, prev, cur) = self.roll(s, now);
+        let elapsed = elapsed_us / self.tick;
+        let left_in_window = start + self.window - now;
+        // All counts multiplied by the window length in ticks.
+        let estimate = prev * (w - elapsed) + cur * w;
+        let limit = self.limit * w;
+        let need = cost.saturating_mul(w);
+        let remaining = |used: u64| limit.saturating_sub(used) / w;
         if cost <= self.limit && estimate + need <= limit {
             return Check::allow(remaining(estimate + need), left_in_window);
         }
+        // The first tick `e` (of this window or the next) at which the request
+        // fits; it is admitted from the start of that tick.
         let retry = if cost > self.limit {
             NEVER
         } else if cur + cost <= self.limit {
             // Wait in this window until the previous one weighs little enough:
-            // the first `e` with prev × (window − e) <= room × window.
+            // the first `e` with prev × (w − e) <= room × w.
             let room = self.limit - cur - cost;
-            let e = self.window - mul_div_floor(room, self.window, prev);
-            e - elapsed
+            let e = w - room * w / prev;
+            start + e * self.tick - now
         } else {
             // This window is full: wait into the next, where `cur` becomes the
             // previous count.
             let room = self.limit - cost;
-            let e = self.window - mul_div_floor(room, self.window, cur);
-            left_in_window + e
+            let e = w - room * w / cur;
+            start + self.window + e * self.tick - now
         };
         Check::deny(remaining(estimate), left_in_window, retry)
     }
@@ -91,10 +106,11 @@ impl SlidingWindowCounter {
     /// See the [module](super) docs.
     pub fn charge(&self, s: &mut State, now: Micros, cost: u64) {
         let (start, _, prev, cur) = self.roll(s, now);
+        // Both counts stay within the limit, which fits in u32.
         *s = State {
             start,
-            prev,
-            cur: cur.saturating_add(cost),
+            prev: prev as u32,
+            cur: (cur + cost).min(self.limit) as u32,
         };
     }
 
