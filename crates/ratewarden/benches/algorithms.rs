@@ -78,17 +78,10 @@ fn bench(c: &mut Criterion) {
             // Room for every key: this measures decisions, not eviction.
             let store = MemoryStore::builder().max_keys(2 * KEYS).build();
             for k in &keys {
-                store.decide_one(
-                    &Op {
-                        rule: &rule,
-                        key: k,
-                    },
-                    1,
-                    Mode::Apply,
-                );
+                store.decide_one(&Op::new(&rule, k), 1, Mode::Apply);
             }
             let decide = |key: &str| {
-                black_box(store.decide_one(&Op { rule: &rule, key }, 1, Mode::Apply));
+                black_box(store.decide_one(&Op::new(&rule, key), 1, Mode::Apply));
             };
             g.bench_function(format!("{kind}/hot"), |b| {
                 b.iter_custom(|n| run(threads, n, |_| decide(&keys[0])))

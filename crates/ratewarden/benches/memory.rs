@@ -54,14 +54,7 @@ fn measure(which: &str) -> (f64, usize) {
         let store = MemoryStore::builder().max_keys(KEYS).build();
         for i in 0..KEYS {
             let k = key(i, &mut buf);
-            store.decide_one(
-                &Op {
-                    rule: &rule,
-                    key: k,
-                },
-                1,
-                Mode::Apply,
-            );
+            store.decide_one(&Op::new(&rule, k), 1, Mode::Apply);
         }
         (rss_bytes(), store.len())
     };

@@ -28,7 +28,7 @@
 //!     .count_failures(true)
 //!     .build()
 //!     .unwrap();
-//! let op = [ratewarden::Op { rule: &coupon, key: "user-42" }];
+//! let op = [ratewarden::Op::new(&coupon, "user-42")];
 //! for _ in 0..10 {
 //!     let a = limiter.acquire(&op, 1).await.unwrap();
 //!     assert!(a.decision.allowed);
@@ -50,4 +50,6 @@ pub use decision::{Decision, HeaderStyle, RuleDecision};
 pub use limiter::{Admission, Limiter, Pending, assemble};
 pub use rule::{Counting, KeyState, Marks, Penalty, Reason, Rule, RuleError, RuleSpec, Verdict};
 pub use store::memory::MemoryStore;
-pub use store::{KeyInfo, Mode, Op, Store, StoreError};
+#[cfg(feature = "redis")]
+pub use store::redis::{RedisConfig, RedisStore};
+pub use store::{Fallback, KeyInfo, Mode, OnError, Op, Store, StoreError};

@@ -46,7 +46,8 @@ pub struct Limiter<S> {
 #[derive(Debug, Clone)]
 #[must_use = "report the outcome, or the failure is never counted"]
 pub struct Pending {
-    ops: Vec<(Rule, String)>,
+    /// (rule, key, group) of each `count: failures` op.
+    ops: Vec<(Rule, String, String)>,
     weight: u64,
 }
 
@@ -73,7 +74,7 @@ impl<S: Store> Limiter<S> {
 
     /// One rule, one key, weight 1.
     pub async fn check(&self, rule: &Rule, key: &str) -> Result<Decision, StoreError> {
-        Ok(self.acquire(&[Op { rule, key }], 1).await?.decision)
+        Ok(self.acquire(&[Op::new(rule, key)], 1).await?.decision)
     }
 
     /// Decides a request under every rule in `ops` at once, all-or-nothing.
@@ -85,7 +86,7 @@ impl<S: Store> Limiter<S> {
                 ops: ops
                     .iter()
                     .filter(|op| op.rule.counts_failures())
-                    .map(|op| (op.rule.clone(), op.key.to_owned()))
+                    .map(|op| (op.rule.clone(), op.key.to_owned(), op.group.to_owned()))
                     .collect(),
                 weight,
             });
@@ -104,7 +105,7 @@ impl<S: Store> Limiter<S> {
         let ops: Vec<Op<'_>> = pending
             .ops
             .iter()
-            .map(|(rule, key)| Op { rule, key })
+            .map(|(rule, key, group)| Op::grouped(rule, key, group))
             .collect();
         self.store.settle(&ops, pending.weight, failure).await
     }

@@ -16,7 +16,7 @@ async fn admitted(limiter: Arc<Limiter<MemoryStore>>, rules: Vec<Rule>, tasks: u
         handles.push(tokio::spawn(async move {
             let mut n = 0u64;
             for _ in 0..20 {
-                let ops: Vec<Op<'_>> = rules.iter().map(|rule| Op { rule, key: "hot" }).collect();
+                let ops: Vec<Op<'_>> = rules.iter().map(|rule| Op::new(rule, "hot")).collect();
                 n += u64::from(limiter.acquire(&ops, 1).await.unwrap().decision.allowed);
                 tokio::task::yield_now().await;
             }

@@ -31,16 +31,7 @@ async fn two_rules_render_as_one_structured_field_list_each() {
     let clock = ManualClock::new(1_700_000_000_000_000);
     let l = Limiter::new(MemoryStore::builder().clock(clock.clone()).build());
     let (a, b) = rules();
-    let ops = [
-        Op {
-            rule: &a,
-            key: "ip",
-        },
-        Op {
-            rule: &b,
-            key: "ip",
-        },
-    ];
+    let ops = [Op::new(&a, "ip"), Op::new(&b, "ip")];
     let d = l.acquire(&ops, 1).await.unwrap().decision;
     let h = d.headers(HeaderStyle::default());
     assert_eq!(

@@ -27,14 +27,7 @@ fn spraying_ten_times_max_keys_stays_within_max_keys() {
         let mut peak = 0;
         for i in 0..10 * max_keys {
             let key = format!("attacker-{i}");
-            let v = store.decide_now(
-                &[Op {
-                    rule: &rule,
-                    key: &key,
-                }],
-                1,
-                Mode::Apply,
-            );
+            let v = store.decide_now(&[Op::new(&rule, &key)], 1, Mode::Apply);
             assert!(v[0].allowed(), "a new key always starts fresh");
             if i % 97 == 0 {
                 peak = peak.max(store.len());
@@ -62,23 +55,13 @@ fn a_busy_key_survives_a_spray_of_idle_ones() {
         .limit(10, Duration::from_secs(60))
         .build()
         .unwrap();
-    let busy = Op {
-        rule: &rule,
-        key: "busy",
-    };
+    let busy = Op::new(&rule, "busy");
     for _ in 0..10 {
         assert!(store.decide_now(&[busy], 1, Mode::Apply)[0].allowed());
     }
     for i in 0..20_000 {
         let key = i.to_string();
-        store.decide_now(
-            &[Op {
-                rule: &rule,
-                key: &key,
-            }],
-            1,
-            Mode::Apply,
-        );
+        store.decide_now(&[Op::new(&rule, &key)], 1, Mode::Apply);
     }
     // The busy key's state (the furthest from expiring) was kept.
     assert!(!store.decide_now(&[busy], 1, Mode::Apply)[0].allowed());
@@ -95,14 +78,7 @@ fn idle_keys_expire_and_are_purged() {
         .unwrap();
     for i in 0..500 {
         let key = i.to_string();
-        store.decide_now(
-            &[Op {
-                rule: &rule,
-                key: &key,
-            }],
-            1,
-            Mode::Apply,
-        );
+        store.decide_now(&[Op::new(&rule, &key)], 1, Mode::Apply);
     }
     assert_eq!(store.len(), 500);
     clock.advance(Duration::from_secs(60));

@@ -77,10 +77,7 @@ fn a_ban_lasts_its_length_is_not_extended_and_expires_on_every_algorithm() {
             assert_eq!(d.retry_after_secs(), Some(1), "{kind}");
             clock.advance(SEC);
             assert!(hit(&l, &rule, "k").await.allowed, "{kind} after the ban");
-            let info = l.store().inspect(Op {
-                rule: &rule,
-                key: "k",
-            });
+            let info = l.store().inspect(Op::new(&rule, "k"));
             assert_eq!(info.await.unwrap().ban_left, None);
         }
     });
@@ -129,10 +126,7 @@ fn failures_only_counting_with_reset_on_success_is_the_coupon_flow() {
             .count_failures(true)
             .build()
             .unwrap();
-        let ops = [Op {
-            rule: &rule,
-            key: "user-42",
-        }];
+        let ops = [Op::new(&rule, "user-42")];
         let attempt = |failure: bool| {
             let l = &l;
             let ops = &ops;
@@ -202,10 +196,7 @@ fn shadow_rules_record_but_never_reject() {
             .shadow(true)
             .build()
             .unwrap();
-        let ops = [Op {
-            rule: &shadow,
-            key: "k",
-        }];
+        let ops = [Op::new(&shadow, "k")];
         let mut shadow_rejections = 0;
         for _ in 0..5 {
             let d = l.acquire(&ops, 1).await.unwrap().decision;
@@ -232,16 +223,7 @@ fn a_request_one_rule_rejects_is_charged_to_no_other_rule() {
             .limit(3, Duration::from_secs(60))
             .build()
             .unwrap();
-        let ops = [
-            Op {
-                rule: &wide,
-                key: "k",
-            },
-            Op {
-                rule: &narrow,
-                key: "k",
-            },
-        ];
+        let ops = [Op::new(&wide, "k"), Op::new(&narrow, "k")];
         let mut admitted = 0;
         for _ in 0..10 {
             let d = l.acquire(&ops, 1).await.unwrap().decision;
@@ -271,28 +253,10 @@ fn cost_larger_than_the_limit_is_rejected_without_charge() {
                 .limit(5, Duration::from_secs(60))
                 .build()
                 .unwrap();
-            let d = l
-                .acquire(
-                    &[Op {
-                        rule: &rule,
-                        key: "k",
-                    }],
-                    6,
-                )
-                .await
-                .unwrap();
+            let d = l.acquire(&[Op::new(&rule, "k")], 6).await.unwrap();
             assert!(!d.decision.allowed, "{kind}");
             assert_eq!(d.decision.rules[0].retry_after, None, "{kind}: never fits");
-            let d = l
-                .acquire(
-                    &[Op {
-                        rule: &rule,
-                        key: "k",
-                    }],
-                    5,
-                )
-                .await
-                .unwrap();
+            let d = l.acquire(&[Op::new(&rule, "k")], 5).await.unwrap();
             assert!(d.decision.allowed, "{kind}");
             assert_eq!(d.decision.rules[0].remaining, 0, "{kind}");
         }
@@ -309,16 +273,7 @@ fn rule_cost_multiplies_request_weight() {
             .cost(3)
             .build()
             .unwrap();
-        let d = l
-            .acquire(
-                &[Op {
-                    rule: &rule,
-                    key: "k",
-                }],
-                2,
-            )
-            .await
-            .unwrap();
+        let d = l.acquire(&[Op::new(&rule, "k")], 2).await.unwrap();
         assert_eq!(d.decision.rules[0].remaining, 4);
     });
 }
@@ -355,10 +310,7 @@ fn peek_records_nothing_and_clear_forgets_bans() {
             .penalty(Penalty::fixed(Duration::from_secs(60)))
             .build()
             .unwrap();
-        let op = [Op {
-            rule: &rule,
-            key: "k",
-        }];
+        let op = [Op::new(&rule, "k")];
         for _ in 0..3 {
             assert!(l.peek(&op, 1).await.unwrap().allowed);
         }

@@ -26,6 +26,11 @@ pub struct State {
 }
 
 impl FixedWindow {
+    /// The parameters as the Lua port reads them.
+    pub(crate) fn script_params(&self) -> [u64; 4] {
+        [self.limit, self.window, 0, 0]
+    }
+
     /// `limit` (>= 1) per `window` (>= 1 µs).
     ///
     /// ```

@@ -28,6 +28,11 @@ pub struct State {
 }
 
 impl Gcra {
+    /// The parameters as the Lua port reads them.
+    pub(crate) fn script_params(&self) -> [u64; 4] {
+        [self.interval, self.tolerance, self.burst, 0]
+    }
+
     /// `limit` per `window` µs, `burst` at once; `window / limit` must be >= 1 µs.
     ///
     /// ```

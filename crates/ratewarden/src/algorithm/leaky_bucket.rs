@@ -28,6 +28,18 @@ pub struct State {
 }
 
 impl LeakyBucket {
+    /// The parameters as the Lua port reads them; `u64::MAX` = reject mode
+    /// (sent as -1).
+    pub(crate) fn script_params(&self) -> [u64; 4] {
+        let f = &self.fluid;
+        [
+            f.unit,
+            f.rate,
+            f.capacity,
+            self.max_delay.unwrap_or(u64::MAX),
+        ]
+    }
+
     /// Reject mode: a queue of `burst` drained at `limit` per `window` µs.
     pub fn new(limit: u64, window: Micros, burst: u64) -> Self {
         assert!(limit >= 1 && window >= 1 && burst >= 1);

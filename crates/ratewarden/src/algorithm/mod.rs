@@ -249,6 +249,18 @@ impl Params {
         }
     }
 
+    /// The algorithm's number in the Lua port and its four parameters.
+    pub(crate) fn script_params(&self) -> (u8, [u64; 4]) {
+        match self {
+            Params::FixedWindow(p) => (1, p.script_params()),
+            Params::SlidingWindowLog(p) => (2, p.script_params()),
+            Params::SlidingWindowCounter(p) => (3, p.script_params()),
+            Params::TokenBucket(p) => (4, p.script_params()),
+            Params::LeakyBucket(p) => (5, p.script_params()),
+            Params::Gcra(p) => (6, p.script_params()),
+        }
+    }
+
     /// What a request of weight `cost` at `now` would get. Pure.
     pub fn check(&self, state: &State, now: Micros, cost: u64) -> Check {
         dispatch!(self, state, |p, s| p.check(s, now, cost))

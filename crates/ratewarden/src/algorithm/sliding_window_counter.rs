@@ -34,6 +34,11 @@ pub struct State {
 }
 
 impl SlidingWindowCounter {
+    /// The parameters as the Lua port reads them.
+    pub(crate) fn script_params(&self) -> [u64; 4] {
+        [self.limit, self.window, self.tick, 0]
+    }
+
     /// `limit` per `window` µs.
     ///
     /// ```

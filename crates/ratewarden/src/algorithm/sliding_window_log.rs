@@ -34,6 +34,11 @@ pub struct State {
 }
 
 impl SlidingWindowLog {
+    /// The parameters as the Lua port reads them.
+    pub(crate) fn script_params(&self) -> [u64; 4] {
+        [self.limit, self.window, 0, 0]
+    }
+
     /// `limit` per rolling `window` µs.
     ///
     /// ```

@@ -25,6 +25,12 @@ pub struct State {
 }
 
 impl TokenBucket {
+    /// The parameters as the Lua port reads them.
+    pub(crate) fn script_params(&self) -> [u64; 4] {
+        let f = &self.fluid;
+        [f.unit, f.rate, f.capacity, 0]
+    }
+
     /// A bucket of `burst` tokens refilled at `limit` per `window` µs.
     ///
     /// ```

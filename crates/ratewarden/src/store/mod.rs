@@ -6,6 +6,8 @@
 //! `(rule, key)` pairs of a request rather than one key at a time.
 
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::future::Future;
 use std::time::Duration;
@@ -19,6 +21,26 @@ pub struct Op<'a> {
     pub rule: &'a Rule,
     /// The key under that rule (e.g. the client's address).
     pub key: &'a str,
+    /// Keys of one group share a Redis Cluster hash slot, so a request's ops
+    /// in one group are decided in one atomic call. The client's identity,
+    /// normally; the key itself by default.
+    pub group: &'a str,
+}
+
+impl<'a> Op<'a> {
+    /// `rule` on `key`, grouped by the key itself.
+    pub fn new(rule: &'a Rule, key: &'a str) -> Self {
+        Self {
+            rule,
+            key,
+            group: key,
+        }
+    }
+
+    /// `rule` on `key`, in `group` (typically the client's identity).
+    pub fn grouped(rule: &'a Rule, key: &'a str, group: &'a str) -> Self {
+        Self { rule, key, group }
+    }
 }
 
 /// Whether a decision records anything.
@@ -89,6 +111,99 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the store answers (readiness).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// What to do when the store cannot decide (`on_error:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// Decide with in-process limits until the store answers again (default).
+    #[default]
+    Local,
+    /// Admit every request.
+    Allow,
+    /// Fail the decision: the gateway answers 503.
+    Deny,
+}
+
+/// A store that falls back per [`OnError`] when its primary fails.
+///
+/// `Local` keeps an in-process [`MemoryStore`](memory::MemoryStore) with the
+/// same rules: limits then hold per gateway instead of across them, which is
+/// the best that can be done without the shared store, and is what the
+/// gateway logs and counts.
+#[derive(Debug, Clone)]
+pub struct Fallback<P> {
+    primary: P,
+    local: memory::MemoryStore,
+    policy: OnError,
+}
+
+impl<P: Store> Fallback<P> {
+    /// `primary`, falling back per `policy` (to `local` for [`OnError::Local`]).
+    pub fn new(primary: P, policy: OnError, local: memory::MemoryStore) -> Self {
+        Self {
+            primary,
+            local,
+            policy,
+        }
+    }
+
+    /// The primary store.
+    pub fn primary(&self) -> &P {
+        &self.primary
+    }
+}
+
+impl<P: Store> Store for Fallback<P> {
+    async fn decide(
+        &self,
+        ops: &[Op<'_>],
+        weight: u64,
+        mode: Mode,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        match self.primary.decide(ops, weight, mode).await {
+            Ok(v) => Ok(v),
+            Err(e) => match self.policy {
+                OnError::Local => Ok(self.local.decide_now(ops, weight, mode)),
+                OnError::Allow => Ok(ops
+                    .iter()
+                    .map(|op| Verdict {
+                        check: crate::algorithm::Check {
+                            allowed: true,
+                            remaining: op.rule.limit(),
+                            reset_after: 0,
+                            retry_after: 0,
+                            delay: 0,
+                        },
+                        reason: None,
+                    })
+                    .collect()),
+                OnError::Deny => Err(e),
+            },
+        }
+    }
+
+    async fn settle(&self, ops: &[Op<'_>], weight: u64, failure: bool) -> Result<(), StoreError> {
+        match self.primary.settle(ops, weight, failure).await {
+            Err(_) if self.policy == OnError::Local => {
+                self.local.settle(ops, weight, failure).await
+            }
+            other => other,
+        }
+    }
+
+    async fn inspect(&self, op: Op<'_>) -> Result<KeyInfo, StoreError> {
+        self.primary.inspect(op).await
+    }
+
+    async fn clear(&self, op: Op<'_>) -> Result<bool, StoreError> {
+        let local = self.local.clear(op).await.unwrap_or(false);
+        Ok(self.primary.clear(op).await? || local)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.primary.ping().await
+    }
 }
 
 /// Whether the request as a whole is admitted: every enforcing rule allows it.

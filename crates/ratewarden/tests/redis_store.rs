@@ -1,0 +1,468 @@
+//! The Redis store against the Rust specification, and across processes.
+//!
+//! Each test starts its own redis-server (or a 3-master cluster) on free
+//! loopback ports.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{RedisCluster, RedisServer};
+use ratewarden::algorithm::Kind;
+use ratewarden::clock::{Clock, ManualClock};
+use ratewarden::{
+    Fallback, Limiter, MemoryStore, Mode, OnError, Op, Penalty, RedisConfig, RedisStore, Rule,
+    Store, Verdict,
+};
+
+fn wall_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+fn config(url: Option<String>, cluster: Vec<String>, clock: Option<ManualClock>) -> RedisConfig {
+    RedisConfig {
+        url,
+        cluster,
+        key_prefix: "t:".into(),
+        timeout: Duration::from_millis(500),
+        local_clock: clock.map(|c| Arc::new(c) as Arc<dyn Clock>),
+    }
+}
+
+/// Every algorithm with every modifier: the rules of the case table.
+fn case_rules() -> Vec<Rule> {
+    let mut rules = vec![];
+    for kind in Kind::ALL {
+        let base = |name: &str| {
+            Rule::builder(format!("{kind}-{name}"))
+                .algorithm(kind)
+                .limit(4, Duration::from_secs(3))
+        };
+        let burst = |b: ratewarden::rule::RuleBuilder| {
+            if matches!(kind, Kind::TokenBucket | Kind::LeakyBucket | Kind::Gcra) {
+                b.burst(3)
+            } else {
+                b
+            }
+        };
+        rules.push(base("plain").build().unwrap());
+        rules.push(burst(base("burst")).cost(2).build().unwrap());
+        rules.push(
+            base("gap")
+                .min_interval(Duration::from_millis(700))
+                .build()
+                .unwrap(),
+        );
+        rules.push(
+            base("ban")
+                .penalty(Penalty {
+                    duration: Duration::from_secs(2),
+                    multiplier: 2,
+                    max: Duration::from_secs(7),
+                    memory: Duration::from_secs(10),
+                })
+                .build()
+                .unwrap(),
+        );
+        rules.push(
+            base("rejected")
+                .count_rejected(true)
+                .min_interval(Duration::from_millis(300))
+                .build()
+                .unwrap(),
+        );
+        rules.push(
+            base("failures")
+                .count_failures(true)
+                .penalty(Penalty::fixed(Duration::from_secs(4)))
+                .build()
+                .unwrap(),
+        );
+        rules.push(
+            base("failures-noreset")
+                .count_failures(false)
+                .build()
+                .unwrap(),
+        );
+        rules.push(
+            base("shadow")
+                .shadow(true)
+                .penalty(Penalty::fixed(Duration::from_secs(2)))
+                .build()
+                .unwrap(),
+        );
+    }
+    rules.push(
+        Rule::builder("leaky-delay")
+            .algorithm(Kind::LeakyBucket)
+            .limit(5, Duration::from_secs(1))
+            .burst(4)
+            .delay(Duration::from_millis(500))
+            .build()
+            .unwrap(),
+    );
+    rules
+}
+
+/// A small deterministic generator, so a failure names a reproducible step.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// Runs the same random requests through both stores; every verdict must match.
+async fn agree<S: Store>(redis: &S, clock: &ManualClock, memory: &MemoryStore, rules: &[Rule]) {
+    let mut rng = Lcg(7);
+    for (ri, rule) in rules.iter().enumerate() {
+        // One rule alone, then paired with the next one in a single request.
+        let partner = &rules[(ri + 1) % rules.len()];
+        for step in 0..120 {
+            // Boundaries on purpose: exactly a min_interval (300/700 ms), an
+            // emission interval (750 ms), a window (3 s), and their neighbours.
+            let gaps = [
+                0, 1, 999, 120_000, 299_999, 300_000, 700_000, 750_000, 1_100_000, 2_999_999,
+                3_000_000, 3_500_000,
+            ];
+            let gap = gaps[rng.next(gaps.len() as u64) as usize];
+            clock.advance(Duration::from_micros(gap));
+            let key = ["alice", "bob"][rng.next(2) as usize];
+            let weight = 1 + rng.next(2);
+            let pair = rng.next(4) == 0;
+            let ops_one = [Op::new(rule, key)];
+            let ops_two = [Op::new(rule, key), Op::new(partner, key)];
+            let ops: &[Op<'_>] = if pair { &ops_two } else { &ops_one };
+            let mode = if rng.next(8) == 0 {
+                Mode::Peek
+            } else {
+                Mode::Apply
+            };
+            let m: Vec<Verdict> = memory.decide(ops, weight, mode).await.unwrap();
+            let r: Vec<Verdict> = redis.decide(ops, weight, mode).await.unwrap();
+            assert_eq!(
+                m,
+                r,
+                "rule {} step {step} key {key} weight {weight} pair {pair}",
+                rule.name()
+            );
+            let admitted = ratewarden::store::admitted(ops, &m);
+            if mode == Mode::Apply && admitted && ops.iter().any(|o| o.rule.counts_failures()) {
+                let failure = rng.next(3) != 0;
+                memory.settle(ops, weight, failure).await.unwrap();
+                redis.settle(ops, weight, failure).await.unwrap();
+            }
+            if step % 20 == 19 {
+                let (mi, ri) = (
+                    memory.inspect(ops[0]).await.unwrap(),
+                    redis.inspect(ops[0]).await.unwrap(),
+                );
+                assert_eq!(
+                    (mi.remaining, mi.ban_left),
+                    (ri.remaining, ri.ban_left),
+                    "inspect {}",
+                    rule.name()
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn case_table_agrees_with_the_memory_store_on_standalone_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(wall_now());
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let redis = RedisStore::new(config(Some(server.url()), vec![], Some(clock.clone()))).unwrap();
+    agree(&redis, &clock, &memory, &case_rules()).await;
+}
+
+#[tokio::test]
+async fn case_table_agrees_with_the_memory_store_on_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let clock = ManualClock::new(wall_now());
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let redis = RedisStore::new(config(None, cluster.urls(), Some(clock.clone()))).unwrap();
+    // Every third rule is enough to cover each algorithm on the cluster path.
+    let rules: Vec<Rule> = case_rules().into_iter().step_by(3).collect();
+    agree(&redis, &clock, &memory, &rules).await;
+}
+
+/// 200 concurrent decisions on one key through 4 independent store
+/// instances (4 gateways) admit exactly the limit.
+async fn exact_across_instances(stores: Vec<RedisStore>) {
+    for kind in Kind::ALL.into_iter().filter(|k| k.is_exact()) {
+        let rule = Rule::builder(format!("exact-{kind}"))
+            .algorithm(kind)
+            .limit(50, Duration::from_secs(86_400))
+            .build()
+            .unwrap();
+        let mut tasks = vec![];
+        for i in 0..200 {
+            let store = stores[i % stores.len()].clone();
+            let rule = rule.clone();
+            tasks.push(tokio::spawn(async move {
+                let v = store
+                    .decide(&[Op::new(&rule, "hot")], 1, Mode::Apply)
+                    .await
+                    .unwrap();
+                v[0].allowed()
+            }));
+        }
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += usize::from(t.await.unwrap());
+        }
+        assert_eq!(admitted, 50, "{kind}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_across_four_instances_on_standalone_redis() {
+    let server = RedisServer::start();
+    let stores = (0..4)
+        .map(|_| RedisStore::new(config(Some(server.url()), vec![], None)).unwrap())
+        .collect();
+    exact_across_instances(stores).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_across_four_instances_on_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let stores = (0..4)
+        .map(|_| RedisStore::new(config(None, cluster.urls(), None)).unwrap())
+        .collect();
+    exact_across_instances(stores).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_requests_in_one_millisecond_are_a_hundred_log_entries() {
+    let server = RedisServer::start();
+    // A frozen clock: all 100 in the same microsecond.
+    let clock = ManualClock::new(wall_now());
+    let store = RedisStore::new(config(Some(server.url()), vec![], Some(clock))).unwrap();
+    let rule = Rule::builder("same-ms")
+        .algorithm(Kind::SlidingWindowLog)
+        .limit(1_000, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut tasks = vec![];
+    for _ in 0..100 {
+        let (store, rule) = (store.clone(), rule.clone());
+        tasks.push(tokio::spawn(async move {
+            store
+                .decide(&[Op::new(&rule, "bot")], 1, Mode::Apply)
+                .await
+                .unwrap()[0]
+                .allowed()
+        }));
+    }
+    for t in tasks {
+        assert!(t.await.unwrap());
+    }
+    let logs = server.cli(&["--scan", "--pattern", "t:*:log"]);
+    assert_eq!(logs.lines().count(), 1, "{logs}");
+    assert_eq!(server.cli(&["zcard", logs.trim()]), "100");
+    let scores = server.cli(&["zrange", logs.trim(), "0", "-1", "withscores"]);
+    let distinct: std::collections::BTreeSet<&str> = scores.lines().skip(1).step_by(2).collect();
+    assert_eq!(distinct.len(), 1, "one timestamp, a hundred members");
+    // The next request sees all hundred.
+    let v = store
+        .decide(&[Op::new(&rule, "bot")], 1, Mode::Peek)
+        .await
+        .unwrap();
+    assert_eq!(v[0].check.remaining, 1_000 - 100 - 1);
+}
+
+#[tokio::test]
+async fn gateways_with_skewed_clocks_agree_because_time_comes_from_redis() {
+    let server = RedisServer::start();
+    let rule = Rule::builder("skew")
+        .algorithm(Kind::FixedWindow)
+        .limit(5, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let op = [Op::new(&rule, "client")];
+    // Negative control: stores that trust their own clocks, 10 minutes apart,
+    // disagree (B sees a fresh window).
+    let a_clock = ManualClock::new(wall_now());
+    let b_clock = ManualClock::new(wall_now() + 600_000_000);
+    let a = RedisStore::new(config(Some(server.url()), vec![], Some(a_clock))).unwrap();
+    let b = RedisStore::new(config(Some(server.url()), vec![], Some(b_clock))).unwrap();
+    for _ in 0..5 {
+        assert!(a.decide(&op, 1, Mode::Apply).await.unwrap()[0].allowed());
+    }
+    assert!(
+        b.decide(&op, 1, Mode::Apply).await.unwrap()[0].allowed(),
+        "skewed local clocks disagree"
+    );
+
+    // With time from Redis (the default), two instances agree whatever the
+    // processes' clocks say.
+    let rule = Rule::builder("skew-redis-time")
+        .algorithm(Kind::FixedWindow)
+        .limit(5, Duration::from_secs(86_400))
+        .build()
+        .unwrap();
+    let op = [Op::new(&rule, "client")];
+    let a = RedisStore::new(config(Some(server.url()), vec![], None)).unwrap();
+    let b = RedisStore::new(config(Some(server.url()), vec![], None)).unwrap();
+    for _ in 0..5 {
+        assert!(a.decide(&op, 1, Mode::Apply).await.unwrap()[0].allowed());
+    }
+    assert!(!b.decide(&op, 1, Mode::Apply).await.unwrap()[0].allowed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_follows_on_error_and_recovers_by_itself() {
+    let mut server = RedisServer::start();
+    let rule = Rule::builder("outage")
+        .algorithm(Kind::Gcra)
+        .limit(1_000, Duration::from_secs(3_600))
+        .build()
+        .unwrap();
+    let op = [Op::new(&rule, "k")];
+    let timeout = Duration::from_millis(100);
+    let mk = |policy| {
+        let mut cfg = config(Some(server.url()), vec![], None);
+        cfg.timeout = timeout;
+        Fallback::new(
+            RedisStore::new(cfg).unwrap(),
+            policy,
+            MemoryStore::default(),
+        )
+    };
+    let (local, allow, deny) = (mk(OnError::Local), mk(OnError::Allow), mk(OnError::Deny));
+    for s in [&local, &allow, &deny] {
+        assert!(s.decide(&op, 1, Mode::Apply).await.is_ok());
+    }
+    assert_eq!(server.cli(&["dbsize"]), "1");
+
+    server.kill();
+    for round in 0..10 {
+        for (s, name) in [(&local, "local"), (&allow, "allow"), (&deny, "deny")] {
+            let started = Instant::now();
+            let res = s.decide(&op, 1, Mode::Apply).await;
+            // Bounded by the timeout (plus scheduling slack), never hanging.
+            assert!(
+                started.elapsed() < timeout * 5,
+                "{name} round {round}: {:?}",
+                started.elapsed()
+            );
+            match name {
+                "deny" => assert!(res.is_err()),
+                _ => assert!(res.unwrap()[0].allowed(), "{name}"),
+            }
+        }
+    }
+    assert!(local.primary().errors() >= 10);
+    assert!(
+        local.primary().circuit_open(),
+        "the breaker stops hammering"
+    );
+    // The local fallback really limits: its own memory store counted.
+    let limiter = Limiter::new(local.clone());
+    let d = limiter.check(&rule, "k").await.unwrap();
+    assert!(d.rules[0].remaining < 1_000 - 10);
+
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if deny.decide(&op, 1, Mode::Apply).await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not recover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Back on Redis: the decision was recorded there.
+    assert_eq!(server.cli(&["dbsize"]), "1");
+    assert!(!deny.primary().circuit_open());
+}
+
+#[tokio::test]
+async fn all_or_nothing_on_standalone_and_where_the_cluster_relaxes_it() {
+    let identity = Rule::builder("per-user")
+        .algorithm(Kind::FixedWindow)
+        .limit(100, Duration::from_secs(86_400))
+        .build()
+        .unwrap();
+    let global = Rule::builder("global")
+        .algorithm(Kind::FixedWindow)
+        .limit(2, Duration::from_secs(86_400))
+        .build()
+        .unwrap();
+    let request = |user: &'static str| {
+        [
+            Op::grouped(&identity, user, user),
+            Op::grouped(&global, "global", "global"),
+        ]
+    };
+    let remaining = async |s: &RedisStore, user| {
+        s.decide(&[Op::grouped(&identity, user, user)], 1, Mode::Peek)
+            .await
+            .unwrap()[0]
+            .check
+            .remaining
+    };
+
+    // Standalone: one script call for both groups; a global rejection
+    // charges the user nothing.
+    let server = RedisServer::start();
+    let s = RedisStore::new(config(Some(server.url()), vec![], None)).unwrap();
+    for user in ["u1", "u2"] {
+        assert!(ratewarden::store::admitted(
+            &request(user),
+            &s.decide(&request(user), 1, Mode::Apply).await.unwrap()
+        ));
+    }
+    let v = s.decide(&request("u3"), 1, Mode::Apply).await.unwrap();
+    assert!(!v[1].allowed());
+    assert_eq!(remaining(&s, "u3").await, 99, "nothing charged to u3");
+
+    // Cluster: the user's group is decided (and charged) first, then the
+    // global group; a global rejection leaves that one charge on u3: the
+    // documented relaxation, over-counting one client, never over-admitting.
+    let cluster = RedisCluster::start();
+    let c = RedisStore::new(config(None, cluster.urls(), None)).unwrap();
+    for user in ["u1", "u2"] {
+        c.decide(&request(user), 1, Mode::Apply).await.unwrap();
+    }
+    let v = c.decide(&request("u3"), 1, Mode::Apply).await.unwrap();
+    assert!(v[0].allowed() && !v[1].allowed());
+    assert_eq!(
+        remaining(&c, "u3").await,
+        98,
+        "u3 was charged once by the first group"
+    );
+    // And a rejection in the first group is never charged to the second.
+    let tight = Rule::builder("tight-user")
+        .algorithm(Kind::FixedWindow)
+        .limit(1, Duration::from_secs(86_400))
+        .build()
+        .unwrap();
+    let wide_global = Rule::builder("wide-global")
+        .algorithm(Kind::FixedWindow)
+        .limit(100, Duration::from_secs(86_400))
+        .build()
+        .unwrap();
+    let req = [
+        Op::grouped(&tight, "u9", "u9"),
+        Op::grouped(&wide_global, "global", "global"),
+    ];
+    c.decide(&req, 1, Mode::Apply).await.unwrap();
+    c.decide(&req, 1, Mode::Apply).await.unwrap();
+    let g = c.decide(&[req[1]], 1, Mode::Peek).await.unwrap();
+    assert_eq!(
+        g[0].check.remaining,
+        100 - 1 - 1,
+        "only the admitted request charged the global rule"
+    );
+}
