@@ -1,0 +1,297 @@
+//! # ratewarden-tower
+//!
+//! Rate limiting as a [tower] layer, for axum, tonic and hyper services: the
+//! Rust answer to DRF throttles and Spring `@LimitRequestPerTime` aspects.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ratewarden::{MemoryStore, Rule, algorithm::Kind};
+//! use ratewarden_tower::{RateLimitLayer, key::Header};
+//!
+//! let rule = Rule::builder("api")
+//!     .algorithm(Kind::Gcra)
+//!     .limit(100, Duration::from_secs(60))
+//!     .build()
+//!     .unwrap();
+//! let layer = RateLimitLayer::builder(MemoryStore::default(), [rule], Header::new("x-api-key")).build();
+//! // axum: Router::new().route("/api", get(handler)).route_layer(layer)
+//! ```
+//!
+//! The layer decides in `call` (a keyed decision needs the request), over any
+//! [`Store`]: one key per request, every rule of the layer applied at once,
+//! all-or-nothing. Rejections are the gateway's, byte for byte: status 429,
+//! `Retry-After`, the configured rate-limit headers and the RFC 9457 problem
+//! body, all rendered by `ratewarden::Decision`. Admitted responses carry the
+//! headers too. Rules with `count: failures` are settled from the response:
+//! a failure is charged, a success clears the key's history.
+//!
+//! [tower]: https://docs.rs/tower
+
+pub mod identity;
+pub mod key;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{Either, Full};
+use ratewarden::{Decision, HeaderStyle, Limiter, Op, Rule, Store, decision::problem};
+
+pub use key::KeyExtractor;
+
+/// The response body: the inner service's, or the layer's own problem body.
+pub type Body<B> = Either<B, Full<Bytes>>;
+
+/// Decides whether a response counts as a failure for `count: failures`
+/// rules: `Some(true)` charges it, `Some(false)` is a success (clears the
+/// history with `reset_on_success`), `None` leaves the key alone.
+pub type Classifier = Arc<dyn Fn(StatusCode) -> Option<bool> + Send + Sync>;
+
+/// The spec's `failure_status` default: 400–499 except 429 are failures,
+/// every other status is a success.
+pub fn default_classifier(status: StatusCode) -> Option<bool> {
+    Some(status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS)
+}
+
+/// What to do with a request the key extractor finds no key in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingKey {
+    /// Let it through unlimited (nginx's behaviour for an empty key).
+    #[default]
+    Skip,
+    /// Answer 400 with a problem body.
+    Reject,
+    /// Limit all key-less requests together, under the key `anonymous`.
+    Anonymous,
+}
+
+struct Shared<S, K> {
+    limiter: Limiter<S>,
+    rules: Vec<Rule>,
+    key: K,
+    headers: HeaderStyle,
+    status: StatusCode,
+    classify: Classifier,
+    missing: MissingKey,
+}
+
+/// Builds a [`RateLimitLayer`].
+pub struct RateLimitLayerBuilder<S, K> {
+    shared: Shared<S, K>,
+}
+
+impl<S, K> RateLimitLayerBuilder<S, K> {
+    /// Which rate-limit headers to send (default: legacy and IETF).
+    pub fn headers(mut self, style: HeaderStyle) -> Self {
+        self.shared.headers = style;
+        self
+    }
+    /// The status of a rejection (default 429).
+    pub fn status(mut self, status: StatusCode) -> Self {
+        self.shared.status = status;
+        self
+    }
+    /// How responses settle `count: failures` rules (default
+    /// [`default_classifier`]).
+    pub fn classify(
+        mut self,
+        f: impl Fn(StatusCode) -> Option<bool> + Send + Sync + 'static,
+    ) -> Self {
+        self.shared.classify = Arc::new(f);
+        self
+    }
+    /// What to do when the extractor finds no key (default [`MissingKey::Skip`]).
+    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
+        self.shared.missing = missing;
+        self
+    }
+    /// The layer.
+    pub fn build(self) -> RateLimitLayer<S, K> {
+        RateLimitLayer {
+            shared: Arc::new(self.shared),
+        }
+    }
+}
+
+/// A tower layer that rate-limits requests. Cheap to clone.
+pub struct RateLimitLayer<S, K> {
+    shared: Arc<Shared<S, K>>,
+}
+
+impl<S, K> Clone for RateLimitLayer<S, K> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: Store, K: KeyExtractor> RateLimitLayer<S, K> {
+    /// `rules` over `store`, keyed by `key`. Every rule applies to every
+    /// request the layer sees; name them per route (`"coupon"`,
+    /// `"interview-questions"`) as Spring's annotation `prefix` does.
+    pub fn builder(
+        store: S,
+        rules: impl IntoIterator<Item = Rule>,
+        key: K,
+    ) -> RateLimitLayerBuilder<S, K> {
+        RateLimitLayerBuilder {
+            shared: Shared {
+                limiter: Limiter::new(store),
+                rules: rules.into_iter().collect(),
+                key,
+                headers: HeaderStyle::default(),
+                status: StatusCode::TOO_MANY_REQUESTS,
+                classify: Arc::new(default_classifier),
+                missing: MissingKey::Skip,
+            },
+        }
+    }
+}
+
+impl<S, K, I> tower_layer::Layer<I> for RateLimitLayer<S, K> {
+    type Service = RateLimit<S, K, I>;
+    fn layer(&self, inner: I) -> Self::Service {
+        RateLimit {
+            shared: self.shared.clone(),
+            inner,
+        }
+    }
+}
+
+/// The service [`RateLimitLayer`] wraps around `inner`.
+pub struct RateLimit<S, K, I> {
+    shared: Arc<Shared<S, K>>,
+    inner: I,
+}
+
+impl<S, K, I: Clone> Clone for RateLimit<S, K, I> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+type BoxedResponse<B, E> = Pin<Box<dyn Future<Output = Result<Response<Body<B>>, E>> + Send>>;
+
+/// The response future of [`RateLimit`]: decide, maybe wait (leaky bucket
+/// delay mode), call the inner service, settle `count: failures` rules.
+pub struct ResponseFuture<B, E> {
+    fut: BoxedResponse<B, E>,
+}
+
+impl<B, E> Future for ResponseFuture<B, E> {
+    type Output = Result<Response<Body<B>>, E>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.fut.as_mut().poll(cx)
+    }
+}
+
+fn add_headers<B>(resp: &mut Response<B>, pairs: Vec<(&'static str, String)>) {
+    for (name, value) in pairs {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            resp.headers_mut().insert(name, v);
+        }
+    }
+}
+
+fn problem_response<B>(status: StatusCode, body: String) -> Response<Body<B>> {
+    let mut resp = Response::new(Either::Right(Full::new(Bytes::from(body))));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    resp
+}
+
+/// The response for a rejected decision: status, headers, problem body.
+pub fn rejection<B>(
+    decision: &Decision,
+    status: StatusCode,
+    style: HeaderStyle,
+) -> Response<Body<B>> {
+    let body = decision
+        .problem_json(status.as_u16())
+        .unwrap_or_else(|| problem(status.as_u16(), None));
+    let mut resp = problem_response(status, body);
+    add_headers(&mut resp, decision.headers(style));
+    resp
+}
+
+impl<S, K, I, ReqB, ResB> tower_service::Service<Request<ReqB>> for RateLimit<S, K, I>
+where
+    S: Store,
+    K: KeyExtractor,
+    I: tower_service::Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    I::Future: Send,
+    ReqB: Send + 'static,
+    ResB: Send + 'static,
+{
+    type Response = Response<Body<ResB>>;
+    type Error = I::Error;
+    type Future = ResponseFuture<ResB, I::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let shared = self.shared.clone();
+        // The clone that was driven to readiness is the one to call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let fut = async move {
+            let (parts, body) = req.into_parts();
+            let key = shared.key.extract(&parts);
+            let req = Request::from_parts(parts, body);
+            let key = match (key, shared.missing) {
+                (Some(k), _) => k,
+                (None, MissingKey::Anonymous) => "anonymous".to_owned(),
+                (None, MissingKey::Skip) => return Ok(inner.call(req).await?.map(Either::Left)),
+                (None, MissingKey::Reject) => {
+                    let body = problem(400, Some("the request carries no rate-limit key"));
+                    return Ok(problem_response(StatusCode::BAD_REQUEST, body));
+                }
+            };
+            let ops: Vec<Op<'_>> = shared
+                .rules
+                .iter()
+                .map(|r| Op::grouped(r, &key, &key))
+                .collect();
+            let admission = match shared.limiter.acquire(&ops, 1).await {
+                Ok(a) => a,
+                Err(e) => {
+                    // Only reached under `on_error: deny` (a `Fallback` store
+                    // answers otherwise): say why, never a bare 500.
+                    let body = problem(503, Some(&format!("rate limiter unavailable: {e}")));
+                    return Ok(problem_response(StatusCode::SERVICE_UNAVAILABLE, body));
+                }
+            };
+            let decision = admission.decision;
+            if !decision.allowed {
+                return Ok(rejection(&decision, shared.status, shared.headers));
+            }
+            if !decision.delay.is_zero() {
+                tokio::time::sleep(decision.delay).await;
+            }
+            let resp = inner.call(req).await?;
+            if let Some(pending) = &admission.pending
+                && let Some(failure) = (shared.classify)(resp.status())
+            {
+                // A settle that fails (store down) loses one count; the
+                // response the handler produced still goes out.
+                let _ = shared.limiter.report(pending, failure).await;
+            }
+            let mut resp = resp.map(Either::Left);
+            add_headers(&mut resp, decision.headers(shared.headers));
+            Ok(resp)
+        };
+        ResponseFuture { fut: Box::pin(fut) }
+    }
+}
