@@ -637,6 +637,18 @@ impl Rule {
         }
     }
 
+    /// Whether [`commit`](Self::commit) would change anything: a decision
+    /// that records nothing can be answered without exclusive access.
+    pub fn records(&self, verdict: &Verdict, admitted: bool) -> bool {
+        let c = &self.0;
+        match verdict.reason {
+            None => admitted && (!self.counts_failures() || c.min_interval > 0),
+            Some(Reason::Banned) => false,
+            Some(Reason::MinInterval) => c.spec.count_rejected,
+            Some(Reason::Limit) => c.spec.count_rejected || c.spec.penalty.is_some(),
+        }
+    }
+
     /// Settles a `count: failures` request after its outcome is known: a
     /// failure is charged; a success clears the history if `reset_on_success`.
     pub fn settle(&self, state: &mut KeyState, now: Micros, cost: u64, failure: bool) {

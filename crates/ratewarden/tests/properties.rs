@@ -156,3 +156,58 @@ proptest! {
         }
     }
 }
+
+mod records {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+    use ratewarden::algorithm::Kind;
+    use ratewarden::{KeyState, Penalty, Rule};
+
+    fn rules() -> Vec<Rule> {
+        let mut out = vec![];
+        for kind in Kind::ALL {
+            let b = || {
+                Rule::builder("r")
+                    .algorithm(kind)
+                    .limit(3, Duration::from_millis(50))
+            };
+            out.push(b().build().unwrap());
+            out.push(b().min_interval(Duration::from_millis(7)).build().unwrap());
+            out.push(
+                b().penalty(Penalty::fixed(Duration::from_millis(30)))
+                    .build()
+                    .unwrap(),
+            );
+            out.push(b().count_rejected(true).build().unwrap());
+            out.push(b().count_failures(true).build().unwrap());
+            out.push(b().shadow(true).build().unwrap());
+        }
+        out
+    }
+
+    proptest! {
+        /// The memory store answers under a shared lock when `records` says a
+        /// commit would change nothing: check that whenever a commit does
+        /// change the state, `records` said so. (The converse may fail
+        /// harmlessly: a forced charge on a full window saturates.)
+        #[test]
+        fn records_is_true_whenever_commit_changes_the_state(
+            which in 0usize..36, steps in prop::collection::vec((0u64..20_000, 1u64..3, any::<bool>()), 1..80)
+        ) {
+            let rule = &rules()[which];
+            let mut state = KeyState::default();
+            let mut now = 1_700_000_000_000_000u64;
+            for (gap, cost, other_rule_rejects) in steps {
+                now += gap;
+                let v = rule.verdict(&state, now, cost);
+                let admitted = (v.allowed() || rule.is_shadow()) && !other_rule_rejects;
+                let before = state.clone();
+                rule.commit(&mut state, now, cost, &v, admitted);
+                if state != before {
+                    prop_assert!(rule.records(&v, admitted), "{:?} {:?}", v, before);
+                }
+            }
+        }
+    }
+}

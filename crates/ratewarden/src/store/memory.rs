@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{RwLock, RwLockWriteGuard};
 use std::time::Duration;
 
 use crate::clock::{Clock, Micros, SystemClock};
@@ -59,7 +59,7 @@ struct Shard {
 }
 
 struct Inner {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[RwLock<Shard>]>,
     per_shard: usize,
     max_keys: usize,
     seed: foldhash::quality::RandomState,
@@ -115,7 +115,7 @@ impl MemoryStoreBuilder {
                 // (no rehash pause under load) and untouched pages cost no RSS.
                 shards: (0..shards)
                     .map(|_| {
-                        Mutex::new(Shard {
+                        RwLock::new(Shard {
                             map: Map::with_capacity_and_hasher(per_shard, Default::default()),
                         })
                     })
@@ -158,12 +158,14 @@ impl Default for MemoryStore {
     }
 }
 
-/// parking_lot's mutex rather than std's: it spins briefly before parking,
-/// and a decision holds a shard for well under a microsecond; on a hot key
-/// with 2 threads std's parked (futex) and cost 2.5× governor's time.
-/// Nothing awaits while a shard is locked.
-fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    m.lock()
+/// parking_lot's lock rather than std's: it spins briefly before parking, and
+/// a decision holds a shard for well under a microsecond; on a hot key with 2
+/// threads std's mutex parked (futex) and cost 2.5× governor's time. A
+/// read-write lock, because most decisions on a hot key are rejections that
+/// record nothing: they share the read lock. Nothing awaits while a shard is
+/// locked.
+fn lock(m: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
+    m.write()
 }
 
 impl MemoryStore {
@@ -187,7 +189,7 @@ impl MemoryStore {
 
     /// Number of slots held (expired ones included until swept).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.inner.shards.iter().map(|s| s.read().map.len()).sum()
     }
 
     /// Whether the store holds nothing.
@@ -203,7 +205,7 @@ impl MemoryStore {
             .shards
             .iter()
             .map(|s| {
-                let mut s = lock(s);
+                let mut s = s.write();
                 let before = s.map.len();
                 s.map.retain(|_, slot| slot.expires > now);
                 before - s.map.len()
@@ -233,7 +235,7 @@ impl MemoryStore {
         let mut shard_ids: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
         shard_ids.sort_unstable();
         shard_ids.dedup();
-        let mut guards: Vec<MutexGuard<'_, Shard>> = shard_ids
+        let mut guards: Vec<RwLockWriteGuard<'_, Shard>> = shard_ids
             .iter()
             .map(|&i| lock(&self.inner.shards[i]))
             .collect();
@@ -286,16 +288,23 @@ impl MemoryStore {
         let h = self.hash(op);
         let rule = op.rule;
         let cost = rule.cost(weight);
-        let mut shard = lock(&self.inner.shards[self.shard_of(h)]);
-        if mode == Mode::Peek {
+        let cell = &self.inner.shards[self.shard_of(h)];
+        {
+            // First under the read lock: a peek, or a decision that records
+            // nothing (a plain rejection), is answered here.
+            let shard = cell.read();
             let fresh = KeyState::default();
-            let state = shard
-                .map
-                .get(&h)
-                .filter(|s| s.expires > now)
-                .map_or(&fresh, |s| &s.state);
-            return rule.verdict(state, now, cost);
+            let live = shard.map.get(&h).filter(|s| s.expires > now);
+            let v = rule.verdict(live.map_or(&fresh, |s| &s.state), now, cost);
+            if mode == Mode::Peek
+                || (live.is_some() && !rule.records(&v, v.allowed() || rule.is_shadow()))
+            {
+                return v;
+            }
         }
+        // Something to record: decide again under the write lock, since the
+        // state may have changed in between.
+        let mut shard = cell.write();
         if let Some(slot) = shard.map.get_mut(&h) {
             if slot.expires <= now {
                 slot.state = KeyState::default();
@@ -408,7 +417,7 @@ impl Store for MemoryStore {
     async fn inspect(&self, op: Op<'_>) -> Result<KeyInfo, StoreError> {
         let now = self.now();
         let h = self.hash(&op);
-        let shard = lock(&self.inner.shards[self.shard_of(h)]);
+        let shard = self.inner.shards[self.shard_of(h)].read();
         let live = shard.map.get(&h).filter(|s| s.expires > now);
         let fresh = KeyState::default();
         let state = live.map_or(&fresh, |s| &s.state);

@@ -1,0 +1,411 @@
+//! The request path: identify, match rules, decide, forward, settle.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use ratewarden::decision::problem;
+use ratewarden::{Decision, Limiter, Op, Reason, Store};
+
+use crate::config::{Config, IdentityFrom, KeyPart, Missing, StoreSpec, Upstream};
+use crate::metrics::Metrics;
+use crate::store::AnyStore;
+
+/// The body of every response the gateway sends.
+pub type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Longest identity taken from a header (longer values are cut).
+const MAX_IDENTITY_BYTES: usize = 256;
+
+/// The configuration in force and the limiter it runs on; swapped whole on reload.
+pub struct Live {
+    /// The validated configuration.
+    pub config: Config,
+    /// Decisions over the configured store.
+    pub limiter: Limiter<AnyStore>,
+}
+
+/// Everything a request needs; shared by all connections.
+pub struct Gateway {
+    live: ArcSwap<Live>,
+    client: Client<HttpConnector, Incoming>,
+    /// Metrics, exported by the admin API.
+    pub metrics: Metrics,
+}
+
+fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+fn problem_response(status: StatusCode, detail: &str) -> Response<Body> {
+    let mut r = Response::new(full(problem(status.as_u16(), Some(detail))));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    r
+}
+
+fn add_headers(h: &mut HeaderMap, pairs: Vec<(&'static str, String)>) {
+    for (name, value) in pairs {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            h.insert(name, v);
+        }
+    }
+}
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        h.remove(n);
+    }
+}
+
+/// A matched rule's key and group for one request.
+struct Keyed {
+    rule: usize,
+    key: String,
+    group: String,
+}
+
+impl Gateway {
+    /// A gateway running `config` on a new store.
+    pub fn new(config: Config) -> Result<Arc<Self>, ratewarden::StoreError> {
+        let store = AnyStore::new(&config.store)?;
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build_http();
+        Ok(Arc::new(Self {
+            live: ArcSwap::from_pointee(Live {
+                config,
+                limiter: Limiter::new(store),
+            }),
+            client,
+            metrics: Metrics::default(),
+        }))
+    }
+
+    /// The configuration and limiter in force.
+    pub fn live(&self) -> Arc<Live> {
+        self.live.load_full()
+    }
+
+    /// Swaps in a new configuration. The store (and so every rule's state)
+    /// is kept when the store settings did not change; rules whose name and
+    /// parameters did not change then keep their keys.
+    pub fn swap(&self, config: Config) -> Result<(), ratewarden::StoreError> {
+        let old = self.live();
+        let store = if same_store(&old.config.store, &config.store) {
+            old.limiter.store().clone()
+        } else {
+            AnyStore::new(&config.store)?
+        };
+        self.live.store(Arc::new(Live {
+            config,
+            limiter: Limiter::new(store),
+        }));
+        Ok(())
+    }
+
+    /// Handles one proxied request.
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let live = self.live();
+        let cfg = &live.config;
+        let ip = cfg.identity.client_ip.resolve(peer.ip(), req.headers());
+        let identity = match &cfg.identity.from {
+            IdentityFrom::Ip => cfg.identity.client_ip.key(ip),
+            IdentityFrom::Header(name) => {
+                let v = req
+                    .headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::trim);
+                match v {
+                    Some(v) if !v.is_empty() => v.chars().take(MAX_IDENTITY_BYTES).collect(),
+                    _ => match cfg.identity.missing {
+                        Missing::Ip => cfg.identity.client_ip.key(ip),
+                        Missing::Anonymous => "anonymous".to_owned(),
+                        Missing::Reject => {
+                            return problem_response(
+                                StatusCode::BAD_REQUEST,
+                                &format!("header {name} is required"),
+                            );
+                        }
+                    },
+                }
+            }
+        };
+        if cfg.deny.iter().any(|p| p.matches(ip, &identity)) {
+            tracing::info!(identity, "denied by `deny:`");
+            return problem_response(
+                StatusCode::FORBIDDEN,
+                &format!("client {identity} is denied"),
+            );
+        }
+        let limited = !cfg.allow.iter().any(|p| p.matches(ip, &identity));
+        let path = req.uri().path().to_owned();
+        let mut keyed: Vec<Keyed> = vec![];
+        if limited {
+            for (i, r) in cfg.rules.iter().enumerate() {
+                if !r.matcher.matches(req.method(), &path) {
+                    continue;
+                }
+                let key = key_of(&r.key, &identity, req.method(), &path, req.headers());
+                let group = r.group(&key, Some(&identity)).expect("identity given");
+                keyed.push(Keyed {
+                    rule: i,
+                    key,
+                    group,
+                });
+            }
+            // Keys shared by clients last: on a cluster they are other slots,
+            // decided after the client's own (see the README).
+            keyed.sort_by_key(|k| k.group != identity);
+        }
+        let ops: Vec<Op<'_>> = keyed
+            .iter()
+            .map(|k| Op::grouped(&cfg.rules[k.rule].rule, &k.key, &k.group))
+            .collect();
+        let mut decision: Option<Decision> = None;
+        let mut settle_ops: Vec<usize> = vec![];
+        if !ops.is_empty() {
+            let started = Instant::now();
+            let admission = live.limiter.acquire(&ops, 1).await;
+            self.metrics.decision_time(started.elapsed());
+            let admission = match admission {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "limiter unavailable; on_error: deny");
+                    return problem_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &format!("rate limiter unavailable: {e}"),
+                    );
+                }
+            };
+            let d = admission.decision;
+            for (r, k) in d.rules.iter().zip(&keyed) {
+                let label = match (r.allowed(), r.rule.is_shadow()) {
+                    (true, _) => "allowed",
+                    (false, true) => "shadow_rejected",
+                    (false, false) => "rejected",
+                };
+                self.metrics.request(r.rule.name(), label);
+                if let Some(reason) = r.reason {
+                    let banned = reason == Reason::Banned
+                        || (reason == Reason::Limit && r.rule.spec().penalty.is_some());
+                    if banned && let Some(left) = r.retry_after {
+                        self.metrics
+                            .banned(r.rule.name(), &k.key, Instant::now() + left);
+                    }
+                    tracing::info!(rule = r.rule.name(), key = %k.key, reason = reason.as_str(), shadow = r.rule.is_shadow(), "rejected");
+                }
+            }
+            if !d.allowed {
+                return rejection(&d, cfg.status, cfg.headers);
+            }
+            if admission.pending.is_some() {
+                settle_ops = keyed
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, k)| cfg.rules[k.rule].rule.counts_failures())
+                    .map(|(i, _)| i)
+                    .collect();
+            }
+            if !d.delay.is_zero() {
+                tokio::time::sleep(d.delay).await;
+            }
+            decision = Some(d);
+        }
+        let mut resp = match &cfg.upstream {
+            Upstream::Echo => echo(&req, &identity),
+            Upstream::Url(base) => self.forward(req, base, peer, cfg.upstream_timeout).await,
+        };
+        if !settle_ops.is_empty() {
+            let status = resp.status().as_u16();
+            for i in settle_ops {
+                let k = &keyed[i];
+                let rule = &cfg.rules[k.rule];
+                let op = Op::grouped(&rule.rule, &k.key, &k.group);
+                if live
+                    .limiter
+                    .store()
+                    .settle(&[op], 1, rule.is_failure(status))
+                    .await
+                    .is_err()
+                {
+                    self.metrics.store_error();
+                }
+            }
+        }
+        if let Some(d) = decision {
+            add_headers(resp.headers_mut(), d.headers(cfg.headers));
+        }
+        resp
+    }
+
+    async fn forward(
+        &self,
+        req: Request<Incoming>,
+        base: &Uri,
+        peer: SocketAddr,
+        timeout: Duration,
+    ) -> Response<Body> {
+        let (mut parts, body) = req.into_parts();
+        let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let prefix = base.path().trim_end_matches('/');
+        let uri = format!(
+            "{}://{}{prefix}{pq}",
+            base.scheme_str().unwrap_or("http"),
+            base.authority().map_or("", |a| a.as_str())
+        );
+        parts.uri = match uri.parse() {
+            Ok(u) => u,
+            Err(_) => {
+                return problem_response(
+                    StatusCode::BAD_REQUEST,
+                    "request target cannot be forwarded",
+                );
+            }
+        };
+        parts.version = http::Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers);
+        // X-Forwarded-For: append the peer to whatever chain came in.
+        let xff = match parts
+            .headers
+            .get("x-forwarded-for")
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(prev) => format!("{prev}, {}", peer.ip()),
+            None => peer.ip().to_string(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&xff) {
+            parts.headers.insert("x-forwarded-for", v);
+        }
+        if let Some(a) = base.authority()
+            && let Ok(v) = HeaderValue::from_str(a.as_str())
+        {
+            parts.headers.insert(header::HOST, v);
+        }
+        let started = Instant::now();
+        let res = tokio::time::timeout(
+            timeout,
+            self.client.request(Request::from_parts(parts, body)),
+        )
+        .await;
+        self.metrics.upstream_time(started.elapsed());
+        match res {
+            Ok(Ok(resp)) => {
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync())
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "upstream failed");
+                problem_response(StatusCode::BAD_GATEWAY, "the upstream could not be reached")
+            }
+            Err(_) => problem_response(
+                StatusCode::GATEWAY_TIMEOUT,
+                &format!("the upstream did not answer within {timeout:?}"),
+            ),
+        }
+    }
+}
+
+fn same_store(a: &StoreSpec, b: &StoreSpec) -> bool {
+    a == b
+}
+
+/// A rule's key: its parts joined by `:`.
+fn key_of(
+    parts: &[KeyPart],
+    identity: &str,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+) -> String {
+    let mut out = String::new();
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push(':');
+        }
+        match p {
+            KeyPart::Identity => out.push_str(identity),
+            KeyPart::Method => out.push_str(method.as_str()),
+            KeyPart::Path => out.push_str(path),
+            KeyPart::Global => out.push_str("global"),
+            KeyPart::Header(h) => {
+                let v = headers.get(h).and_then(|v| v.to_str().ok()).unwrap_or("");
+                out.extend(v.chars().take(MAX_IDENTITY_BYTES));
+            }
+        }
+    }
+    out
+}
+
+/// The response to a rejected request.
+pub fn rejection(
+    d: &Decision,
+    status: StatusCode,
+    style: ratewarden::HeaderStyle,
+) -> Response<Body> {
+    let body = d
+        .problem_json(status.as_u16())
+        .unwrap_or_else(|| problem(status.as_u16(), None));
+    let mut r = Response::new(full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    add_headers(r.headers_mut(), d.headers(style));
+    r
+}
+
+/// The built-in upstream: says what it received.
+fn echo<B>(req: &Request<B>, identity: &str) -> Response<Body> {
+    let text = format!(
+        "ratewarden echo: {} {} from {identity}\n",
+        req.method(),
+        req.uri()
+    );
+    let mut r = Response::new(full(text));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}

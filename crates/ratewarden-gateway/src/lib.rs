@@ -1,0 +1,10 @@
+//! The `ratewarden` gateway: a reverse proxy that rate-limits HTTP requests
+//! before they reach the upstream, configured by one YAML file, with an admin
+//! API that also answers decisions for applications in other languages.
+
+pub mod admin;
+pub mod config;
+pub mod gateway;
+pub mod metrics;
+pub mod server;
+pub mod store;

@@ -1,0 +1,167 @@
+//! Prometheus metrics, kept by hand: a few counters and two histograms do not
+//! need an exporter framework on the request path.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// Upper bounds (seconds) of the histogram buckets.
+const BUCKETS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0,
+];
+
+/// Bound on distinct banned keys tracked for the gauge.
+const MAX_BANS_TRACKED: usize = 100_000;
+
+#[derive(Default)]
+struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if s <= *b {
+                self.counts[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ns
+            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, name: &str, out: &mut String) {
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{b}\"}} {}",
+                self.counts[i].load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+        );
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// The gateway's metrics.
+#[derive(Default)]
+pub struct Metrics {
+    requests: Mutex<HashMap<(String, &'static str), u64>>,
+    decision: Histogram,
+    upstream: Histogram,
+    reloads_ok: AtomicU64,
+    reloads_failed: AtomicU64,
+    /// Store errors not counted by the store itself (e.g. a failed settle).
+    store_errors: AtomicU64,
+    bans: Mutex<HashMap<(String, String), Instant>>,
+}
+
+impl Metrics {
+    /// Counts one decision of `rule`: `allowed`, `rejected`, or `shadow_rejected`.
+    pub fn request(&self, rule: &str, decision: &'static str) {
+        let mut m = self.requests.lock();
+        match m.get_mut(&(rule.to_owned(), decision)) {
+            Some(n) => *n += 1,
+            None => {
+                m.insert((rule.to_owned(), decision), 1);
+            }
+        }
+    }
+
+    /// Time spent deciding.
+    pub fn decision_time(&self, d: Duration) {
+        self.decision.observe(d);
+    }
+
+    /// Time the upstream took to answer (headers).
+    pub fn upstream_time(&self, d: Duration) {
+        self.upstream.observe(d);
+    }
+
+    /// A reload, good or bad.
+    pub fn reload(&self, ok: bool) {
+        if ok {
+            self.reloads_ok.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.reloads_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A store error the store did not count itself.
+    pub fn store_error(&self) {
+        self.store_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A key is banned until `until`.
+    pub fn banned(&self, rule: &str, key: &str, until: Instant) {
+        let mut b = self.bans.lock();
+        if b.len() >= MAX_BANS_TRACKED {
+            let now = Instant::now();
+            b.retain(|_, t| *t > now);
+            if b.len() >= MAX_BANS_TRACKED {
+                return;
+            }
+        }
+        b.insert((rule.to_owned(), key.to_owned()), until);
+    }
+
+    /// Renders the Prometheus text format; `store_errors` is the store's own count.
+    pub fn render(&self, store_errors: u64) -> String {
+        let mut out = String::new();
+        out.push_str("# HELP ratewarden_requests_total Decisions per rule.\n# TYPE ratewarden_requests_total counter\n");
+        let mut rows: Vec<_> = self
+            .requests
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        rows.sort();
+        for ((rule, decision), n) in rows {
+            let _ = writeln!(
+                out,
+                "ratewarden_requests_total{{rule=\"{rule}\",decision=\"{decision}\"}} {n}"
+            );
+        }
+        out.push_str("# HELP ratewarden_decision_duration_seconds Time to decide a request.\n");
+        self.decision
+            .render("ratewarden_decision_duration_seconds", &mut out);
+        out.push_str("# HELP ratewarden_upstream_duration_seconds Time until the upstream's response headers.\n");
+        self.upstream
+            .render("ratewarden_upstream_duration_seconds", &mut out);
+        let errors = store_errors + self.store_errors.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "# HELP ratewarden_store_errors_total Decisions the store could not make.\n# TYPE ratewarden_store_errors_total counter\nratewarden_store_errors_total {errors}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ratewarden_config_reloads_total Config reloads.\n# TYPE ratewarden_config_reloads_total counter\nratewarden_config_reloads_total{{result=\"success\"}} {}\nratewarden_config_reloads_total{{result=\"failure\"}} {}",
+            self.reloads_ok.load(Ordering::Relaxed),
+            self.reloads_failed.load(Ordering::Relaxed)
+        );
+        let now = Instant::now();
+        let banned = {
+            let mut b = self.bans.lock();
+            b.retain(|_, t| *t > now);
+            b.len()
+        };
+        let _ = writeln!(
+            out,
+            "# HELP ratewarden_banned_keys Keys under an active ban seen by this instance.\n# TYPE ratewarden_banned_keys gauge\nratewarden_banned_keys {banned}"
+        );
+        out
+    }
+}

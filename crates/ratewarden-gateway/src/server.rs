@@ -1,0 +1,231 @@
+//! Listeners, graceful shutdown, and reload.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::{self, Config, Overrides};
+use crate::gateway::Gateway;
+
+/// How long in-flight requests may take to finish after a shutdown signal.
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// Where the running configuration came from, for reloads.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The file (`None`: the built-in example; nothing to reload).
+    pub path: Option<PathBuf>,
+    /// Command-line overrides, applied on every reload too.
+    pub overrides: Overrides,
+}
+
+/// A running gateway.
+pub struct Running {
+    /// The proxy's bound address (port 0 resolved).
+    pub listen: SocketAddr,
+    /// The admin API's bound address.
+    pub admin: Option<SocketAddr>,
+    /// The shared state.
+    pub gateway: Arc<Gateway>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, lets in-flight requests finish (at most 30 s), returns.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Binds the listeners and starts serving `config`.
+pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    let listen = listener.local_addr()?;
+    let admin_listener = match &config.admin {
+        Some((addr, _)) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (admin): {e}"))?,
+        ),
+        None => None,
+    };
+    let admin = admin_listener
+        .as_ref()
+        .map(|l| l.local_addr())
+        .transpose()?;
+    let gateway = Gateway::new(config)?;
+    let (stop, stopped) = watch::channel(false);
+    let mut tasks = vec![];
+    {
+        let gw = gateway.clone();
+        tasks.push(tokio::spawn(serve(
+            listener,
+            stopped.clone(),
+            move |req, peer| {
+                let gw = gw.clone();
+                async move { gw.handle(req, peer).await }
+            },
+        )));
+    }
+    if let Some(l) = admin_listener {
+        let gw = gateway.clone();
+        tasks.push(tokio::spawn(serve(
+            l,
+            stopped.clone(),
+            move |req, _peer| {
+                let gw = gw.clone();
+                async move { crate::admin::handle(&gw, req).await }
+            },
+        )));
+    }
+    tasks.push(tokio::spawn(housekeeping(gateway.clone(), source, stopped)));
+    Ok(Running {
+        listen,
+        admin,
+        gateway,
+        stop,
+        tasks,
+    })
+}
+
+/// Accepts connections (HTTP/1 and HTTP/2) until told to stop, then drains.
+async fn serve<F, Fut>(listener: TcpListener, mut stop: watch::Receiver<bool>, handler: F)
+where
+    F: Fn(http::Request<hyper::body::Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = http::Response<crate::gateway::Body>> + Send + 'static,
+{
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        tokio::select! {
+            conn = listener.accept() => {
+                let (stream, peer) = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off, keep serving.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let handler = handler.clone();
+                let svc = service_fn(move |req| {
+                    let fut = handler(req, peer);
+                    async move { Ok::<_, Infallible>(fut.await) }
+                });
+                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(DRAIN) => tracing::warn!("in-flight requests still running after {DRAIN:?}; closing"),
+    }
+}
+
+/// Reloads on SIGHUP and when the file changes; purges expired states.
+async fn housekeeping(gw: Arc<Gateway>, source: Source, mut stop: watch::Receiver<bool>) {
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut last = match &source.path {
+        Some(p) => std::fs::read_to_string(p).ok(),
+        None => None,
+    };
+    let mut poll = tokio::time::interval(Duration::from_millis(500));
+    let mut purge = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        let hup_signal = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = hup_signal => {
+                tracing::info!("SIGHUP: reloading");
+                if let Some(path) = &source.path {
+                    last = std::fs::read_to_string(path).ok();
+                }
+                reload(&gw, &source, last.as_deref());
+            }
+            _ = poll.tick() => {
+                let Some(path) = &source.path else { continue };
+                let now = std::fs::read_to_string(path).ok();
+                if now.is_some() && now != last {
+                    tracing::info!(file = %path.display(), "config file changed: reloading");
+                    last = now;
+                    reload(&gw, &source, last.as_deref());
+                }
+            }
+            _ = purge.tick() => gw.live().limiter.store().purge(),
+        }
+    }
+}
+
+/// Validates `text` and swaps it in; an invalid config is logged and ignored.
+pub fn reload(gw: &Gateway, source: &Source, text: Option<&str>) -> bool {
+    let Some(path) = &source.path else {
+        return false;
+    };
+    let Some(text) = text else {
+        tracing::error!(file = %path.display(), "reload: cannot read the file; keeping the running config");
+        gw.metrics.reload(false);
+        return false;
+    };
+    match config::load(text, &path.display().to_string(), &source.overrides) {
+        Ok(cfg) => {
+            let old = gw.live();
+            if cfg.listen != old.config.listen
+                || cfg.admin.as_ref().map(|a| a.0) != old.config.admin.as_ref().map(|a| a.0)
+            {
+                tracing::warn!(
+                    "listen addresses changed: they take effect on restart; everything else applies now"
+                );
+            }
+            match gw.swap(cfg) {
+                Ok(()) => {
+                    tracing::info!("config reloaded");
+                    gw.metrics.reload(true);
+                    true
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "reload: store cannot be created; keeping the running config");
+                    gw.metrics.reload(false);
+                    false
+                }
+            }
+        }
+        Err(e) => {
+            tracing::error!("reload rejected, keeping the running config: {e}");
+            gw.metrics.reload(false);
+            false
+        }
+    }
+}

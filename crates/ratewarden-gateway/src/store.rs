@@ -1,0 +1,99 @@
+//! The store the gateway runs on, chosen by `store.type`.
+
+use ratewarden::store::redis::{RedisConfig, RedisStore};
+use ratewarden::{Fallback, KeyInfo, MemoryStore, Mode, Op, Store, StoreError, Verdict};
+
+use crate::config::StoreSpec;
+
+/// Memory or Redis (with its `on_error` fallback).
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    /// In-process.
+    Memory(MemoryStore),
+    /// Redis, falling back per `on_error`.
+    Redis(Fallback<RedisStore>),
+}
+
+impl AnyStore {
+    /// The store a spec describes.
+    pub fn new(spec: &StoreSpec) -> Result<Self, StoreError> {
+        Ok(match spec {
+            StoreSpec::Memory { max_keys } => {
+                AnyStore::Memory(MemoryStore::builder().max_keys(*max_keys).build())
+            }
+            StoreSpec::Redis {
+                url,
+                cluster,
+                key_prefix,
+                timeout,
+                on_error,
+            } => {
+                let redis = RedisStore::new(RedisConfig {
+                    url: url.clone(),
+                    cluster: cluster.clone(),
+                    key_prefix: key_prefix.clone(),
+                    timeout: *timeout,
+                    local_clock: None,
+                })?;
+                AnyStore::Redis(Fallback::new(redis, *on_error, MemoryStore::default()))
+            }
+        })
+    }
+
+    /// Errors the store counted (Redis only).
+    pub fn errors(&self) -> u64 {
+        match self {
+            AnyStore::Memory(_) => 0,
+            AnyStore::Redis(f) => f.primary().errors(),
+        }
+    }
+
+    /// Drops expired in-memory states (the memory store, or Redis's local fallback).
+    pub fn purge(&self) {
+        if let AnyStore::Memory(m) = self {
+            m.purge_expired();
+        }
+    }
+}
+
+impl Store for AnyStore {
+    async fn decide(
+        &self,
+        ops: &[Op<'_>],
+        weight: u64,
+        mode: Mode,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        match self {
+            AnyStore::Memory(s) => Ok(s.decide_now(ops, weight, mode)),
+            AnyStore::Redis(s) => s.decide(ops, weight, mode).await,
+        }
+    }
+
+    async fn settle(&self, ops: &[Op<'_>], weight: u64, failure: bool) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.settle(ops, weight, failure).await,
+            AnyStore::Redis(s) => s.settle(ops, weight, failure).await,
+        }
+    }
+
+    async fn inspect(&self, op: Op<'_>) -> Result<KeyInfo, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.inspect(op).await,
+            AnyStore::Redis(s) => s.inspect(op).await,
+        }
+    }
+
+    async fn clear(&self, op: Op<'_>) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.clear(op).await,
+            AnyStore::Redis(s) => s.clear(op).await,
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.ping().await,
+            AnyStore::Redis(s) => s.ping().await,
+        }
+    }
+}
