@@ -38,6 +38,7 @@ pub struct Live {
 /// Everything a request needs; shared by all connections.
 pub struct Gateway {
     live: ArcSwap<Live>,
+    clock: Option<Arc<dyn ratewarden::clock::Clock>>,
     client: Client<HttpConnector, Incoming>,
     /// Metrics, exported by the admin API.
     pub metrics: Metrics,
@@ -104,8 +105,11 @@ struct Keyed {
 
 impl Gateway {
     /// A gateway running `config` on a new store.
-    pub fn new(config: Config) -> Result<Arc<Self>, ratewarden::StoreError> {
-        let store = AnyStore::new(&config.store)?;
+    pub fn new(
+        config: Config,
+        clock: Option<Arc<dyn ratewarden::clock::Clock>>,
+    ) -> Result<Arc<Self>, ratewarden::StoreError> {
+        let store = AnyStore::new(&config.store, clock.clone())?;
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .build_http();
@@ -115,6 +119,7 @@ impl Gateway {
                 limiter: Limiter::new(store),
             }),
             client,
+            clock,
             metrics: Metrics::default(),
         }))
     }
@@ -132,7 +137,7 @@ impl Gateway {
         let store = if same_store(&old.config.store, &config.store) {
             old.limiter.store().clone()
         } else {
-            AnyStore::new(&config.store)?
+            AnyStore::new(&config.store, self.clock.clone())?
         };
         self.live.store(Arc::new(Live {
             config,

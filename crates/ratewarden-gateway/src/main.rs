@@ -120,7 +120,14 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            rt.block_on(run(cfg, Source { path, overrides }))
+            rt.block_on(run(
+                cfg,
+                Source {
+                    path,
+                    overrides,
+                    clock: None,
+                },
+            ))
         }
     }
 }

@@ -21,12 +21,15 @@ use crate::gateway::Gateway;
 const DRAIN: Duration = Duration::from_secs(30);
 
 /// Where the running configuration came from, for reloads.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Source {
     /// The file (`None`: the built-in example; nothing to reload).
     pub path: Option<PathBuf>,
     /// Command-line overrides, applied on every reload too.
     pub overrides: Overrides,
+    /// A clock for the memory store instead of the system's (tests drive
+    /// bans and windows with a manual clock).
+    pub clock: Option<Arc<dyn ratewarden::clock::Clock>>,
 }
 
 /// A running gateway.
@@ -69,7 +72,7 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
         .as_ref()
         .map(|l| l.local_addr())
         .transpose()?;
-    let gateway = Gateway::new(config)?;
+    let gateway = Gateway::new(config, source.clock.clone())?;
     let (stop, stopped) = watch::channel(false);
     let mut tasks = vec![];
     {

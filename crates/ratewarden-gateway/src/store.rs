@@ -1,5 +1,8 @@
 //! The store the gateway runs on, chosen by `store.type`.
 
+use std::sync::Arc;
+
+use ratewarden::clock::Clock;
 use ratewarden::store::redis::{RedisConfig, RedisStore};
 use ratewarden::{Fallback, KeyInfo, MemoryStore, Mode, Op, Store, StoreError, Verdict};
 
@@ -15,11 +18,16 @@ pub enum AnyStore {
 }
 
 impl AnyStore {
-    /// The store a spec describes.
-    pub fn new(spec: &StoreSpec) -> Result<Self, StoreError> {
+    /// The store a spec describes; `clock` replaces the system clock of a
+    /// memory store (tests).
+    pub fn new(spec: &StoreSpec, clock: Option<Arc<dyn Clock>>) -> Result<Self, StoreError> {
         Ok(match spec {
             StoreSpec::Memory { max_keys } => {
-                AnyStore::Memory(MemoryStore::builder().max_keys(*max_keys).build())
+                let b = MemoryStore::builder().max_keys(*max_keys);
+                AnyStore::Memory(match clock {
+                    Some(c) => b.clock(c).build(),
+                    None => b.build(),
+                })
             }
             StoreSpec::Redis {
                 url,

@@ -1,0 +1,177 @@
+//! Every class of configuration error is reported with file, line, column and
+//! key, and `ratewarden validate` / `serve` exit 2 on them.
+
+use ratewarden_gateway::config::{self, ConfigError, Overrides};
+
+fn error(yaml: &str) -> ConfigError {
+    config::load(yaml, "bad.yaml", &Overrides::default()).expect_err("must be rejected")
+}
+
+const HEAD: &str = "upstream: http://127.0.0.1:9000\nrules:\n";
+
+#[test]
+fn a_typo_is_caught_with_the_closest_key_suggested() {
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limt: 5\n    window: 60s\n"
+    ));
+    assert_eq!((e.line, e.key.as_str()), (4, "limt"), "{e}");
+    assert!(e.message.contains("did you mean `limit`?"), "{e}");
+    assert!(e.to_string().starts_with("bad.yaml:4:"), "{e}");
+    let e = error("upstrem: http://127.0.0.1:9000\n");
+    assert!(e.message.contains("did you mean `upstream`?"), "{e}");
+    assert_eq!(e.line, 1);
+}
+
+#[test]
+fn an_unknown_algorithm_is_named_with_a_suggestion() {
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    algorithm: token_buckit\n    limit: 5\n    window: 60s\n"
+    ));
+    assert_eq!(
+        (e.line, e.column, e.key.as_str()),
+        (4, 16, "algorithm"),
+        "{e}"
+    );
+    assert!(e.message.contains("did you mean `token_bucket`?"), "{e}");
+}
+
+#[test]
+fn a_negative_limit_is_refused_at_its_line() {
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    window: 60s\n    limit: -5\n"
+    ));
+    assert_eq!((e.line, e.key.as_str()), (5, "limit"), "{e}");
+    assert!(e.message.contains(">= 1"), "{e}");
+}
+
+#[test]
+fn a_bad_regex_is_refused_at_its_line() {
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: 5\n    window: 60s\n    match:\n      path_regex: '^/api/(item\\d+$'\n"
+    ));
+    assert_eq!((e.line, e.key.as_str()), (7, "path_regex"), "{e}");
+    assert!(e.message.contains("invalid regex"), "{e}");
+}
+
+#[test]
+fn a_bad_duration_is_refused_with_the_units() {
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: 5\n    window: 60\n"
+    ));
+    assert_eq!((e.line, e.key.as_str()), (5, "window"), "{e}");
+    assert!(e.message.contains("ms, s, m, h, d"), "{e}");
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: 5\n    window: 5 minutes\n"
+    ));
+    assert_eq!(e.line, 5, "{e}");
+}
+
+#[test]
+fn a_duplicate_rule_name_is_refused_at_the_second() {
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: 5\n    window: 1s\n  - name: r\n    limit: 6\n    window: 1s\n"
+    ));
+    assert_eq!((e.line, e.key.as_str()), (6, "name"), "{e}");
+    assert!(e.message.contains("duplicate rule name `r`"), "{e}");
+}
+
+#[test]
+fn defaults_fill_what_is_not_written() {
+    let c = config::load(
+        "upstream: http://127.0.0.1:9000\n",
+        "ok.yaml",
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.admin.as_ref().unwrap().0.to_string(), "127.0.0.1:9090");
+    assert_eq!(c.status.as_u16(), 429);
+    assert!(c.headers.legacy && c.headers.ietf);
+    let c = config::load(
+        "upstream: http://127.0.0.1:9000\nadmin: null\n",
+        "ok.yaml",
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert!(c.admin.is_none(), "`admin: null` turns it off");
+    let c = config::load(config::EMBEDDED, "<built-in>", &Overrides::default()).unwrap();
+    assert_eq!(c.rules[0].rule.limit(), 100);
+}
+
+#[test]
+fn the_seed_002_file_loads_unchanged() {
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/seed-002-go-gateway.yaml"
+    ))
+    .unwrap();
+    let c = config::load(&yaml, "seed.yaml", &Overrides::default()).unwrap();
+    let names: Vec<&str> = c.rules.iter().map(|r| r.rule.name()).collect();
+    assert_eq!(names, ["client", "comment_write"]);
+    assert_eq!(c.rules[0].rule.limit(), 50);
+    assert_eq!(c.rules[1].rule.limit(), 5);
+    assert!(
+        c.rules[1]
+            .matcher
+            .matches(&http::Method::POST, "/api/item/42/comment")
+    );
+    assert!(
+        !c.rules[1]
+            .matcher
+            .matches(&http::Method::GET, "/api/item/42/comment")
+    );
+    assert!(
+        !c.rules[1]
+            .matcher
+            .matches(&http::Method::POST, "/api/item/x/comment")
+    );
+    assert!(c.headers.legacy && !c.headers.ietf);
+}
+
+#[test]
+fn validate_and_serve_exit_2_naming_file_line_and_key() {
+    let dir = std::env::temp_dir().join(format!("rw-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        format!("{HEAD}  - name: r\n    limit: 5\n    window: 5x\n"),
+    )
+    .unwrap();
+    let good = dir.join("good.yaml");
+    std::fs::write(
+        &good,
+        format!("{HEAD}  - name: r\n    limit: 5\n    window: 5s\n"),
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_ratewarden");
+    let out = std::process::Command::new(bin)
+        .arg("validate")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.yaml:5:13: `window`: `5x`: unknown unit `x`"),
+        "{err}"
+    );
+    let out = std::process::Command::new(bin)
+        .args(["serve", "-c"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "an invalid config never starts");
+    let out = std::process::Command::new(bin)
+        .arg("validate")
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
