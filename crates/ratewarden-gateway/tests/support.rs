@@ -1,6 +1,6 @@
 //! An upstream to proxy to, a gateway started in-process, and a client.
 
-#![allow(dead_code)]
+#![allow(dead_code, missing_docs)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
