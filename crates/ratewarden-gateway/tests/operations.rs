@@ -1,0 +1,257 @@
+//! Running the gateway: Redis across gateways and through an outage, reload,
+//! the admin API, graceful shutdown.
+
+#[path = "../../ratewarden/tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use common::RedisServer;
+use support::{Upstream, gateway, gateway_file, send};
+
+fn redis_yaml(url: &str, limit: u32, on_error: &str) -> String {
+    format!(
+        "store:\n  type: redis\n  url: {url}\n  timeout: 100ms\n  on_error: {on_error}\nrules:\n  - name: per-ip\n    algorithm: sliding_window_log\n    limit: {limit}\n    window: 60s\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_per_minute_is_exact_across_two_gateways_on_one_redis() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let yaml = redis_yaml(&redis.url(), 20, "deny");
+    let (a, b) = (
+        gateway(&yaml, &up.url(), None).await,
+        gateway(&yaml, &up.url(), None).await,
+    );
+    let mut tasks = vec![];
+    for i in 0..100 {
+        let addr = if i % 2 == 0 { a.listen } else { b.listen };
+        tasks.push(tokio::spawn(async move {
+            send(addr, "GET", "/", &[], "").await.status.as_u16()
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        ok += usize::from(t.await.unwrap() == 200);
+    }
+    assert_eq!(
+        ok, 20,
+        "100 concurrent requests over two gateways, one limit"
+    );
+    assert_eq!(up.hits(), 20);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_under_traffic() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let local = gateway(&redis_yaml(&redis.url(), 1_000, "local"), &up.url(), None).await;
+    let deny = gateway(&redis_yaml(&redis.url(), 1_000, "deny"), &up.url(), None).await;
+    for gw in [&local, &deny] {
+        assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    }
+    redis.kill();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let l = send(local.listen, "GET", "/", &[], "").await;
+        assert_eq!(l.status, 200, "on_error: local keeps serving");
+        let d = send(deny.listen, "GET", "/", &[], "").await;
+        assert_eq!(d.status, 503, "on_error: deny says so");
+        assert!(d.body.contains("rate limiter unavailable"), "{}", d.body);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "bounded by the store timeout"
+        );
+    }
+    let admin = deny.admin.unwrap();
+    assert_eq!(send(admin, "GET", "/readyz", &[], "").await.status, 503);
+    let metrics = send(admin, "GET", "/metrics", &[], "").await.body;
+    let errors: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ratewarden_store_errors_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(errors >= 20, "{errors}");
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while send(deny.listen, "GET", "/", &[], "").await.status != 200 {
+        assert!(Instant::now() < deadline, "the gateway did not recover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(send(admin, "GET", "/readyz", &[], "").await.status, 200);
+    // Back on Redis: the client's state hash and its sliding-log key.
+    assert_eq!(redis.cli(&["dbsize"]), "2");
+    local.shutdown().await;
+    deny.shutdown().await;
+}
+
+#[tokio::test]
+async fn reload_applies_a_good_config_keeps_unchanged_state_and_ignores_a_bad_one() {
+    let up = Upstream::start().await;
+    let dir = std::env::temp_dir().join(format!("rw-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ratewarden.yaml");
+    let v1 = "rules:\n  - name: kept\n    algorithm: fixed_window\n    limit: 3\n    window: 1h\n  - name: changed\n    algorithm: fixed_window\n    limit: 100\n    window: 1h\n";
+    std::fs::write(&file, v1).unwrap();
+    let gw = gateway_file(v1, &up.url(), None, Some(file.clone())).await;
+    for _ in 0..2 {
+        assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    }
+    // Good: `changed` gets a new limit (and so fresh state); `kept` keeps its count.
+    let v2 = v1.replace("limit: 100", "limit: 50");
+    std::fs::write(&file, &v2).unwrap();
+    let wait_reload = |want: &'static str| {
+        let admin = gw.admin.unwrap();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let m = send(admin, "GET", "/metrics", &[], "").await.body;
+                if m.contains(want) {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "no reload seen: {m}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    wait_reload("ratewarden_config_reloads_total{result=\"success\"} 1").await;
+    let r = send(gw.listen, "GET", "/", &[], "").await;
+    assert_eq!(r.status, 200);
+    let h = r.header("ratelimit").unwrap();
+    assert!(
+        h.contains("\"kept\";r=0;") && h.contains("\"changed\";r=49;"),
+        "{h}"
+    );
+    assert_eq!(
+        send(gw.listen, "GET", "/", &[], "").await.status,
+        429,
+        "kept its state across the reload"
+    );
+    // Bad: logged and ignored; the old config keeps running.
+    std::fs::write(
+        &file,
+        "rules:\n  - name: x\n    limit: -1\n    window: 1s\n",
+    )
+    .unwrap();
+    wait_reload("ratewarden_config_reloads_total{result=\"failure\"} 1").await;
+    let r = send(gw.listen, "GET", "/", &[], "").await;
+    assert_eq!(r.status, 429, "still the old rules");
+    gw.shutdown().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn the_admin_api_checks_reports_explains_and_manages_keys() {
+    let up = Upstream::start().await;
+    let yaml = "admin:\n  listen: 127.0.0.1:0\n  token: s3cret\nrules:\n  - name: coupon\n    match: {methods: [POST], path: /coupons}\n    algorithm: sliding_window_log\n    limit: 2\n    window: 5m\n    penalty: 10m\n    count: failures\n  - name: api\n    match: {path_prefix: /api/}\n    key: [identity, method]\n    limit: 5\n    window: 60s\n";
+    let gw = gateway(yaml, &up.url(), None).await;
+    let admin = gw.admin.unwrap();
+    let auth = [("authorization", "Bearer s3cret")];
+    assert_eq!(send(admin, "GET", "/metrics", &[], "").await.status, 401);
+    assert_eq!(send(admin, "GET", "/healthz", &auth, "").await.body, "ok\n");
+    let check = |body: &'static str| async move {
+        send(
+            admin,
+            "POST",
+            "/v1/check",
+            &[("authorization", "Bearer s3cret")],
+            body,
+        )
+        .await
+    };
+    let r = check(r#"{"rule":"coupon","key":"user-42"}"#).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.body.contains(r#""allowed":true"#) && r.body.contains(r#""remaining":1"#),
+        "{}",
+        r.body
+    );
+    // Two failures reported by an app in another language, then the check rejects with the ban.
+    for _ in 0..2 {
+        let r = send(
+            admin,
+            "POST",
+            "/v1/report",
+            &auth,
+            r#"{"rule":"coupon","key":"user-42","outcome":"failure"}"#,
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let r = check(r#"{"rule":"coupon","key":"user-42"}"#).await;
+    assert!(
+        r.body.contains(r#""allowed":false"#) && r.body.contains(r#""retry_after":600"#),
+        "{}",
+        r.body
+    );
+    let r = send(admin, "GET", "/v1/keys/coupon/user-42", &auth, "").await;
+    assert!(
+        r.body.contains(r#""ban_left":599."#) || r.body.contains(r#""ban_left":600"#),
+        "{}",
+        r.body
+    );
+    // The proxy sees the same ban: the identity is the peer address here,
+    // so check the admin's view of the proxy's own key instead.
+    let r = send(
+        admin,
+        "GET",
+        "/v1/explain?method=POST&path=/coupons&identity=user-42",
+        &auth,
+        "",
+    )
+    .await;
+    assert!(
+        r.body.contains(r#""would_allow":false"#) && r.body.contains(r#""reason":"banned""#),
+        "{}",
+        r.body
+    );
+    let r = send(admin, "DELETE", "/v1/keys/coupon/user-42", &auth, "").await;
+    assert!(r.body.contains(r#""cleared":true"#), "{}", r.body);
+    assert!(
+        check(r#"{"rule":"coupon","key":"user-42"}"#)
+            .await
+            .body
+            .contains(r#""allowed":true"#)
+    );
+    // A key with more parts than the identity needs the identity (its Redis slot).
+    let r = check(r#"{"rule":"api","key":"1.2.3.4:GET"}"#).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    let r = check(r#"{"rule":"api","key":"1.2.3.4:GET","identity":"1.2.3.4"}"#).await;
+    assert!(r.body.contains(r#""allowed":true"#), "{}", r.body);
+    assert_eq!(check(r#"{"rule":"nope","key":"k"}"#).await.status, 404);
+    assert_eq!(check(r#"{"rule":"coupon""#).await.status, 400);
+    let m = send(admin, "GET", "/metrics", &auth, "").await.body;
+    for name in [
+        "ratewarden_requests_total{rule=\"coupon\",decision=\"rejected\"}",
+        "ratewarden_decision_duration_seconds_bucket",
+        "ratewarden_store_errors_total",
+        "ratewarden_config_reloads_total",
+        "ratewarden_banned_keys",
+        "ratewarden_upstream_duration_seconds_count",
+    ] {
+        assert!(m.contains(name), "{name} missing from\n{m}");
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_requests_finish() {
+    let up = Upstream::start().await;
+    let gw = gateway("rules: []\n", &up.url(), None).await;
+    let addr = gw.listen;
+    let slow = tokio::spawn(async move { send(addr, "GET", "/slow", &[], "").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gw.shutdown().await;
+    let r = slow.await.unwrap();
+    assert_eq!(r.status, 200, "the request in flight finished");
+    assert_eq!(r.body, "slow");
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "no longer accepting"
+    );
+}
