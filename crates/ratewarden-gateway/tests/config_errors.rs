@@ -184,7 +184,8 @@ fn every_example_config_validates() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "yaml") {
             let text = std::fs::read_to_string(&path).unwrap();
-            config::load(&text, &path.display().to_string(), &Overrides::default()).unwrap_or_else(|e| panic!("{e}"));
+            config::load(&text, &path.display().to_string(), &Overrides::default())
+                .unwrap_or_else(|e| panic!("{e}"));
             n += 1;
         }
     }

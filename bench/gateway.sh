@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Load benchmark of the gateway, with nginx as the reference, in one run.
+#
+#   bash bench/gateway.sh            # DURATION=10s by default
+#
+# Needs nginx, wrk and redis-server (Debian: nginx-light wrk redis-server);
+# installs them with apt-get when missing. Everything listens on 127.0.0.1,
+# every load is bounded by DURATION, and every process is stopped at the end.
+# Same core budget for both proxies: ratewarden --workers 1, nginx
+# worker_processes 1. wrk: 2 threads, 64 connections.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10s}
+missing=()
+command -v nginx >/dev/null || missing+=(nginx-light)
+command -v wrk >/dev/null || missing+=(wrk)
+command -v redis-server >/dev/null || missing+=(redis-server)
+if [ ${#missing[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${missing[@]}"; fi
+
+cargo build --release --bin ratewarden -q
+BIN=target/release/ratewarden
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
+
+UP=$(port); NG_PASS=$(port); NG_REJ=$(port); RW_PASS=$(port); RW_REJ=$(port); RW_ADMIN=$(port); RW_ADMIN2=$(port); RW_R=$(port); RW_RADMIN=$(port); REDIS=$(port)
+
+# Two nginx instances: the upstream (its own worker, shared by both proxies)
+# and the proxy under test (one worker, like ratewarden --workers 1).
+mkdir -p "$WORK/origin/logs" "$WORK/nginx/logs"
+cat > "$WORK/origin/nginx.conf" <<NGINX
+worker_processes 1;
+error_log $WORK/origin/logs/error.log crit;
+pid $WORK/origin/nginx.pid;
+daemon off;
+events { worker_connections 4096; }
+http { access_log off; server { listen 127.0.0.1:$UP; location / { return 200 "ok\n"; } } }
+NGINX
+cat > "$WORK/nginx/nginx.conf" <<NGINX
+worker_processes 1;
+error_log $WORK/nginx/logs/error.log crit;
+pid $WORK/nginx/nginx.pid;
+daemon off;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  limit_req_zone \$binary_remote_addr zone=open:10m rate=100000000r/s;
+  limit_req_zone \$binary_remote_addr zone=shut:10m rate=1r/m;
+  limit_req_status 429;
+  upstream origin { server 127.0.0.1:$UP; keepalive 64; }
+  # nginx proxying with limit_req at a limit never reached.
+  server { listen 127.0.0.1:$NG_PASS; location / { limit_req zone=open burst=100000000 nodelay;
+           proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+  # nginx proxying with a limit that rejects almost everything.
+  server { listen 127.0.0.1:$NG_REJ; location / { limit_req zone=shut nodelay;
+           proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+}
+NGINX
+nginx -p "$WORK/origin" -c "$WORK/origin/nginx.conf" & PIDS+=($!)
+nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
+wait_port "$NG_PASS"; wait_port "$UP"
+
+cat > "$WORK/pass.yaml" <<YAML
+admin: {listen: 127.0.0.1:$RW_ADMIN}
+rules:
+  - name: open
+    algorithm: gcra
+    limit: 100000000
+    window: 1s
+YAML
+cat > "$WORK/reject.yaml" <<YAML
+admin: {listen: 127.0.0.1:$RW_ADMIN2}
+rules:
+  - name: bench
+    algorithm: gcra
+    limit: 1
+    window: 60s
+YAML
+cat > "$WORK/redis.yaml" <<YAML
+admin: {listen: 127.0.0.1:$RW_RADMIN}
+store: {type: redis, url: "redis://127.0.0.1:$REDIS/0", timeout: 200ms, on_error: deny}
+rules:
+  - name: bench
+    algorithm: gcra
+    limit: 100000000
+    window: 1s
+YAML
+redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no > /dev/null & PIDS+=($!)
+RUST_LOG=warn $BIN serve -c "$WORK/pass.yaml" --listen 127.0.0.1:$RW_PASS --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+RUST_LOG=off $BIN serve -c "$WORK/reject.yaml" --listen 127.0.0.1:$RW_REJ --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+RUST_LOG=warn $BIN serve -c "$WORK/redis.yaml" --listen 127.0.0.1:$RW_R --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+wait_port "$RW_PASS"; wait_port "$RW_REJ"; wait_port "$RW_R"; wait_port "$REDIS"
+
+cat > "$WORK/check.lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"rule":"bench","key":"client-1"}'
+LUA
+
+# run NAME URL [wrk args...] -> "NAME req/s p50 p99"
+run() {
+  local name=$1 url=$2; shift 2
+  local out; out=$(wrk -t2 -c64 -d"$DURATION" --latency "$@" "$url")
+  local rps p50 p99
+  rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+  p50=$(echo "$out" | awk '$1=="50%" {print $2}')
+  p99=$(echo "$out" | awk '$1=="99%" {print $2}')
+  local non2xx; non2xx=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
+  printf "%-44s %12s %10s %10s %10s\n" "$name" "$rps" "$p50" "$p99" "${non2xx:-0}"
+  echo "$name|$rps|$p99" >> "$WORK/results"
+}
+
+echo "wrk -t2 -c64 -d$DURATION, all on 127.0.0.1, $(nproc) cores"
+printf "%-44s %12s %10s %10s %10s\n" "target" "req/s" "p50" "p99" "non-2xx"
+run "upstream directly (nginx return 200)" "http://127.0.0.1:$UP/"
+run "nginx proxy, limit_req never reached" "http://127.0.0.1:$NG_PASS/"
+run "ratewarden proxy, gcra never reached" "http://127.0.0.1:$RW_PASS/"
+run "nginx, limit_req rejecting" "http://127.0.0.1:$NG_REJ/"
+run "ratewarden, gcra rejecting" "http://127.0.0.1:$RW_REJ/"
+run "ratewarden POST /v1/check (memory)" "http://127.0.0.1:$RW_ADMIN2/v1/check" -s "$WORK/check.lua"
+run "ratewarden POST /v1/check (redis)" "http://127.0.0.1:$RW_RADMIN/v1/check" -s "$WORK/check.lua"
+
+python3 - "$WORK/results" <<'PY'
+import sys
+r = {}
+for line in open(sys.argv[1]):
+    name, rps, p99 = line.strip().split("|")
+    r[name] = (float(rps), p99)
+def ms(s):
+    return float(s[:-2]) if s.endswith("ms") else float(s[:-2]) / 1000 if s.endswith("us") else float(s[:-1]) * 1000
+pn, pr = r["nginx proxy, limit_req never reached"], r["ratewarden proxy, gcra never reached"]
+rn, rr = r["nginx, limit_req rejecting"], r["ratewarden, gcra rejecting"]
+print()
+print(f"forwarding: ratewarden/nginx throughput {pr[0]/pn[0]:.2f}, p99 {ms(pr[1]):.2f} ms vs {ms(pn[1]):.2f} ms")
+print(f"rejecting:  ratewarden/nginx throughput {rr[0]/rn[0]:.2f}, p99 {ms(rr[1]):.2f} ms vs {ms(rn[1]):.2f} ms")
+print(f"ratewarden rejecting / forwarding: {rr[0]/pr[0]:.2f}")
+PY
