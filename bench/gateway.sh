@@ -69,7 +69,7 @@ admin: {listen: 127.0.0.1:$RW_ADMIN}
 rules:
   - name: open
     algorithm: gcra
-    limit: 100000000
+    limit: 1000000
     window: 1s
 YAML
 cat > "$WORK/reject.yaml" <<YAML
@@ -86,7 +86,7 @@ store: {type: redis, url: "redis://127.0.0.1:$REDIS/0", timeout: 200ms, on_error
 rules:
   - name: bench
     algorithm: gcra
-    limit: 100000000
+    limit: 1000000
     window: 1s
 YAML
 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no > /dev/null & PIDS+=($!)

@@ -13,6 +13,9 @@ const BUCKETS: [f64; 12] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0,
 ];
 
+/// The `decision` label values of `ratewarden_requests_total`.
+const DECISIONS: [&str; 3] = ["allowed", "rejected", "shadow_rejected"];
+
 /// Bound on distinct banned keys tracked for the gauge.
 const MAX_BANS_TRACKED: usize = 100_000;
 
@@ -59,7 +62,9 @@ impl Histogram {
 /// The gateway's metrics.
 #[derive(Default)]
 pub struct Metrics {
-    requests: Mutex<HashMap<(String, &'static str), u64>>,
+    /// Per rule: [allowed, rejected, shadow_rejected]; looked up by `&str`,
+    /// so counting allocates only for a rule's first request.
+    requests: Mutex<HashMap<String, [u64; 3]>>,
     decision: Histogram,
     upstream: Histogram,
     reloads_ok: AtomicU64,
@@ -72,11 +77,14 @@ pub struct Metrics {
 impl Metrics {
     /// Counts one decision of `rule`: `allowed`, `rejected`, or `shadow_rejected`.
     pub fn request(&self, rule: &str, decision: &'static str) {
+        let i = DECISIONS.iter().position(|d| *d == decision).unwrap_or(1);
         let mut m = self.requests.lock();
-        match m.get_mut(&(rule.to_owned(), decision)) {
-            Some(n) => *n += 1,
+        match m.get_mut(rule) {
+            Some(n) => n[i] += 1,
             None => {
-                m.insert((rule.to_owned(), decision), 1);
+                let mut n = [0; 3];
+                n[i] = 1;
+                m.insert(rule.to_owned(), n);
             }
         }
     }
@@ -129,11 +137,13 @@ impl Metrics {
             .map(|(k, v)| (k.clone(), *v))
             .collect();
         rows.sort();
-        for ((rule, decision), n) in rows {
-            let _ = writeln!(
-                out,
-                "ratewarden_requests_total{{rule=\"{rule}\",decision=\"{decision}\"}} {n}"
-            );
+        for (rule, counts) in rows {
+            for (decision, n) in DECISIONS.iter().zip(counts) {
+                let _ = writeln!(
+                    out,
+                    "ratewarden_requests_total{{rule=\"{rule}\",decision=\"{decision}\"}} {n}"
+                );
+            }
         }
         out.push_str("# HELP ratewarden_decision_duration_seconds Time to decide a request.\n");
         self.decision
