@@ -1211,6 +1211,40 @@ pub mod compat {
         Ok(format!("{}s", cx.positive(key, v)?))
     }
 
+    /// A rule of the Go format: only a name, a match, a limit and a window;
+    /// every modifier at its default.
+    fn compat_rule(
+        name: Sp<String>,
+        matcher: Option<MatchFile>,
+        limit: Sp<i64>,
+        window: Sp<String>,
+        kind: Kind,
+    ) -> RuleFile {
+        RuleFile {
+            name,
+            matcher,
+            key: None,
+            algorithm: Some(Sp::new(
+                kind.name().into(),
+                serde_saphyr::Location::UNKNOWN,
+                serde_saphyr::Location::UNKNOWN,
+            )),
+            limit,
+            window,
+            burst: None,
+            mode: None,
+            max_delay: None,
+            min_interval: None,
+            penalty: None,
+            count: None,
+            reset_on_success: None,
+            failure_status: None,
+            count_rejected: None,
+            cost: None,
+            shadow: None,
+        }
+    }
+
     pub(super) fn translate(
         f: CompatFile,
         file: &str,
@@ -1229,31 +1263,19 @@ pub mod compat {
         };
         if let Some(c) = root.client {
             let _ = &c.expire_seconds;
-            rules.push(RuleFile {
-                name: sp("client".into()),
-                matcher: None,
-                key: None,
-                algorithm: Some(sp(kind.name().into())),
-                limit: c.limit.clone(),
-                window: sp(window(
+            rules.push(compat_rule(
+                sp("client".into()),
+                None,
+                c.limit.clone(),
+                sp(window(
                     &cx,
                     kind,
                     &c.window_seconds,
                     &c.refill_seconds,
                     &c.limit.referenced,
                 )?),
-                burst: None,
-                mode: None,
-                max_delay: None,
-                min_interval: None,
-                penalty: None,
-                count: None,
-                reset_on_success: None,
-                failure_status: None,
-                count_rejected: None,
-                cost: None,
-                shadow: None,
-            });
+                kind,
+            ));
         }
         for api in root.apis {
             let _ = &api.expire_seconds;
@@ -1268,36 +1290,24 @@ pub mod compat {
                     );
                 }
             };
-            rules.push(RuleFile {
-                name: api.identifier.clone(),
-                matcher: Some(MatchFile {
+            rules.push(compat_rule(
+                api.identifier.clone(),
+                Some(MatchFile {
                     methods: api.method.clone().map(|m| vec![m]),
                     path,
                     path_prefix: None,
                     path_regex: prefix_none,
                 }),
-                key: None,
-                algorithm: Some(sp(kind.name().into())),
-                limit: api.limit.clone(),
-                window: sp(window(
+                api.limit.clone(),
+                sp(window(
                     &cx,
                     kind,
                     &api.window_seconds,
                     &api.refill_seconds,
                     &api.identifier.referenced,
                 )?),
-                burst: None,
-                mode: None,
-                max_delay: None,
-                min_interval: None,
-                penalty: None,
-                count: None,
-                reset_on_success: None,
-                failure_status: None,
-                count_rejected: None,
-                cost: None,
-                shadow: None,
-            });
+                kind,
+            ));
         }
         // identity.key: ipv4 with header X-Forwarded-For: the post reads the
         // client address from that header, as its proxy in front sets it.
