@@ -545,9 +545,20 @@ impl Rule {
     ///
     /// Order: an active ban, then `min_interval`, then the algorithm.
     pub fn verdict(&self, state: &KeyState, now: Micros, cost: u64) -> Verdict {
+        self.verdict_parts(&state.algo, state.marks(), now, cost)
+    }
+
+    /// [`Rule::verdict`] on a state given as its parts (no allocation for
+    /// marks: the memory store's lock-free readers call this).
+    pub(crate) fn verdict_parts(
+        &self,
+        algo: &algorithm::State,
+        marks: Marks,
+        now: Micros,
+        cost: u64,
+    ) -> Verdict {
         let c = &self.0;
-        let check = c.params.check(&state.algo, now, cost);
-        let marks = state.marks();
+        let check = c.params.check(algo, now, cost);
         if marks.ban_until > now {
             let left = marks.ban_until - now;
             return Verdict {
@@ -571,7 +582,7 @@ impl Rule {
             let mut check = check;
             if let Some(p) = &c.spec.penalty {
                 // This rejection starts a ban: the client learns its length now.
-                let (len, _) = self.next_ban(state, now, p);
+                let (len, _) = self.next_ban(marks, now, p);
                 check.retry_after = len;
                 check.reset_after = check.reset_after.max(len);
             }
@@ -587,8 +598,7 @@ impl Rule {
     }
 
     /// Length and level of the ban a limit rejection at `now` starts.
-    fn next_ban(&self, state: &KeyState, now: Micros, p: &Penalty) -> (Micros, u32) {
-        let marks = state.marks();
+    fn next_ban(&self, marks: Marks, now: Micros, p: &Penalty) -> (Micros, u32) {
         let remembered = marks.ban_until > 0 && now <= marks.ban_until + micros(p.memory);
         let level = if remembered { marks.ban_level + 1 } else { 0 };
         let factor = (p.multiplier as u64).saturating_pow(level);
@@ -628,7 +638,7 @@ impl Rule {
                     }
                 }
                 if let (Reason::Limit, Some(p)) = (reason, &c.spec.penalty) {
-                    let (len, level) = self.next_ban(state, now, p);
+                    let (len, level) = self.next_ban(state.marks(), now, p);
                     let marks = state.marks_mut();
                     marks.ban_until = now + len;
                     marks.ban_level = level;

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, Micros, SystemClock};
 use crate::rule::{KeyState, Verdict};
+use crate::store::mirror::Mirror;
 use crate::store::{KeyInfo, Mode, Op, Store, StoreError, admitted};
 
 /// The map key is already a seeded hash: pass it through.
@@ -58,8 +59,15 @@ struct Shard {
     map: Map,
 }
 
+/// A shard and the lock-free copies of its hot states (see `mirror`). The
+/// mirror is only written with the shard's write lock held.
+struct Cell {
+    lock: RwLock<Shard>,
+    mirror: Mirror,
+}
+
 struct Inner {
-    shards: Box<[RwLock<Shard>]>,
+    shards: Box<[Cell]>,
     per_shard: usize,
     max_keys: usize,
     seed: foldhash::quality::RandomState,
@@ -114,10 +122,11 @@ impl MemoryStoreBuilder {
                 // Sized once for their share of `max_keys`: a table never grows
                 // (no rehash pause under load) and untouched pages cost no RSS.
                 shards: (0..shards)
-                    .map(|_| {
-                        RwLock::new(Shard {
+                    .map(|_| Cell {
+                        lock: RwLock::new(Shard {
                             map: Map::with_capacity_and_hasher(per_shard, Default::default()),
-                        })
+                        }),
+                        mirror: Mirror::default(),
                     })
                     .collect(),
                 per_shard,
@@ -164,8 +173,8 @@ impl Default for MemoryStore {
 /// read-write lock, because most decisions on a hot key are rejections that
 /// record nothing: they share the read lock. Nothing awaits while a shard is
 /// locked.
-fn lock(m: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
-    m.write()
+fn lock(cell: &Cell) -> RwLockWriteGuard<'_, Shard> {
+    cell.lock.write()
 }
 
 impl MemoryStore {
@@ -189,7 +198,11 @@ impl MemoryStore {
 
     /// Number of slots held (expired ones included until swept).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.read().map.len()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|c| c.lock.read().map.len())
+            .sum()
     }
 
     /// Whether the store holds nothing.
@@ -204,11 +217,15 @@ impl MemoryStore {
         self.inner
             .shards
             .iter()
-            .map(|s| {
-                let mut s = s.write();
+            .map(|cell| {
+                let mut s = lock(cell);
                 let before = s.map.len();
                 s.map.retain(|_, slot| slot.expires > now);
-                before - s.map.len()
+                let removed = before - s.map.len();
+                if removed > 0 {
+                    cell.mirror.clear();
+                }
+                removed
             })
             .sum()
     }
@@ -250,7 +267,7 @@ impl MemoryStore {
             // state between its check and its commit.
             for (g, &sid) in guards.iter_mut().zip(&shard_ids) {
                 let incoming = hashes.iter().filter(|&&h| self.shard_of(h) == sid).count();
-                self.make_room(g, now, incoming);
+                self.make_room(g, &self.inner.shards[sid].mirror, now, incoming);
             }
         }
 
@@ -272,7 +289,8 @@ impl MemoryStore {
             let ok = admitted(ops, &verdicts);
             for ((op, &h), v) in ops.iter().zip(&hashes).zip(&verdicts) {
                 let map = &mut guards[guard_of(h)].map;
-                update(map, h, now, |state| {
+                let mirror = &self.inner.shards[self.shard_of(h)].mirror;
+                update(map, mirror, h, now, |state| {
                     op.rule.commit(state, now, op.rule.cost(weight), v, ok);
                     op.rule.idle_at(state)
                 });
@@ -289,10 +307,19 @@ impl MemoryStore {
         let rule = op.rule;
         let cost = rule.cost(weight);
         let cell = &self.inner.shards[self.shard_of(h)];
-        {
-            // First under the read lock: a peek, or a decision that records
-            // nothing (a plain rejection), is answered here.
-            let shard = cell.read();
+        // First from the mirror, without any lock, then under the read lock:
+        // a peek, or a decision that records nothing (a plain rejection), is
+        // answered there. Either is a consistent snapshot of the key's state
+        // at one instant, which is all a decision that records nothing needs.
+        let mirrored = cell.mirror.read(h).filter(|m| m.expires > now);
+        if let Some(m) = &mirrored {
+            let v = rule.verdict_parts(&m.algo, m.marks, now, cost);
+            if mode == Mode::Peek || !rule.records(&v, v.allowed() || rule.is_shadow()) {
+                return v;
+            }
+        }
+        if mirrored.is_none() {
+            let shard = cell.lock.read();
             let fresh = KeyState::default();
             let live = shard.map.get(&h).filter(|s| s.expires > now);
             let v = rule.verdict(live.map_or(&fresh, |s| &s.state), now, cost);
@@ -304,7 +331,7 @@ impl MemoryStore {
         }
         // Something to record: decide again under the write lock, since the
         // state may have changed in between.
-        let mut shard = cell.write();
+        let mut shard = lock(cell);
         if let Some(slot) = shard.map.get_mut(&h) {
             if slot.expires <= now {
                 slot.state = KeyState::default();
@@ -320,6 +347,9 @@ impl MemoryStore {
             slot.expires = rule.idle_at(&slot.state);
             if slot.expires <= now {
                 shard.map.remove(&h);
+                cell.mirror.write(h, None);
+            } else {
+                cell.mirror.write(h, Some((&slot.state, slot.expires)));
             }
             return v;
         }
@@ -328,17 +358,20 @@ impl MemoryStore {
         rule.commit(&mut state, now, cost, &v, v.allowed() || rule.is_shadow());
         let expires = rule.idle_at(&state);
         if expires > now {
-            self.make_room(&mut shard, now, 1);
+            self.make_room(&mut shard, &cell.mirror, now, 1);
+            cell.mirror.write(h, Some((&state, expires)));
             shard.map.insert(h, Slot { state, expires });
         }
         v
     }
 
-    fn make_room(&self, shard: &mut Shard, now: Micros, incoming: usize) {
+    fn make_room(&self, shard: &mut Shard, mirror: &Mirror, now: Micros, incoming: usize) {
         let cap = self.inner.per_shard;
         if shard.map.len() + incoming <= cap {
             return;
         }
+        // Whatever goes, its mirrored copy must go with it.
+        mirror.clear();
         shard.map.retain(|_, s| s.expires > now);
         let len = shard.map.len();
         if len + incoming <= cap {
@@ -367,7 +400,14 @@ impl MemoryStore {
 /// Applies `f` to the live state at `h` (fresh if absent or expired) and
 /// stores the result with the expiry `f` returns; a state that is already
 /// idle is not kept.
-fn update(map: &mut Map, h: u64, now: Micros, f: impl FnOnce(&mut KeyState) -> Micros) {
+/// `mirror` is the shard's, and the caller holds the shard's write lock.
+fn update(
+    map: &mut Map,
+    mirror: &Mirror,
+    h: u64,
+    now: Micros,
+    f: impl FnOnce(&mut KeyState) -> Micros,
+) {
     match map.get_mut(&h) {
         Some(slot) => {
             if slot.expires <= now {
@@ -376,12 +416,16 @@ fn update(map: &mut Map, h: u64, now: Micros, f: impl FnOnce(&mut KeyState) -> M
             slot.expires = f(&mut slot.state);
             if slot.expires <= now {
                 map.remove(&h);
+                mirror.write(h, None);
+            } else {
+                mirror.write(h, Some((&slot.state, slot.expires)));
             }
         }
         None => {
             let mut state = KeyState::default();
             let expires = f(&mut state);
             if expires > now {
+                mirror.write(h, Some((&state, expires)));
                 map.insert(h, Slot { state, expires });
             }
         }
@@ -402,11 +446,12 @@ impl Store for MemoryStore {
         let now = self.now();
         for op in ops.iter().filter(|op| op.rule.counts_failures()) {
             let h = self.hash(op);
-            let mut shard = lock(&self.inner.shards[self.shard_of(h)]);
+            let cell = &self.inner.shards[self.shard_of(h)];
+            let mut shard = lock(cell);
             if !shard.map.contains_key(&h) {
-                self.make_room(&mut shard, now, 1);
+                self.make_room(&mut shard, &cell.mirror, now, 1);
             }
-            update(&mut shard.map, h, now, |state| {
+            update(&mut shard.map, &cell.mirror, h, now, |state| {
                 op.rule.settle(state, now, op.rule.cost(weight), failure);
                 op.rule.idle_at(state)
             });
@@ -417,7 +462,7 @@ impl Store for MemoryStore {
     async fn inspect(&self, op: Op<'_>) -> Result<KeyInfo, StoreError> {
         let now = self.now();
         let h = self.hash(&op);
-        let shard = self.inner.shards[self.shard_of(h)].read();
+        let shard = self.inner.shards[self.shard_of(h)].lock.read();
         let live = shard.map.get(&h).filter(|s| s.expires > now);
         let fresh = KeyState::default();
         let state = live.map_or(&fresh, |s| &s.state);
@@ -435,7 +480,9 @@ impl Store for MemoryStore {
     async fn clear(&self, op: Op<'_>) -> Result<bool, StoreError> {
         let now = self.now();
         let h = self.hash(&op);
-        let mut shard = lock(&self.inner.shards[self.shard_of(h)]);
+        let cell = &self.inner.shards[self.shard_of(h)];
+        let mut shard = lock(cell);
+        cell.mirror.write(h, None);
         Ok(shard.map.remove(&h).is_some_and(|s| s.expires > now))
     }
 

@@ -6,6 +6,7 @@
 //! `(rule, key)` pairs of a request rather than one key at a time.
 
 pub mod memory;
+mod mirror;
 #[cfg(feature = "redis")]
 pub mod redis;
 
