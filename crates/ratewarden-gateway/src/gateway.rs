@@ -11,15 +11,13 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use ratewarden::decision::problem;
 use ratewarden::{Decision, Limiter, Op, Reason, Store};
 
 use crate::config::{Config, IdentityFrom, KeyPart, Missing, StoreSpec, Upstream};
 use crate::metrics::Metrics;
 use crate::store::AnyStore;
+use crate::upstream::Pool;
 
 /// The body of every response the gateway sends.
 pub type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
@@ -33,13 +31,14 @@ pub struct Live {
     pub config: Config,
     /// Decisions over the configured store.
     pub limiter: Limiter<AnyStore>,
+    /// Connections to the configured upstream (none for the echo upstream).
+    pub pool: Option<Arc<Pool>>,
 }
 
 /// Everything a request needs; shared by all connections.
 pub struct Gateway {
     live: ArcSwap<Live>,
     clock: Option<Arc<dyn ratewarden::clock::Clock>>,
-    client: Client<HttpConnector, Incoming>,
     /// Metrics, exported by the admin API.
     pub metrics: Metrics,
 }
@@ -110,15 +109,13 @@ impl Gateway {
         clock: Option<Arc<dyn ratewarden::clock::Clock>>,
     ) -> Result<Arc<Self>, ratewarden::StoreError> {
         let store = AnyStore::new(&config.store, clock.clone())?;
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build_http();
+        let pool = pool_for(&config.upstream, None);
         Ok(Arc::new(Self {
             live: ArcSwap::from_pointee(Live {
                 config,
                 limiter: Limiter::new(store),
+                pool,
             }),
-            client,
             clock,
             metrics: Metrics::default(),
         }))
@@ -139,9 +136,12 @@ impl Gateway {
         } else {
             AnyStore::new(&config.store, self.clock.clone())?
         };
+        // Same upstream: keep its warm connections.
+        let pool = pool_for(&config.upstream, old.pool.as_ref());
         self.live.store(Arc::new(Live {
             config,
             limiter: Limiter::new(store),
+            pool,
         }));
         Ok(())
     }
@@ -257,7 +257,11 @@ impl Gateway {
         }
         let mut resp = match &cfg.upstream {
             Upstream::Echo => echo(&req, &identity),
-            Upstream::Url(base) => self.forward(req, base, peer, cfg.upstream_timeout).await,
+            Upstream::Url(base) => {
+                let pool = live.pool.as_ref().expect("a URL upstream has a pool");
+                self.forward(req, base, pool, peer, cfg.upstream_timeout)
+                    .await
+            }
         };
         if !settle_ops.is_empty() {
             let status = resp.status().as_u16();
@@ -286,18 +290,25 @@ impl Gateway {
         &self,
         req: Request<Incoming>,
         base: &Uri,
+        pool: &Arc<Pool>,
         peer: SocketAddr,
         timeout: Duration,
     ) -> Response<Body> {
+        if base.scheme_str() == Some("https") {
+            return problem_response(
+                StatusCode::BAD_GATEWAY,
+                "https upstreams are not supported by this build",
+            );
+        }
         let (mut parts, body) = req.into_parts();
-        let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        // Origin form (`/path?query`) on the upstream connection, under the
+        // upstream's path prefix if it has one.
         let prefix = base.path().trim_end_matches('/');
-        let uri = format!(
-            "{}://{}{prefix}{pq}",
-            base.scheme_str().unwrap_or("http"),
-            base.authority().map_or("", |a| a.as_str())
-        );
-        parts.uri = match uri.parse() {
+        let target: Result<Uri, _> = match parts.uri.path_and_query() {
+            Some(pq) if prefix.is_empty() => Ok(Uri::from(pq.clone())),
+            pq => format!("{prefix}{}", pq.map_or("/", |p| p.as_str())).parse(),
+        };
+        parts.uri = match target {
             Ok(u) => u,
             Err(_) => {
                 return problem_response(
@@ -326,11 +337,7 @@ impl Gateway {
             parts.headers.insert(header::HOST, v);
         }
         let started = Instant::now();
-        let res = tokio::time::timeout(
-            timeout,
-            self.client.request(Request::from_parts(parts, body)),
-        )
-        .await;
+        let res = tokio::time::timeout(timeout, pool.send(Request::from_parts(parts, body))).await;
         self.metrics.upstream_time(started.elapsed());
         match res {
             Ok(Ok(resp)) => {
@@ -347,6 +354,27 @@ impl Gateway {
                 &format!("the upstream did not answer within {timeout:?}"),
             ),
         }
+    }
+}
+
+/// The pool for `upstream`: `old` when it already serves that address.
+fn pool_for(upstream: &Upstream, old: Option<&Arc<Pool>>) -> Option<Arc<Pool>> {
+    let Upstream::Url(base) = upstream else {
+        return None;
+    };
+    let host = base.host().unwrap_or("127.0.0.1");
+    let port = base
+        .port_u16()
+        .unwrap_or(if base.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
+    // A bracketed IPv6 literal keeps its brackets: `[::1]:8080`.
+    let addr = format!("{host}:{port}");
+    match old {
+        Some(p) if p.addr() == addr => Some(p.clone()),
+        _ => Some(Pool::new(addr)),
     }
 }
 

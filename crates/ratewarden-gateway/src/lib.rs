@@ -8,3 +8,4 @@ pub mod gateway;
 pub mod metrics;
 pub mod server;
 pub mod store;
+pub mod upstream;

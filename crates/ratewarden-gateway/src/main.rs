@@ -8,6 +8,12 @@ use clap::{Parser, Subcommand};
 use ratewarden_gateway::config::{self, Config, Overrides, Upstream};
 use ratewarden_gateway::server::{self, Source};
 
+/// A request allocates and frees dozens of small buffers (headers, bodies,
+/// decisions); mimalloc's thread-local free lists serve them faster than
+/// glibc's malloc, which spent ~9% of the rejection path in malloc/free.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "ratewarden",
@@ -109,11 +115,19 @@ fn main() -> ExitCode {
                         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
                 )
                 .init();
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(cfg.workers)
-                .enable_all()
-                .build()
-            {
+            // One worker: a current-thread runtime, like one nginx worker
+            // process (no work-stealing queues, no cross-thread wakeups).
+            let rt = if cfg.workers == 1 {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+            } else {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(cfg.workers)
+                    .enable_all()
+                    .build()
+            };
+            let rt = match rt {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("error: cannot start the runtime: {e}");

@@ -1,0 +1,202 @@
+//! Kept-alive HTTP/1.1 connections to the upstream.
+//!
+//! A connection is handed to one request at a time and comes back to the
+//! pool when that request's response body has been read to its end, the
+//! moment it can carry the next request. A response dropped half-read takes
+//! its connection with it (hyper closes it): the next request never reads
+//! the leftovers of another. hyper-util's pooled client did the same with a
+//! pool-wide key lookup and a spawned task per request to watch for the
+//! connection's return; here the body itself returns it.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use tokio::net::TcpStream;
+
+/// Idle connections kept per upstream (more are opened under load, and
+/// closed when they come back to a full pool).
+const MAX_IDLE: usize = 512;
+
+/// Why a request could not be sent.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// Could not connect.
+    #[error("connect to {addr}: {source}")]
+    Connect {
+        /// `host:port`.
+        addr: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The HTTP exchange failed.
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+}
+
+/// The connections to one upstream (`host:port`).
+pub struct Pool {
+    addr: String,
+    idle: Mutex<Vec<SendRequest<Incoming>>>,
+}
+
+impl Pool {
+    /// A pool for `addr` (`host:port`), empty until the first request.
+    pub fn new(addr: String) -> Arc<Self> {
+        Arc::new(Self {
+            addr,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The upstream's `host:port`.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Sends `req` (origin-form URI, Host set) on an idle connection or a
+    /// new one. A kept-alive connection the upstream closed meanwhile is
+    /// skipped; if the upstream closes it just as the request goes out and
+    /// hyper hands the request back unsent, it is sent once more on a new
+    /// connection.
+    pub async fn send(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        let mut req = req;
+        for fresh in [false, true] {
+            let mut conn = match if fresh { None } else { self.checkout().await } {
+                Some(c) => c,
+                None => self.connect().await?,
+            };
+            match conn.try_send_request(req).await {
+                Ok(resp) => {
+                    let (parts, body) = resp.into_parts();
+                    return Ok(Response::from_parts(
+                        parts,
+                        PooledBody::new(body, conn, self.clone()),
+                    ));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) if !fresh => req = unsent,
+                    _ => return Err(e.into_error().into()),
+                },
+            }
+        }
+        unreachable!("the second attempt always returns")
+    }
+
+    /// An idle connection ready for a request, if any.
+    async fn checkout(&self) -> Option<SendRequest<Incoming>> {
+        loop {
+            let mut conn = self.idle.lock().pop()?;
+            if conn.is_closed() {
+                continue;
+            }
+            // Returned at the end of its last body: ready now or in a moment.
+            if conn.ready().await.is_ok() {
+                return Some(conn);
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Incoming>, UpstreamError> {
+        let stream =
+            TcpStream::connect(&self.addr)
+                .await
+                .map_err(|source| UpstreamError::Connect {
+                    addr: self.addr.clone(),
+                    source,
+                })?;
+        // Requests are small writes on kept-alive connections: never hold one
+        // back waiting for an ACK (nginx sets tcp_nodelay too).
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+
+    fn checkin(&self, conn: SendRequest<Incoming>) {
+        if conn.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+
+    /// Idle connections held (for tests).
+    pub fn idle(&self) -> usize {
+        self.idle.lock().len()
+    }
+}
+
+/// An upstream response body that gives its connection back to the pool
+/// once read to the end.
+pub struct PooledBody {
+    body: Incoming,
+    conn: Option<(SendRequest<Incoming>, Arc<Pool>)>,
+}
+
+impl PooledBody {
+    fn new(body: Incoming, conn: SendRequest<Incoming>, pool: Arc<Pool>) -> Self {
+        let mut b = Self {
+            body,
+            conn: Some((conn, pool)),
+        };
+        // An empty body (HEAD, 204, 304) may never be polled at all.
+        if b.body.is_end_stream() {
+            b.release();
+        }
+        b
+    }
+
+    fn release(&mut self) {
+        if let Some((conn, pool)) = self.conn.take() {
+            pool.checkin(conn);
+        }
+    }
+}
+
+impl Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => this.release(),
+            Poll::Ready(Some(Ok(_))) if this.body.is_end_stream() => this.release(),
+            // A broken body: the connection goes with it.
+            Poll::Ready(Some(Err(_))) => this.conn = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
