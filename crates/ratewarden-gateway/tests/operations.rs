@@ -255,3 +255,147 @@ async fn shutdown_lets_in_flight_requests_finish() {
         "no longer accepting"
     );
 }
+
+/// The real binary, killed if the test fails half-way.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn signal(child: &std::process::Child, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{sig}");
+}
+
+/// One request on a kept-alive raw connection; returns the head and body.
+fn exchange(
+    conn: &mut std::net::TcpStream,
+    reader: &mut std::io::BufReader<std::net::TcpStream>,
+    path: &str,
+) -> (String, String) {
+    use std::io::{BufRead, Read, Write};
+    write!(conn, "GET {path} HTTP/1.1\r\nhost: test\r\n\r\n").unwrap();
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "connection closed"
+        );
+        if line == "\r\n" {
+            break;
+        }
+        head.push_str(&line.to_ascii_lowercase());
+    }
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).unwrap();
+    (head, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[test]
+fn sighup_reloads_the_running_binary_without_dropping_a_kept_alive_connection() {
+    use std::io::BufRead;
+    let dir = std::env::temp_dir().join(format!("rw-hup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ratewarden.yaml");
+    let v1 = "admin: {listen: 127.0.0.1:0}\nrules:\n  - name: r\n    algorithm: fixed_window\n    limit: 100\n    window: 1h\n";
+    std::fs::write(&file, v1).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "echo",
+            "-c",
+        ])
+        .arg(&file)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut proc = Proc(child);
+    // `ratewarden serving listen=127.0.0.1:P admin=Some(127.0.0.1:Q)`
+    let addr_after = |line: &str, key: &str| -> Option<std::net::SocketAddr> {
+        let rest = &line[line.find(key)? + key.len()..];
+        let end = rest.find([' ', ')']).unwrap_or(rest.len());
+        rest[..end].parse().ok()
+    };
+    let (listen, admin) = loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "exited before serving"
+        );
+        if line.contains("ratewarden serving") {
+            break (
+                addr_after(&line, "listen=").unwrap(),
+                addr_after(&line, "admin=Some(").unwrap(),
+            );
+        }
+    };
+    // Keep reading the log so the pipe never fills; collect the lines.
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let wait_log = |want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains(want) => return,
+                Ok(_) => {}
+                Err(_) => panic!("no log line containing {want:?}"),
+            }
+        }
+    };
+    let mut conn = std::net::TcpStream::connect(listen).unwrap();
+    let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
+    let (head, _) = exchange(&mut conn, &mut reader, "/");
+    assert!(head.contains("x-ratelimit-limit: 100"), "{head}");
+
+    // SIGHUP with the file unchanged: only the signal can trigger this reload.
+    signal(&proc.0, "HUP");
+    wait_log("SIGHUP: reloading");
+    wait_log("config reloaded");
+    let mut admin_conn = std::net::TcpStream::connect(admin).unwrap();
+    let mut admin_reader = std::io::BufReader::new(admin_conn.try_clone().unwrap());
+    let (_, metrics) = exchange(&mut admin_conn, &mut admin_reader, "/metrics");
+    assert!(
+        metrics.contains("ratewarden_config_reloads_total{result=\"success\"} 1"),
+        "{metrics}"
+    );
+
+    // A new limit, then SIGHUP: the same kept-alive connection sees it.
+    std::fs::write(&file, v1.replace("limit: 100", "limit: 50")).unwrap();
+    signal(&proc.0, "HUP");
+    wait_log("config reloaded");
+    let (head, body) = exchange(&mut conn, &mut reader, "/");
+    assert!(head.contains("x-ratelimit-limit: 50"), "{head}");
+    assert!(body.starts_with("ratewarden echo: GET /"), "{body}");
+
+    // SIGTERM: a clean exit.
+    signal(&proc.0, "TERM");
+    let status = proc.0.wait().unwrap();
+    assert!(status.success(), "{status}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
