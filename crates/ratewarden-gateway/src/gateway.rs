@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use ratewarden::decision::problem;
 use ratewarden::{Decision, Limiter, Op, Reason, Store};
+use ratewarden_tower::insert_headers;
 
 use crate::config::{Config, IdentityFrom, KeyPart, Missing, StoreSpec, Upstream};
 use crate::metrics::Metrics;
@@ -59,13 +60,6 @@ fn problem_response(status: StatusCode, detail: &str) -> Response<Body> {
     r
 }
 
-fn add_headers(h: &mut HeaderMap, pairs: Vec<(&'static str, String)>) {
-    for (name, value) in pairs {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            h.insert(name, v);
-        }
-    }
-}
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [&str; 8] = [
@@ -182,14 +176,14 @@ impl Gateway {
             );
         }
         let limited = !cfg.allow.iter().any(|p| p.matches(ip, &identity));
-        let path = req.uri().path().to_owned();
+        let path = req.uri().path();
         let mut keyed: Vec<Keyed> = vec![];
         if limited {
             for (i, r) in cfg.rules.iter().enumerate() {
-                if !r.matcher.matches(req.method(), &path) {
+                if !r.matcher.matches(req.method(), path) {
                     continue;
                 }
-                let key = key_of(&r.key, &identity, req.method(), &path, req.headers());
+                let key = key_of(&r.key, &identity, req.method(), path, req.headers());
                 let group = r.group(&key, Some(&identity)).expect("identity given");
                 keyed.push(Keyed {
                     rule: i,
@@ -281,7 +275,7 @@ impl Gateway {
             }
         }
         if let Some(d) = decision {
-            add_headers(resp.headers_mut(), d.headers(cfg.headers));
+            insert_headers(resp.headers_mut(), d.headers(cfg.headers));
         }
         resp
     }
@@ -424,7 +418,7 @@ pub fn rejection(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
-    add_headers(r.headers_mut(), d.headers(style));
+    insert_headers(r.headers_mut(), d.headers(style));
     r
 }
 

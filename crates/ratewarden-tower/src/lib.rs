@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{Either, Full};
 use ratewarden::{Decision, HeaderStyle, Limiter, Op, Rule, Store, decision::problem};
 
@@ -193,9 +193,45 @@ impl<B, E> Future for ResponseFuture<B, E> {
 }
 
 fn add_headers<B>(resp: &mut Response<B>, pairs: Vec<(&'static str, String)>) {
+    insert_headers(resp.headers_mut(), pairs);
+}
+
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const X_RATELIMIT_RETRY_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-retry-after");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// The names [`Decision::headers`] renders, as constants: a name given as a
+/// `&str` would be parsed and copied into a new buffer on every response.
+fn header_name(name: &'static str) -> Option<HeaderName> {
+    Some(match name {
+        "Retry-After" => header::RETRY_AFTER,
+        "X-RateLimit-Limit" => X_RATELIMIT_LIMIT,
+        "X-RateLimit-Remaining" => X_RATELIMIT_REMAINING,
+        "X-RateLimit-Reset" => X_RATELIMIT_RESET,
+        "X-RateLimit-Retry-After" => X_RATELIMIT_RETRY_AFTER,
+        "RateLimit-Policy" => RATELIMIT_POLICY,
+        "RateLimit" => RATELIMIT,
+        other => return HeaderName::from_bytes(other.as_bytes()).ok(),
+    })
+}
+
+/// Sets the headers a decision renders ([`Decision::headers`]) on `headers`,
+/// replacing any of the same name. The values move into the map uncopied.
+///
+/// ```
+/// use ratewarden_tower::insert_headers;
+/// let mut h = http::HeaderMap::new();
+/// insert_headers(&mut h, vec![("X-RateLimit-Limit", "20".to_owned()), ("Retry-After", "3".to_owned())]);
+/// assert_eq!(h["x-ratelimit-limit"], "20");
+/// assert_eq!(h["retry-after"], "3");
+/// ```
+pub fn insert_headers(headers: &mut HeaderMap, pairs: Vec<(&'static str, String)>) {
     for (name, value) in pairs {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            resp.headers_mut().insert(name, v);
+        if let (Some(name), Ok(value)) = (header_name(name), HeaderValue::try_from(value)) {
+            headers.insert(name, value);
         }
     }
 }
