@@ -60,7 +60,6 @@ fn problem_response(status: StatusCode, detail: &str) -> Response<Body> {
     r
 }
 
-
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -414,6 +413,8 @@ pub fn rejection(
         .unwrap_or_else(|| problem(status.as_u16(), None));
     let mut r = Response::new(full(body));
     *r.status_mut() = status;
+    // Room for content-type and the seven rate-limit headers: no regrowth.
+    r.headers_mut().reserve(8);
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),

@@ -21,6 +21,8 @@ const MAX_BANS_TRACKED: usize = 100_000;
 
 #[derive(Default)]
 struct Histogram {
+    /// Observations per bucket, not cumulative: one atomic add per
+    /// observation; the cumulative `le` counts are summed when rendered.
     counts: [AtomicU64; BUCKETS.len()],
     count: AtomicU64,
     sum_ns: AtomicU64,
@@ -29,10 +31,8 @@ struct Histogram {
 impl Histogram {
     fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if s <= *b {
-                self.counts[i].fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(i) = BUCKETS.iter().position(|b| s <= *b) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
         self.sum_ns
@@ -41,12 +41,10 @@ impl Histogram {
 
     fn render(&self, name: &str, out: &mut String) {
         let _ = writeln!(out, "# TYPE {name} histogram");
+        let mut cumulative = 0;
         for (i, b) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{b}\"}} {}",
-                self.counts[i].load(Ordering::Relaxed)
-            );
+            cumulative += self.counts[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
         }
         let count = self.count.load(Ordering::Relaxed);
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
@@ -173,5 +171,30 @@ impl Metrics {
             "# HELP ratewarden_banned_keys Keys under an active ban seen by this instance.\n# TYPE ratewarden_banned_keys gauge\nratewarden_banned_keys {banned}"
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_render_cumulative() {
+        let h = Histogram::default();
+        for us in [30, 200, 2_000_000] {
+            h.observe(Duration::from_micros(us));
+        }
+        let mut out = String::new();
+        h.render("t", &mut out);
+        for line in [
+            "t_bucket{le=\"0.00005\"} 1\n",
+            "t_bucket{le=\"0.0001\"} 1\n",
+            "t_bucket{le=\"0.00025\"} 2\n",
+            "t_bucket{le=\"1\"} 2\n",
+            "t_bucket{le=\"+Inf\"} 3\n",
+            "t_count 3\n",
+        ] {
+            assert!(out.contains(line), "{line:?} missing from\n{out}");
+        }
     }
 }

@@ -122,47 +122,50 @@ impl Decision {
     /// assert_eq!(h[4], ("RateLimit", "\"per-client\";r=49;t=60".to_string()));
     /// ```
     pub fn headers(&self, style: HeaderStyle) -> Vec<(&'static str, String)> {
-        let mut out = Vec::with_capacity(6);
+        // Built with `push_str` and our own integer writer rather than
+        // `format!`: this runs on every limited response.
+        let mut out = Vec::with_capacity(7);
         let retry = self.retry_after_secs();
         if let Some(secs) = retry {
-            out.push(("Retry-After", secs.to_string()));
+            out.push(("Retry-After", number(secs)));
         }
         if style.legacy
             && let Some(b) = self.binding()
         {
-            out.push(("X-RateLimit-Limit", b.rule.limit().to_string()));
-            out.push(("X-RateLimit-Remaining", b.remaining.to_string()));
+            out.push(("X-RateLimit-Limit", number(b.rule.limit())));
+            out.push(("X-RateLimit-Remaining", number(b.remaining)));
             let reset = ceil_secs(b.reset_after).max(retry.unwrap_or(0));
-            out.push(("X-RateLimit-Reset", reset.to_string()));
+            out.push(("X-RateLimit-Reset", number(reset)));
             if let Some(secs) = retry {
-                out.push(("X-RateLimit-Retry-After", secs.to_string()));
+                out.push(("X-RateLimit-Retry-After", number(secs)));
             }
         }
         if style.ietf && self.enforced().next().is_some() {
-            let mut policy = String::new();
-            let mut state = String::new();
+            let mut policy = String::with_capacity(64);
+            let mut state = String::with_capacity(64);
             for r in self.enforced() {
-                let sep = if policy.is_empty() { "" } else { ", " };
+                if !policy.is_empty() {
+                    policy.push_str(", ");
+                    state.push_str(", ");
+                }
                 // Rule names are validated printable ASCII without `"` or `\`,
                 // so they are valid sf-strings as they are.
-                let _ = write!(
-                    policy,
-                    "{sep}\"{}\";q={};w={}",
-                    r.rule.name(),
-                    r.rule.limit(),
-                    ceil_secs(r.rule.window())
-                );
+                policy.push('"');
+                policy.push_str(r.rule.name());
+                policy.push_str("\";q=");
+                push_u64(&mut policy, r.rule.limit());
+                policy.push_str(";w=");
+                push_u64(&mut policy, ceil_secs(r.rule.window()));
                 let mut t = ceil_secs(r.reset_after);
                 if !r.allowed() {
                     t = t.max(ceil_secs(r.retry_after.unwrap_or(r.reset_after)).max(1));
                 }
-                let _ = write!(
-                    state,
-                    "{sep}\"{}\";r={};t={}",
-                    r.rule.name(),
-                    r.remaining,
-                    t
-                );
+                state.push('"');
+                state.push_str(r.rule.name());
+                state.push_str("\";r=");
+                push_u64(&mut state, r.remaining);
+                state.push_str(";t=");
+                push_u64(&mut state, t);
             }
             out.push(("RateLimit-Policy", policy));
             out.push(("RateLimit", state));
@@ -174,14 +177,25 @@ impl Decision {
     /// `None` when the request was admitted.
     pub fn problem_json(&self, status: u16) -> Option<String> {
         let retry = self.retry_after_secs()?;
-        let mut violated = self.violated();
-        let first = violated.next()?;
-        let mut names = format!("[{}", json_string(first.rule.name()));
-        for r in violated {
-            names.push(',');
-            names.push_str(&json_string(r.rule.name()));
+        let first = self.violated().next()?;
+        let mut body = String::with_capacity(256);
+        body.push_str(
+            "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":",
+        );
+        push_json_string(&mut body, title(status));
+        body.push_str(",\"status\":");
+        push_u64(&mut body, u64::from(status));
+        body.push_str(",\"violated-policies\":[");
+        for (i, r) in self.violated().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            push_json_string(&mut body, r.rule.name());
         }
-        names.push(']');
+        body.push_str("],\"rule\":");
+        push_json_string(&mut body, first.rule.name());
+        body.push_str(",\"retry_after\":");
+        push_u64(&mut body, retry);
         let detail = match first.reason {
             Some(Reason::Banned) => Some(format!(
                 "banned by rule {} for exceeding its limit; {retry} s left on the ban",
@@ -198,18 +212,36 @@ impl Decision {
             )),
             _ => None,
         };
-        let mut body = format!(
-            "{{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
-             \"title\":{},\"status\":{status},\"violated-policies\":{names},\"rule\":{},\
-             \"retry_after\":{retry}",
-            json_string(title(status)),
-            json_string(first.rule.name()),
-        );
         if let Some(d) = detail {
-            let _ = write!(body, ",\"detail\":{}", json_string(&d));
+            body.push_str(",\"detail\":");
+            push_json_string(&mut body, &d);
         }
         body.push('}');
         Some(body)
+    }
+}
+
+/// `n` in decimal.
+fn number(n: u64) -> String {
+    let mut s = String::with_capacity(20);
+    push_u64(&mut s, n);
+    s
+}
+
+/// Appends `n` in decimal, without the formatting machinery.
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
     }
 }
 
@@ -234,12 +266,14 @@ pub fn title(status: u16) -> &'static str {
 /// assert_eq!(body, r#"{"type":"about:blank","title":"Forbidden","status":403,"detail":"client 10.0.0.1 is denied"}"#);
 /// ```
 pub fn problem(status: u16, detail: Option<&str>) -> String {
-    let mut body = format!(
-        "{{\"type\":\"about:blank\",\"title\":{},\"status\":{status}",
-        json_string(title(status))
-    );
+    let mut body = String::with_capacity(128);
+    body.push_str("{\"type\":\"about:blank\",\"title\":");
+    push_json_string(&mut body, title(status));
+    body.push_str(",\"status\":");
+    push_u64(&mut body, u64::from(status));
     if let Some(d) = detail {
-        let _ = write!(body, ",\"detail\":{}", json_string(d));
+        body.push_str(",\"detail\":");
+        push_json_string(&mut body, d);
     }
     body.push('}');
     body
@@ -252,6 +286,12 @@ pub fn problem(status: u16, detail: Option<&str>) -> String {
 /// ```
 pub fn json_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
+    push_json_string(&mut out, s);
+    out
+}
+
+/// Appends `s` as a JSON string literal.
+fn push_json_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -267,5 +307,16 @@ pub fn json_string(s: &str) -> String {
         }
     }
     out.push('"');
-    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_u64_writes_every_digit_count() {
+        for n in [0, 7, 10, 99, 1_000_000, u64::MAX] {
+            assert_eq!(number(n), n.to_string());
+        }
+    }
 }
