@@ -118,7 +118,9 @@ impl Pool {
         // Requests are small writes on kept-alive connections: never hold one
         // back waiting for an ACK (nginx sets tcp_nodelay too).
         let _ = stream.set_nodelay(true);
+        // Flat writes, as on the server side (see `server::serve`).
         let (sender, conn) = http1::Builder::new()
+            .writev(false)
             .handshake(TokioIo::new(stream))
             .await?;
         tokio::spawn(async move {
