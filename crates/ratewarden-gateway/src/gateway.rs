@@ -60,19 +60,27 @@ fn problem_response(status: StatusCode, detail: &str) -> Response<Body> {
     r
 }
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
+/// Removes the hop-by-hop headers and those `Connection` names. One pass
+/// over the names present (a handful) instead of eight hashed removals: this
+/// runs twice per proxied request.
 fn strip_hop_by_hop(h: &mut HeaderMap) {
+    if !h.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let named: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
@@ -315,19 +323,17 @@ impl Gateway {
         // X-Forwarded-For: append the peer to whatever chain came in.
         let xff = match parts
             .headers
-            .get("x-forwarded-for")
+            .get(X_FORWARDED_FOR)
             .and_then(|v| v.to_str().ok())
         {
             Some(prev) => format!("{prev}, {}", peer.ip()),
             None => peer.ip().to_string(),
         };
-        if let Ok(v) = HeaderValue::from_str(&xff) {
-            parts.headers.insert("x-forwarded-for", v);
+        if let Ok(v) = HeaderValue::try_from(xff) {
+            parts.headers.insert(X_FORWARDED_FOR, v);
         }
-        if let Some(a) = base.authority()
-            && let Ok(v) = HeaderValue::from_str(a.as_str())
-        {
-            parts.headers.insert(header::HOST, v);
+        if let Some(host) = pool.host() {
+            parts.headers.insert(header::HOST, host.clone());
         }
         let started = Instant::now();
         let res = tokio::time::timeout(timeout, pool.send(Request::from_parts(parts, body))).await;
@@ -365,9 +371,12 @@ fn pool_for(upstream: &Upstream, old: Option<&Arc<Pool>>) -> Option<Arc<Pool>> {
         });
     // A bracketed IPv6 literal keeps its brackets: `[::1]:8080`.
     let addr = format!("{host}:{port}");
+    let host = base
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
     match old {
-        Some(p) if p.addr() == addr => Some(p.clone()),
-        _ => Some(Pool::new(addr)),
+        Some(p) if p.addr() == addr && p.host() == host.as_ref() => Some(p.clone()),
+        _ => Some(Pool::new(addr, host)),
     }
 }
 

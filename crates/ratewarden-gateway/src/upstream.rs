@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
@@ -44,14 +44,17 @@ pub enum UpstreamError {
 /// The connections to one upstream (`host:port`).
 pub struct Pool {
     addr: String,
+    host: Option<HeaderValue>,
     idle: Mutex<Vec<SendRequest<Incoming>>>,
 }
 
 impl Pool {
-    /// A pool for `addr` (`host:port`), empty until the first request.
-    pub fn new(addr: String) -> Arc<Self> {
+    /// A pool for `addr` (`host:port`), empty until the first request;
+    /// `host` is the `Host` header requests to it carry.
+    pub fn new(addr: String, host: Option<HeaderValue>) -> Arc<Self> {
         Arc::new(Self {
             addr,
+            host,
             idle: Mutex::new(Vec::new()),
         })
     }
@@ -59,6 +62,11 @@ impl Pool {
     /// The upstream's `host:port`.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// The `Host` header for requests to this upstream (built once).
+    pub fn host(&self) -> Option<&HeaderValue> {
+        self.host.as_ref()
     }
 
     /// Sends `req` (origin-form URI, Host set) on an idle connection or a
