@@ -27,7 +27,7 @@ trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 
-UP=$(port); NG_PASS=$(port); NG_REJ=$(port); RW_PASS=$(port); RW_REJ=$(port); RW_ADMIN=$(port); RW_ADMIN2=$(port); RW_R=$(port); RW_RADMIN=$(port); REDIS=$(port)
+UP=$(port); NG_PASS=$(port); NG_REJ=$(port); RW_PASS=$(port); RW_REJ=$(port); RW_ADMIN=$(port); RW_ADMIN2=$(port); RW_R=$(port); RW_RADMIN=$(port); REDIS=$(port); RW_NONE=$(port)
 
 # Two nginx instances: the upstream (its own worker, shared by both proxies)
 # and the proxy under test (one worker, like ratewarden --workers 1).
@@ -80,6 +80,11 @@ rules:
     limit: 1
     window: 60s
 YAML
+# The proxy path alone, no rule at all: the ceiling of our HTTP stack.
+cat > "$WORK/none.yaml" <<YAML
+admin: null
+rules: []
+YAML
 cat > "$WORK/redis.yaml" <<YAML
 admin: {listen: 127.0.0.1:$RW_RADMIN}
 store: {type: redis, url: "redis://127.0.0.1:$REDIS/0", timeout: 200ms, on_error: deny}
@@ -92,8 +97,9 @@ YAML
 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no > /dev/null & PIDS+=($!)
 RUST_LOG=warn $BIN serve -c "$WORK/pass.yaml" --listen 127.0.0.1:$RW_PASS --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
 RUST_LOG=off $BIN serve -c "$WORK/reject.yaml" --listen 127.0.0.1:$RW_REJ --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+RUST_LOG=warn $BIN serve -c "$WORK/none.yaml" --listen 127.0.0.1:$RW_NONE --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
 RUST_LOG=warn $BIN serve -c "$WORK/redis.yaml" --listen 127.0.0.1:$RW_R --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
-wait_port "$RW_PASS"; wait_port "$RW_REJ"; wait_port "$RW_R"; wait_port "$REDIS"
+wait_port "$RW_PASS"; wait_port "$RW_REJ"; wait_port "$RW_R"; wait_port "$REDIS"; wait_port "$RW_NONE"
 
 cat > "$WORK/check.lua" <<'LUA'
 wrk.method = "POST"
@@ -119,6 +125,7 @@ printf "%-44s %12s %10s %10s %10s\n" "target" "req/s" "p50" "p99" "non-2xx"
 run "upstream directly (nginx return 200)" "http://127.0.0.1:$UP/"
 run "nginx proxy, limit_req never reached" "http://127.0.0.1:$NG_PASS/"
 run "ratewarden proxy, gcra never reached" "http://127.0.0.1:$RW_PASS/"
+run "ratewarden proxy, no rule at all" "http://127.0.0.1:$RW_NONE/"
 run "nginx, limit_req rejecting" "http://127.0.0.1:$NG_REJ/"
 run "ratewarden, gcra rejecting" "http://127.0.0.1:$RW_REJ/"
 run "ratewarden POST /v1/check (memory)" "http://127.0.0.1:$RW_ADMIN2/v1/check" -s "$WORK/check.lua"
@@ -138,4 +145,6 @@ print()
 print(f"forwarding: ratewarden/nginx throughput {pr[0]/pn[0]:.2f}, p99 {ms(pr[1]):.2f} ms vs {ms(pn[1]):.2f} ms")
 print(f"rejecting:  ratewarden/nginx throughput {rr[0]/rn[0]:.2f}, p99 {ms(rr[1]):.2f} ms vs {ms(rn[1]):.2f} ms")
 print(f"ratewarden rejecting / forwarding: {rr[0]/pr[0]:.2f}")
+nr = r["ratewarden proxy, no rule at all"]
+print(f"proxy path without rules: ratewarden/nginx {nr[0]/pn[0]:.2f}; the limiter's cost on forwarding {1 - pr[0]/nr[0]:.0%}")
 PY
