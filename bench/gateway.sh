@@ -27,7 +27,7 @@ trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 
-UP=$(port); NG_PASS=$(port); NG_REJ=$(port); RW_PASS=$(port); RW_REJ=$(port); RW_ADMIN=$(port); RW_ADMIN2=$(port); RW_R=$(port); RW_RADMIN=$(port); REDIS=$(port); RW_NONE=$(port)
+UP=$(port); NG_PASS=$(port); NG_REJ=$(port); RW_PASS=$(port); RW_REJ=$(port); RW_ADMIN=$(port); RW_ADMIN2=$(port); RW_R=$(port); RW_RADMIN=$(port); REDIS=$(port); RW_NONE=$(port); RW_ECHO=$(port)
 
 # Two nginx instances: the upstream (its own worker, shared by both proxies)
 # and the proxy under test (one worker, like ratewarden --workers 1).
@@ -98,8 +98,10 @@ redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no > /dev/n
 RUST_LOG=warn $BIN serve -c "$WORK/pass.yaml" --listen 127.0.0.1:$RW_PASS --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
 RUST_LOG=off $BIN serve -c "$WORK/reject.yaml" --listen 127.0.0.1:$RW_REJ --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
 RUST_LOG=warn $BIN serve -c "$WORK/none.yaml" --listen 127.0.0.1:$RW_NONE --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+# Our HTTP server alone: the built-in echo upstream, no rule (vs nginx `return 200`).
+RUST_LOG=warn $BIN serve -c "$WORK/none.yaml" --listen 127.0.0.1:$RW_ECHO --upstream echo --workers 1 > /dev/null & PIDS+=($!)
 RUST_LOG=warn $BIN serve -c "$WORK/redis.yaml" --listen 127.0.0.1:$RW_R --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
-wait_port "$RW_PASS"; wait_port "$RW_REJ"; wait_port "$RW_R"; wait_port "$REDIS"; wait_port "$RW_NONE"
+wait_port "$RW_PASS"; wait_port "$RW_REJ"; wait_port "$RW_R"; wait_port "$REDIS"; wait_port "$RW_NONE"; wait_port "$RW_ECHO"
 
 cat > "$WORK/check.lua" <<'LUA'
 wrk.method = "POST"
@@ -123,6 +125,7 @@ run() {
 echo "wrk -t2 -c64 -d$DURATION, all on 127.0.0.1, $(nproc) cores"
 printf "%-44s %12s %10s %10s %10s\n" "target" "req/s" "p50" "p99" "non-2xx"
 run "upstream directly (nginx return 200)" "http://127.0.0.1:$UP/"
+run "ratewarden, echo upstream, no rule" "http://127.0.0.1:$RW_ECHO/"
 run "nginx proxy, limit_req never reached" "http://127.0.0.1:$NG_PASS/"
 run "ratewarden proxy, gcra never reached" "http://127.0.0.1:$RW_PASS/"
 run "ratewarden proxy, no rule at all" "http://127.0.0.1:$RW_NONE/"
@@ -145,6 +148,8 @@ print()
 print(f"forwarding: ratewarden/nginx throughput {pr[0]/pn[0]:.2f}, p99 {ms(pr[1]):.2f} ms vs {ms(pn[1]):.2f} ms")
 print(f"rejecting:  ratewarden/nginx throughput {rr[0]/rn[0]:.2f}, p99 {ms(rr[1]):.2f} ms vs {ms(rn[1]):.2f} ms")
 print(f"ratewarden rejecting / forwarding: {rr[0]/pr[0]:.2f}")
+up, ec = r["upstream directly (nginx return 200)"], r["ratewarden, echo upstream, no rule"]
+print(f"serving alone: ratewarden echo / nginx return 200 {ec[0]/up[0]:.2f}")
 nr = r["ratewarden proxy, no rule at all"]
 print(f"proxy path without rules: ratewarden/nginx {nr[0]/pn[0]:.2f}; the limiter's cost on forwarding {1 - pr[0]/nr[0]:.0%}")
 PY
