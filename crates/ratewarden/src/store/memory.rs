@@ -288,9 +288,9 @@ impl MemoryStore {
         if mode == Mode::Apply {
             let ok = admitted(ops, &verdicts);
             for ((op, &h), v) in ops.iter().zip(&hashes).zip(&verdicts) {
-                let map = &mut guards[guard_of(h)].map;
+                let shard = &mut guards[guard_of(h)];
                 let mirror = &self.inner.shards[self.shard_of(h)].mirror;
-                update(map, mirror, h, now, |state| {
+                self.update(shard, mirror, h, now, |state| {
                     op.rule.commit(state, now, op.rule.cost(weight), v, ok);
                     op.rule.idle_at(state)
                 });
@@ -332,37 +332,51 @@ impl MemoryStore {
         // Something to record: decide again under the write lock, since the
         // state may have changed in between.
         let mut shard = lock(cell);
-        if let Some(slot) = shard.map.get_mut(&h) {
-            if slot.expires <= now {
-                slot.state = KeyState::default();
+        let mut verdict = None;
+        self.update(&mut shard, &cell.mirror, h, now, |state| {
+            let v = rule.verdict(state, now, cost);
+            rule.commit(state, now, cost, &v, v.allowed() || rule.is_shadow());
+            verdict = Some(v);
+            rule.idle_at(state)
+        });
+        verdict.expect("update runs its closure once")
+    }
+
+    /// Applies `f` to the live state at `h` (fresh if absent or expired) and
+    /// stores the result with the expiry `f` returns; a state that is already
+    /// idle is not kept, and a new one is kept only after making room.
+    /// `mirror` is the shard's, and the caller holds the shard's write lock.
+    fn update(
+        &self,
+        shard: &mut Shard,
+        mirror: &Mirror,
+        h: u64,
+        now: Micros,
+        f: impl FnOnce(&mut KeyState) -> Micros,
+    ) {
+        match shard.map.get_mut(&h) {
+            Some(slot) => {
+                if slot.expires <= now {
+                    slot.state = KeyState::default();
+                }
+                slot.expires = f(&mut slot.state);
+                if slot.expires <= now {
+                    shard.map.remove(&h);
+                    mirror.write(h, None);
+                } else {
+                    mirror.write(h, Some((&slot.state, slot.expires)));
+                }
             }
-            let v = rule.verdict(&slot.state, now, cost);
-            rule.commit(
-                &mut slot.state,
-                now,
-                cost,
-                &v,
-                v.allowed() || rule.is_shadow(),
-            );
-            slot.expires = rule.idle_at(&slot.state);
-            if slot.expires <= now {
-                shard.map.remove(&h);
-                cell.mirror.write(h, None);
-            } else {
-                cell.mirror.write(h, Some((&slot.state, slot.expires)));
+            None => {
+                let mut state = KeyState::default();
+                let expires = f(&mut state);
+                if expires > now {
+                    self.make_room(shard, mirror, now, 1);
+                    mirror.write(h, Some((&state, expires)));
+                    shard.map.insert(h, Slot { state, expires });
+                }
             }
-            return v;
         }
-        let mut state = KeyState::default();
-        let v = rule.verdict(&state, now, cost);
-        rule.commit(&mut state, now, cost, &v, v.allowed() || rule.is_shadow());
-        let expires = rule.idle_at(&state);
-        if expires > now {
-            self.make_room(&mut shard, &cell.mirror, now, 1);
-            cell.mirror.write(h, Some((&state, expires)));
-            shard.map.insert(h, Slot { state, expires });
-        }
-        v
     }
 
     fn make_room(&self, shard: &mut Shard, mirror: &Mirror, now: Micros, incoming: usize) {
@@ -397,41 +411,6 @@ impl MemoryStore {
     }
 }
 
-/// Applies `f` to the live state at `h` (fresh if absent or expired) and
-/// stores the result with the expiry `f` returns; a state that is already
-/// idle is not kept.
-/// `mirror` is the shard's, and the caller holds the shard's write lock.
-fn update(
-    map: &mut Map,
-    mirror: &Mirror,
-    h: u64,
-    now: Micros,
-    f: impl FnOnce(&mut KeyState) -> Micros,
-) {
-    match map.get_mut(&h) {
-        Some(slot) => {
-            if slot.expires <= now {
-                slot.state = KeyState::default();
-            }
-            slot.expires = f(&mut slot.state);
-            if slot.expires <= now {
-                map.remove(&h);
-                mirror.write(h, None);
-            } else {
-                mirror.write(h, Some((&slot.state, slot.expires)));
-            }
-        }
-        None => {
-            let mut state = KeyState::default();
-            let expires = f(&mut state);
-            if expires > now {
-                mirror.write(h, Some((&state, expires)));
-                map.insert(h, Slot { state, expires });
-            }
-        }
-    }
-}
-
 impl Store for MemoryStore {
     async fn decide(
         &self,
@@ -448,10 +427,7 @@ impl Store for MemoryStore {
             let h = self.hash(op);
             let cell = &self.inner.shards[self.shard_of(h)];
             let mut shard = lock(cell);
-            if !shard.map.contains_key(&h) {
-                self.make_room(&mut shard, &cell.mirror, now, 1);
-            }
-            update(&mut shard.map, &cell.mirror, h, now, |state| {
+            self.update(&mut shard, &cell.mirror, h, now, |state| {
                 op.rule.settle(state, now, op.rule.cost(weight), failure);
                 op.rule.idle_at(state)
             });
