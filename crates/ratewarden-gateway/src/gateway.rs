@@ -361,7 +361,7 @@ fn pool_for(upstream: &Upstream, old: Option<&Arc<Pool>>) -> Option<Arc<Pool>> {
     let Upstream::Url(base) = upstream else {
         return None;
     };
-    let host = base.host().unwrap_or("127.0.0.1");
+    let name = base.host().unwrap_or("127.0.0.1");
     let port = base
         .port_u16()
         .unwrap_or(if base.scheme_str() == Some("https") {
@@ -370,7 +370,7 @@ fn pool_for(upstream: &Upstream, old: Option<&Arc<Pool>>) -> Option<Arc<Pool>> {
             80
         });
     // A bracketed IPv6 literal keeps its brackets: `[::1]:8080`.
-    let addr = format!("{host}:{port}");
+    let addr = format!("{name}:{port}");
     let host = base
         .authority()
         .and_then(|a| HeaderValue::from_str(a.as_str()).ok());

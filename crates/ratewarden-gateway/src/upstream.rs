@@ -148,11 +148,6 @@ impl Pool {
             idle.push(conn);
         }
     }
-
-    /// Idle connections held (for tests).
-    pub fn idle(&self) -> usize {
-        self.idle.lock().len()
-    }
 }
 
 /// An upstream response body that gives its connection back to the pool

@@ -192,10 +192,6 @@ impl<B, E> Future for ResponseFuture<B, E> {
     }
 }
 
-fn add_headers<B>(resp: &mut Response<B>, pairs: Vec<(&'static str, String)>) {
-    insert_headers(resp.headers_mut(), pairs);
-}
-
 const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
@@ -256,7 +252,7 @@ pub fn rejection<B>(
         .problem_json(status.as_u16())
         .unwrap_or_else(|| problem(status.as_u16(), None));
     let mut resp = problem_response(status, body);
-    add_headers(&mut resp, decision.headers(style));
+    insert_headers(resp.headers_mut(), decision.headers(style));
     resp
 }
 
@@ -325,7 +321,7 @@ where
                 let _ = shared.limiter.report(pending, failure).await;
             }
             let mut resp = resp.map(Either::Left);
-            add_headers(&mut resp, decision.headers(shared.headers));
+            insert_headers(resp.headers_mut(), decision.headers(shared.headers));
             Ok(resp)
         };
         ResponseFuture { fut: Box::pin(fut) }
