@@ -97,7 +97,16 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
             },
         )));
     }
-    tasks.push(tokio::spawn(housekeeping(gateway.clone(), source, stopped)));
+    // Take over SIGHUP before `start` returns, not when the housekeeping task
+    // first runs: a SIGHUP in between would meet the default action and kill
+    // the process.
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    tasks.push(tokio::spawn(housekeeping(
+        gateway.clone(),
+        source,
+        stopped,
+        hup,
+    )));
     Ok(Running {
         listen,
         admin,
@@ -156,8 +165,12 @@ where
 }
 
 /// Reloads on SIGHUP and when the file changes; purges expired states.
-async fn housekeeping(gw: Arc<Gateway>, source: Source, mut stop: watch::Receiver<bool>) {
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+async fn housekeeping(
+    gw: Arc<Gateway>,
+    source: Source,
+    mut stop: watch::Receiver<bool>,
+    mut hup: Option<tokio::signal::unix::Signal>,
+) {
     let mut last = match &source.path {
         Some(p) => std::fs::read_to_string(p).ok(),
         None => None,
