@@ -11,6 +11,8 @@ use ratewarden::algorithm::sliding_window_counter::{self, SlidingWindowCounter};
 use ratewarden::algorithm::sliding_window_log::{self, SlidingWindowLog};
 use ratewarden::algorithm::token_bucket::{self, TokenBucket};
 
+mod fixtures;
+
 /// Random requests: (gap since the previous one in µs, cost).
 fn requests(max_gap: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
     prop::collection::vec((0..max_gap, 1u64..4), 1..200)
@@ -158,33 +160,10 @@ proptest! {
 }
 
 mod records {
-    use std::time::Duration;
-
     use proptest::prelude::*;
-    use ratewarden::algorithm::Kind;
-    use ratewarden::{KeyState, Penalty, Rule};
+    use ratewarden::KeyState;
 
-    fn rules() -> Vec<Rule> {
-        let mut out = vec![];
-        for kind in Kind::ALL {
-            let b = || {
-                Rule::builder("r")
-                    .algorithm(kind)
-                    .limit(3, Duration::from_millis(50))
-            };
-            out.push(b().build().unwrap());
-            out.push(b().min_interval(Duration::from_millis(7)).build().unwrap());
-            out.push(
-                b().penalty(Penalty::fixed(Duration::from_millis(30)))
-                    .build()
-                    .unwrap(),
-            );
-            out.push(b().count_rejected(true).build().unwrap());
-            out.push(b().count_failures(true).build().unwrap());
-            out.push(b().shadow(true).build().unwrap());
-        }
-        out
-    }
+    use crate::fixtures::{COUNT, rules};
 
     proptest! {
         /// The memory store answers under a shared lock when `records` says a
@@ -193,7 +172,7 @@ mod records {
         /// harmlessly: a forced charge on a full window saturates.)
         #[test]
         fn records_is_true_whenever_commit_changes_the_state(
-            which in 0usize..36, steps in prop::collection::vec((0u64..20_000, 1u64..3, any::<bool>()), 1..80)
+            which in 0usize..COUNT, steps in prop::collection::vec((0u64..20_000, 1u64..3, any::<bool>()), 1..80)
         ) {
             let rule = &rules()[which];
             let mut state = KeyState::default();

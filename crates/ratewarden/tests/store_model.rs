@@ -10,29 +10,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 use ratewarden::algorithm::Kind;
 use ratewarden::clock::ManualClock;
-use ratewarden::{KeyState, MemoryStore, Mode, Op, Penalty, Rule, Store};
+use ratewarden::{KeyState, MemoryStore, Mode, Op, Rule, Store};
 
-fn rules() -> Vec<Rule> {
-    let mut out = vec![];
-    for kind in Kind::ALL {
-        let b = || {
-            Rule::builder("r")
-                .algorithm(kind)
-                .limit(3, Duration::from_millis(50))
-        };
-        out.push(b().build().unwrap());
-        out.push(b().min_interval(Duration::from_millis(7)).build().unwrap());
-        out.push(
-            b().penalty(Penalty::fixed(Duration::from_millis(30)))
-                .build()
-                .unwrap(),
-        );
-        out.push(b().count_rejected(true).build().unwrap());
-        out.push(b().count_failures(true).build().unwrap());
-        out.push(b().shadow(true).build().unwrap());
-    }
-    out
-}
+mod fixtures;
+use fixtures::{COUNT, rules};
 
 #[derive(Debug, Clone)]
 enum Step {
@@ -83,7 +64,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(1024))]
     #[test]
     fn memory_store_matches_a_fold_of_verdict_and_commit(
-        which in 0usize..36, steps in prop::collection::vec(step(), 1..150)
+        which in 0usize..COUNT, steps in prop::collection::vec(step(), 1..150)
     ) {
         let rule = &rules()[which];
         let clock = ManualClock::new(1_700_000_000_000_000);
