@@ -52,10 +52,10 @@ enum Command {
     },
 }
 
-fn load(
-    path: Option<&PathBuf>,
-    overrides: &Overrides,
-) -> Result<(Config, Option<PathBuf>), ExitCode> {
+/// The configuration, the file it came from and the text it was parsed from.
+type Loaded = (Config, Option<PathBuf>, String);
+
+fn load(path: Option<&PathBuf>, overrides: &Overrides) -> Result<Loaded, ExitCode> {
     let (text, name, path) = match path {
         Some(p) => match std::fs::read_to_string(p) {
             Ok(t) => (t, p.display().to_string(), Some(p.clone())),
@@ -67,7 +67,7 @@ fn load(
         None => (config::EMBEDDED.to_owned(), "<built-in>".to_owned(), None),
     };
     match config::load(&text, &name, overrides) {
-        Ok(c) => Ok((c, path)),
+        Ok(c) => Ok((c, path, text)),
         Err(e) => {
             eprintln!("error: {e}");
             Err(ExitCode::from(2))
@@ -79,7 +79,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { file } => match load(Some(&file), &Overrides::default()) {
-            Ok((c, _)) => {
+            Ok((c, _, _)) => {
                 println!(
                     "{}: valid ({} rules, upstream {})",
                     file.display(),
@@ -105,7 +105,7 @@ fn main() -> ExitCode {
             };
             let default = PathBuf::from("ratewarden.yaml");
             let path = config.or_else(|| default.exists().then_some(default));
-            let (cfg, path) = match load(path.as_ref(), &overrides) {
+            let (cfg, path, text) = match load(path.as_ref(), &overrides) {
                 Ok(x) => x,
                 Err(code) => return code,
             };
@@ -137,6 +137,7 @@ fn main() -> ExitCode {
             rt.block_on(run(
                 cfg,
                 Source {
+                    loaded: path.is_some().then_some(text),
                     path,
                     overrides,
                     clock: None,

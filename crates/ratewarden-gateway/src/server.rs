@@ -25,6 +25,11 @@ const DRAIN: Duration = Duration::from_secs(30);
 pub struct Source {
     /// The file (`None`: the built-in example; nothing to reload).
     pub path: Option<PathBuf>,
+    /// The text the running configuration was parsed from. The file is
+    /// watched for differences from it, so a change made while the gateway
+    /// was starting is not missed (`None`: compare with the file as it is
+    /// when watching starts).
+    pub loaded: Option<String>,
     /// Command-line overrides, applied on every reload too.
     pub overrides: Overrides,
     /// A clock for the memory store instead of the system's (tests drive
@@ -171,9 +176,10 @@ async fn housekeeping(
     mut stop: watch::Receiver<bool>,
     mut hup: Option<tokio::signal::unix::Signal>,
 ) {
-    let mut last = match &source.path {
-        Some(p) => std::fs::read_to_string(p).ok(),
-        None => None,
+    let mut last = match (&source.loaded, &source.path) {
+        (Some(text), _) => Some(text.clone()),
+        (None, Some(p)) => std::fs::read_to_string(p).ok(),
+        (None, None) => None,
     };
     let mut poll = tokio::time::interval(Duration::from_millis(500));
     let mut purge = tokio::time::interval(Duration::from_secs(10));

@@ -145,6 +145,36 @@ async fn reload_applies_a_good_config_keeps_unchanged_state_and_ignores_a_bad_on
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The file is compared with the text the gateway was started from, not
+/// with whatever it holds when watching begins: a change written while the
+/// gateway was starting is applied, not missed until the next change.
+#[tokio::test]
+async fn a_file_changed_while_starting_is_reloaded() {
+    let up = Upstream::start().await;
+    let dir = std::env::temp_dir().join(format!("rw-startup-change-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ratewarden.yaml");
+    let v1 = "rules:\n  - name: r\n    algorithm: fixed_window\n    limit: 100\n    window: 1h\n";
+    // On disk already when the gateway starts from `v1`.
+    std::fs::write(&file, v1.replace("limit: 100", "limit: 1")).unwrap();
+    let gw = gateway_file(v1, &up.url(), None, Some(file.clone())).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = send(gw.listen, "GET", "/", &[], "").await;
+        if r.header("x-ratelimit-limit") == Some("1") {
+            break;
+        }
+        assert_eq!(r.header("x-ratelimit-limit"), Some("100"));
+        assert!(
+            Instant::now() < deadline,
+            "the changed file was never loaded"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    gw.shutdown().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[tokio::test]
 async fn the_admin_api_checks_reports_explains_and_manages_keys() {
     let up = Upstream::start().await;

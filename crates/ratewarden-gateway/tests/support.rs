@@ -147,6 +147,7 @@ pub async fn gateway_file(
     server::start(
         cfg,
         Source {
+            loaded: path.as_ref().map(|_| yaml.to_owned()),
             path,
             overrides,
             clock: clock.map(|c| Arc::new(c) as Arc<dyn Clock>),
