@@ -282,7 +282,7 @@ impl Gateway {
             }
         }
         if let Some(d) = decision {
-            insert_headers(resp.headers_mut(), d.headers(cfg.headers));
+            insert_headers(resp.headers_mut(), d.header_fields(cfg.headers));
         }
         resp
     }
@@ -428,7 +428,7 @@ pub fn rejection(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
-    insert_headers(r.headers_mut(), d.headers(style));
+    insert_headers(r.headers_mut(), d.header_fields(style));
     r
 }
 

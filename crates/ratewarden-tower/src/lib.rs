@@ -38,7 +38,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{Either, Full};
-use ratewarden::{Decision, HeaderStyle, Limiter, Op, Rule, Store, decision::problem};
+use ratewarden::{Decision, HeaderField, HeaderStyle, Limiter, Op, Rule, Store, decision::problem};
 
 pub use key::KeyExtractor;
 
@@ -214,21 +214,69 @@ fn header_name(name: &'static str) -> Option<HeaderName> {
     })
 }
 
-/// Sets the headers a decision renders ([`Decision::headers`]) on `headers`,
-/// replacing any of the same name. The values move into the map uncopied.
+/// Sets the headers a decision renders ([`Decision::header_fields`]) on
+/// `headers`, replacing any of the same name. Numbers below 1024 (most
+/// `Retry-After`s, small limits and counts) are ready-made values, shared
+/// and never allocated; structured fields move into the map uncopied.
 ///
 /// ```
+/// use ratewarden::HeaderField::{Number, Text};
 /// use ratewarden_tower::insert_headers;
 /// let mut h = http::HeaderMap::new();
-/// insert_headers(&mut h, vec![("X-RateLimit-Limit", "20".to_owned()), ("Retry-After", "3".to_owned())]);
+/// insert_headers(&mut h, vec![
+///     ("X-RateLimit-Limit", Number(20)),
+///     ("Retry-After", Number(86_400)),
+///     ("RateLimit", Text("\"api\";r=0;t=3".to_owned())),
+/// ]);
 /// assert_eq!(h["x-ratelimit-limit"], "20");
-/// assert_eq!(h["retry-after"], "3");
+/// assert_eq!(h["retry-after"], "86400");
+/// assert_eq!(h["ratelimit"], "\"api\";r=0;t=3");
 /// ```
-pub fn insert_headers(headers: &mut HeaderMap, pairs: Vec<(&'static str, String)>) {
-    for (name, value) in pairs {
-        if let (Some(name), Ok(value)) = (header_name(name), HeaderValue::try_from(value)) {
-            headers.insert(name, value);
+pub fn insert_headers(headers: &mut HeaderMap, fields: Vec<(&'static str, HeaderField)>) {
+    for (name, field) in fields {
+        let Some(name) = header_name(name) else {
+            continue;
+        };
+        let value = match field {
+            HeaderField::Number(n) => number_value(n),
+            HeaderField::Text(t) => match HeaderValue::try_from(t) {
+                Ok(v) => v,
+                Err(_) => continue,
+            },
+        };
+        headers.insert(name, value);
+    }
+}
+
+/// How many small numbers have a ready-made header value.
+const READY_NUMBERS: usize = 1024;
+
+/// `n` as a header value: one of the ready-made values below
+/// [`READY_NUMBERS`], else formatted. The ready-made ones are slices of one
+/// string built on first use and kept for the life of the process (about
+/// 3 KiB): cloning and dropping them touches no allocator and no shared
+/// counter, which matters on a path every limited response takes.
+fn number_value(n: u64) -> HeaderValue {
+    static READY: std::sync::LazyLock<Vec<HeaderValue>> = std::sync::LazyLock::new(|| {
+        let mut text = String::new();
+        let mut ends = Vec::with_capacity(READY_NUMBERS);
+        for i in 0..READY_NUMBERS {
+            text.push_str(&i.to_string());
+            ends.push(text.len());
         }
+        let text: &'static str = Box::leak(text.into_boxed_str());
+        let mut start = 0;
+        ends.into_iter()
+            .map(|end| {
+                let v = HeaderValue::from_static(&text[start..end]);
+                start = end;
+                v
+            })
+            .collect()
+    });
+    match usize::try_from(n).ok().and_then(|i| READY.get(i)) {
+        Some(v) => v.clone(),
+        None => HeaderValue::from(n),
     }
 }
 
@@ -252,7 +300,7 @@ pub fn rejection<B>(
         .problem_json(status.as_u16())
         .unwrap_or_else(|| problem(status.as_u16(), None));
     let mut resp = problem_response(status, body);
-    insert_headers(resp.headers_mut(), decision.headers(style));
+    insert_headers(resp.headers_mut(), decision.header_fields(style));
     resp
 }
 
@@ -321,9 +369,27 @@ where
                 let _ = shared.limiter.report(pending, failure).await;
             }
             let mut resp = resp.map(Either::Left);
-            insert_headers(resp.headers_mut(), decision.headers(shared.headers));
+            insert_headers(resp.headers_mut(), decision.header_fields(shared.headers));
             Ok(resp)
         };
         ResponseFuture { fut: Box::pin(fut) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_render_the_same_on_both_sides_of_the_ready_made_range() {
+        for n in [0, 1, 9, 10, 99, 100, 1022, 1023, 1024, 1025, 86_400, u64::MAX] {
+            assert_eq!(number_value(n).to_str().unwrap(), n.to_string(), "{n}");
+        }
+        assert_eq!(
+            (0..READY_NUMBERS as u64)
+                .filter(|&n| number_value(n).to_str().unwrap() != n.to_string())
+                .count(),
+            0
+        );
     }
 }

@@ -122,22 +122,45 @@ impl Decision {
     /// assert_eq!(h[4], ("RateLimit", "\"per-client\";r=49;t=60".to_string()));
     /// ```
     pub fn headers(&self, style: HeaderStyle) -> Vec<(&'static str, String)> {
+        self.header_fields(style)
+            .into_iter()
+            .map(|(name, value)| (name, value.into_string()))
+            .collect()
+    }
+
+    /// The headers of [`headers`](Self::headers), numbers left as numbers:
+    /// an HTTP layer can render those without formatting or allocating
+    /// (ratewarden-tower keeps the small ones ready-made).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ratewarden::{Decision, HeaderField, HeaderStyle, Rule, RuleDecision};
+    /// # let rule = Rule::builder("per-client").limit(50, Duration::from_secs(60)).build().unwrap();
+    /// # let d = Decision { allowed: true, delay: Duration::ZERO, rules: vec![RuleDecision {
+    /// #     rule, key: "1.2.3.4".into(), reason: None, remaining: 49,
+    /// #     reset_after: Duration::from_secs(60), retry_after: None }] };
+    /// let h = d.header_fields(HeaderStyle::default());
+    /// assert_eq!(h[1], ("X-RateLimit-Remaining", HeaderField::Number(49)));
+    /// assert_eq!(h[4].1.to_string(), "\"per-client\";r=49;t=60");
+    /// ```
+    pub fn header_fields(&self, style: HeaderStyle) -> Vec<(&'static str, HeaderField)> {
+        use HeaderField::Number;
         // Built with `push_str` and our own integer writer rather than
         // `format!`: this runs on every limited response.
         let mut out = Vec::with_capacity(7);
         let retry = self.retry_after_secs();
         if let Some(secs) = retry {
-            out.push(("Retry-After", number(secs)));
+            out.push(("Retry-After", Number(secs)));
         }
         if style.legacy
             && let Some(b) = self.binding()
         {
-            out.push(("X-RateLimit-Limit", number(b.rule.limit())));
-            out.push(("X-RateLimit-Remaining", number(b.remaining)));
+            out.push(("X-RateLimit-Limit", Number(b.rule.limit())));
+            out.push(("X-RateLimit-Remaining", Number(b.remaining)));
             let reset = ceil_secs(b.reset_after).max(retry.unwrap_or(0));
-            out.push(("X-RateLimit-Reset", number(reset)));
+            out.push(("X-RateLimit-Reset", Number(reset)));
             if let Some(secs) = retry {
-                out.push(("X-RateLimit-Retry-After", number(secs)));
+                out.push(("X-RateLimit-Retry-After", Number(secs)));
             }
         }
         if style.ietf && self.enforced().next().is_some() {
@@ -167,8 +190,8 @@ impl Decision {
                 state.push_str(";t=");
                 push_u64(&mut state, t);
             }
-            out.push(("RateLimit-Policy", policy));
-            out.push(("RateLimit", state));
+            out.push(("RateLimit-Policy", HeaderField::Text(policy)));
+            out.push(("RateLimit", HeaderField::Text(state)));
         }
         out
     }
@@ -218,6 +241,34 @@ impl Decision {
         }
         body.push('}');
         Some(body)
+    }
+}
+
+/// The value of one rate-limit header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderField {
+    /// A count or a number of seconds (`X-RateLimit-*`, `Retry-After`).
+    Number(u64),
+    /// A structured field (`RateLimit-Policy`, `RateLimit`).
+    Text(String),
+}
+
+impl HeaderField {
+    /// The value as header text.
+    pub fn into_string(self) -> String {
+        match self {
+            Self::Number(n) => number(n),
+            Self::Text(t) => t,
+        }
+    }
+}
+
+impl std::fmt::Display for HeaderField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Number(n) => write!(f, "{n}"),
+            Self::Text(t) => f.write_str(t),
+        }
     }
 }
 
