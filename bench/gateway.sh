@@ -8,9 +8,21 @@
 # every load is bounded by DURATION, and every process is stopped at the end.
 # Same core budget for both proxies: ratewarden --workers 1, nginx
 # worker_processes 1. wrk: 2 threads, 64 connections.
+#
+#   PIN=1 bash bench/gateway.sh      # the proxy under test alone on CPU 0
+#
+# With PIN=1 the proxies under test (nginx's worker, every ratewarden) run on
+# CPU 0 and everything else (wrk, the origin, Redis) on CPU 1: each proxy
+# gets exactly one core and its throughput is its CPU cost per request.
+# Without it the scheduler places all processes on both cores as it likes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
+if [ "${PIN:-0}" = 1 ] && [ "$(nproc)" -ge 2 ]; then
+  UNDER_TEST="taskset -c 0"; REST="taskset -c 1"; LAYOUT="pinned: proxy under test on CPU 0, wrk/origin/redis on CPU 1"
+else
+  UNDER_TEST=""; REST=""; LAYOUT="unpinned"
+fi
 missing=()
 command -v nginx >/dev/null || missing+=(nginx-light)
 command -v wrk >/dev/null || missing+=(wrk)
@@ -60,8 +72,8 @@ http {
            proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; } }
 }
 NGINX
-nginx -p "$WORK/origin" -c "$WORK/origin/nginx.conf" & PIDS+=($!)
-nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
+$REST nginx -p "$WORK/origin" -c "$WORK/origin/nginx.conf" & PIDS+=($!)
+$UNDER_TEST nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
 wait_port "$NG_PASS"; wait_port "$UP"
 
 cat > "$WORK/pass.yaml" <<YAML
@@ -94,13 +106,13 @@ rules:
     limit: 1000000
     window: 1s
 YAML
-redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no > /dev/null & PIDS+=($!)
-RUST_LOG=warn $BIN serve -c "$WORK/pass.yaml" --listen 127.0.0.1:$RW_PASS --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
-RUST_LOG=off $BIN serve -c "$WORK/reject.yaml" --listen 127.0.0.1:$RW_REJ --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
-RUST_LOG=warn $BIN serve -c "$WORK/none.yaml" --listen 127.0.0.1:$RW_NONE --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+$REST redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no > /dev/null & PIDS+=($!)
+RUST_LOG=warn $UNDER_TEST $BIN serve -c "$WORK/pass.yaml" --listen 127.0.0.1:$RW_PASS --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+RUST_LOG=off $UNDER_TEST $BIN serve -c "$WORK/reject.yaml" --listen 127.0.0.1:$RW_REJ --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+RUST_LOG=warn $UNDER_TEST $BIN serve -c "$WORK/none.yaml" --listen 127.0.0.1:$RW_NONE --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
 # Our HTTP server alone: the built-in echo upstream, no rule (vs nginx `return 200`).
-RUST_LOG=warn $BIN serve -c "$WORK/none.yaml" --listen 127.0.0.1:$RW_ECHO --upstream echo --workers 1 > /dev/null & PIDS+=($!)
-RUST_LOG=warn $BIN serve -c "$WORK/redis.yaml" --listen 127.0.0.1:$RW_R --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+RUST_LOG=warn $UNDER_TEST $BIN serve -c "$WORK/none.yaml" --listen 127.0.0.1:$RW_ECHO --upstream echo --workers 1 > /dev/null & PIDS+=($!)
+RUST_LOG=warn $UNDER_TEST $BIN serve -c "$WORK/redis.yaml" --listen 127.0.0.1:$RW_R --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
 wait_port "$RW_PASS"; wait_port "$RW_REJ"; wait_port "$RW_R"; wait_port "$REDIS"; wait_port "$RW_NONE"; wait_port "$RW_ECHO"
 
 cat > "$WORK/check.lua" <<'LUA'
@@ -112,7 +124,7 @@ LUA
 # run NAME URL [wrk args...] -> "NAME req/s p50 p99"
 run() {
   local name=$1 url=$2; shift 2
-  local out; out=$(wrk -t2 -c64 -d"$DURATION" --latency "$@" "$url")
+  local out; out=$($REST wrk -t2 -c64 -d"$DURATION" --latency "$@" "$url")
   local rps p50 p99
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
   p50=$(echo "$out" | awk '$1=="50%" {print $2}')
@@ -122,7 +134,7 @@ run() {
   echo "$name|$rps|$p99" >> "$WORK/results"
 }
 
-echo "wrk -t2 -c64 -d$DURATION, all on 127.0.0.1, $(nproc) cores"
+echo "wrk -t2 -c64 -d$DURATION, all on 127.0.0.1, $(nproc) cores, $LAYOUT"
 printf "%-44s %12s %10s %10s %10s\n" "target" "req/s" "p50" "p99" "non-2xx"
 run "upstream directly (nginx return 200)" "http://127.0.0.1:$UP/"
 run "ratewarden, echo upstream, no rule" "http://127.0.0.1:$RW_ECHO/"
@@ -134,7 +146,7 @@ run "ratewarden, gcra rejecting" "http://127.0.0.1:$RW_REJ/"
 run "ratewarden POST /v1/check (memory)" "http://127.0.0.1:$RW_ADMIN2/v1/check" -s "$WORK/check.lua"
 run "ratewarden POST /v1/check (redis)" "http://127.0.0.1:$RW_RADMIN/v1/check" -s "$WORK/check.lua"
 
-python3 - "$WORK/results" <<'PY'
+python3 - "$WORK/results" "$LAYOUT" <<'PY'
 import sys
 r = {}
 for line in open(sys.argv[1]):
@@ -149,7 +161,10 @@ print(f"forwarding: ratewarden/nginx throughput {pr[0]/pn[0]:.2f}, p99 {ms(pr[1]
 print(f"rejecting:  ratewarden/nginx throughput {rr[0]/rn[0]:.2f}, p99 {ms(rr[1]):.2f} ms vs {ms(rn[1]):.2f} ms")
 print(f"ratewarden rejecting / forwarding: {rr[0]/pr[0]:.2f}")
 up, ec = r["upstream directly (nginx return 200)"], r["ratewarden, echo upstream, no rule"]
-print(f"serving alone: ratewarden echo / nginx return 200 {ec[0]/up[0]:.2f}")
+if sys.argv[2] == "unpinned":
+    print(f"serving alone: ratewarden echo / nginx return 200 {ec[0]/up[0]:.2f}")
+else:
+    print("serving alone: not compared when pinned (the origin shares CPU 1 with wrk)")
 nr = r["ratewarden proxy, no rule at all"]
 print(f"proxy path without rules: ratewarden/nginx {nr[0]/pn[0]:.2f}; the limiter's cost on forwarding {1 - pr[0]/nr[0]:.0%}")
 PY
