@@ -75,23 +75,28 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 /// Removes the hop-by-hop headers and those `Connection` names. One pass
-/// over the names present (a handful) instead of eight hashed removals: this
-/// runs twice per proxied request.
+/// over the names present (a handful), then hashed removals of only those
+/// found: this runs twice per proxied request, and upstreams commonly send
+/// `Connection: keep-alive`.
 fn strip_hop_by_hop(h: &mut HeaderMap) {
-    if !h.keys().any(|k| HOP_BY_HOP.contains(k)) {
+    let mut found: Vec<HeaderName> = h
+        .keys()
+        .filter(|k| HOP_BY_HOP.contains(k))
+        .cloned()
+        .collect();
+    if found.is_empty() {
         return;
     }
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        h.remove(n);
+    if found.contains(&header::CONNECTION) {
+        found.extend(
+            h.get_all(header::CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
+        );
     }
-    for n in HOP_BY_HOP {
+    for n in found {
         h.remove(n);
     }
 }
@@ -321,13 +326,14 @@ impl Gateway {
         parts.version = http::Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
         // X-Forwarded-For: append the peer to whatever chain came in.
+        let peer_ip = ratewarden_tower::identity::ip_text(peer.ip());
         let xff = match parts
             .headers
             .get(X_FORWARDED_FOR)
             .and_then(|v| v.to_str().ok())
         {
-            Some(prev) => format!("{prev}, {}", peer.ip()),
-            None => peer.ip().to_string(),
+            Some(prev) => [prev, peer_ip.as_str()].join(", "),
+            None => peer_ip,
         };
         if let Ok(v) = HeaderValue::try_from(xff) {
             parts.headers.insert(X_FORWARDED_FOR, v);

@@ -104,6 +104,21 @@ impl ClientIp {
     }
 }
 
+/// `ip` as text (`192.0.2.1`, `2001:db8::1`); IPv4 written without the
+/// formatting machinery (see [`ClientIp::key`]).
+///
+/// ```
+/// use ratewarden_tower::identity::ip_text;
+/// assert_eq!(ip_text("192.0.2.10".parse().unwrap()), "192.0.2.10");
+/// assert_eq!(ip_text("2001:db8::1".parse().unwrap()), "2001:db8::1");
+/// ```
+pub fn ip_text(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4_key(v4),
+        IpAddr::V6(v6) => v6.to_string(),
+    }
+}
+
 /// Dotted decimal, written directly: the formatting machinery behind
 /// `to_string` cost more than the rate-limit decision on the gateway's path.
 fn v4_key(ip: Ipv4Addr) -> String {

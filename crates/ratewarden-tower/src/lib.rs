@@ -382,7 +382,20 @@ mod tests {
 
     #[test]
     fn numbers_render_the_same_on_both_sides_of_the_ready_made_range() {
-        for n in [0, 1, 9, 10, 99, 100, 1022, 1023, 1024, 1025, 86_400, u64::MAX] {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            1022,
+            1023,
+            1024,
+            1025,
+            86_400,
+            u64::MAX,
+        ] {
             assert_eq!(number_value(n).to_str().unwrap(), n.to_string(), "{n}");
         }
         assert_eq!(
