@@ -18,7 +18,7 @@ use ratewarden_tower::insert_headers;
 use crate::config::{Config, IdentityFrom, KeyPart, Missing, StoreSpec, Upstream};
 use crate::metrics::Metrics;
 use crate::store::AnyStore;
-use crate::upstream::Pool;
+use crate::upstream::{Pool, UpstreamError};
 
 /// The body of every response the gateway sends.
 pub type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
@@ -342,22 +342,22 @@ impl Gateway {
             parts.headers.insert(header::HOST, host.clone());
         }
         let started = Instant::now();
-        let res = tokio::time::timeout(timeout, pool.send(Request::from_parts(parts, body))).await;
+        let res = pool.send(Request::from_parts(parts, body), timeout).await;
         self.metrics.upstream_time(started.elapsed());
         match res {
-            Ok(Ok(resp)) => {
+            Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync())
             }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "upstream failed");
-                problem_response(StatusCode::BAD_GATEWAY, "the upstream could not be reached")
-            }
-            Err(_) => problem_response(
+            Err(UpstreamError::Timeout(_)) => problem_response(
                 StatusCode::GATEWAY_TIMEOUT,
                 &format!("the upstream did not answer within {timeout:?}"),
             ),
+            Err(e) => {
+                tracing::warn!(error = %e, "upstream failed");
+                problem_response(StatusCode::BAD_GATEWAY, "the upstream could not be reached")
+            }
         }
     }
 }

@@ -5,6 +5,7 @@ mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -14,8 +15,8 @@ use support::{gateway, send};
 const RULES: &str = "rules:\n  - name: open\n    limit: 1000\n    window: 1s\n";
 
 /// An HTTP/1.1 upstream written by hand: `/close` answers and closes,
-/// `/big` answers 4 MiB, `/empty` answers 204, anything else `ok`. Counts
-/// the connections it accepted.
+/// `/big` answers 4 MiB, `/empty` answers 204, `/slow` answers `ok` after
+/// 2 s, anything else `ok` at once. Counts the connections it accepted.
 struct RawUpstream {
     addr: std::net::SocketAddr,
     conns: Arc<AtomicUsize>,
@@ -44,6 +45,9 @@ async fn serve_conn(mut s: TcpStream) {
         let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
         buf.drain(..head_end);
         let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+        if path == "/slow" {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
         let out: Vec<u8> = match path.as_str() {
             "/close" => {
                 b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nclose".to_vec()
@@ -136,4 +140,41 @@ async fn a_response_abandoned_half_read_never_leaks_into_the_next_request() {
         assert_eq!((r.status.as_u16(), r.body.as_str()), (200, "ok"));
     }
     assert!(up.conns() >= 2, "the half-read connection was reused");
+}
+
+/// A connection's timer is reused from request to request: each request
+/// gets its own full `upstream_timeout`, whatever the connection carried
+/// before, including after sitting idle past an earlier deadline.
+#[tokio::test]
+async fn each_request_on_a_kept_alive_connection_gets_its_own_deadline() {
+    let up = RawUpstream::start().await;
+    let gw = gateway(
+        &format!("upstream_timeout: 300ms\n{RULES}"),
+        &format!("http://{}", up.addr),
+        None,
+    )
+    .await;
+    // Spread over twice the timeout on one connection: a deadline left from
+    // an earlier request would cut a later one short.
+    for _ in 0..4 {
+        assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // Idle past the last deadline (the timer fires while pooled), then reused.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    assert_eq!(up.conns(), 1, "one kept-alive connection throughout");
+    // A slow answer is cut at this request's deadline, not earlier.
+    let started = Instant::now();
+    let r = send(gw.listen, "GET", "/slow", &[], "").await;
+    let took = started.elapsed();
+    assert_eq!(r.status, 504, "{}", r.body);
+    assert!(
+        took >= Duration::from_millis(290) && took < Duration::from_millis(1900),
+        "{took:?}"
+    );
+    // The timed-out connection is not reused; the next request gets a new one.
+    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    assert_eq!(up.conns(), 2);
+    gw.shutdown().await;
 }
