@@ -344,6 +344,12 @@ pub fn json_string(s: &str) -> String {
 /// Appends `s` as a JSON string literal.
 fn push_json_string(out: &mut String, s: &str) {
     out.push('"');
+    // Rule names and titles almost never need escaping: copy them whole.
+    if !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
@@ -363,6 +369,18 @@ fn push_json_string(out: &mut String, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_strings_are_escaped_only_where_needed() {
+        let json = |s: &str| {
+            let mut out = String::new();
+            push_json_string(&mut out, s);
+            out
+        };
+        assert_eq!(json("per-client"), "\"per-client\"");
+        assert_eq!(json("é ü"), "\"é ü\"");
+        assert_eq!(json("a\"b\\c\nd\u{1}"), "\"a\\\"b\\\\c\\nd\\u0001\"");
+    }
 
     #[test]
     fn push_u64_writes_every_digit_count() {
