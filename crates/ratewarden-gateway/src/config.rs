@@ -48,6 +48,7 @@ struct File {
     #[serde(alias = "target")]
     upstream: Option<Sp<String>>,
     upstream_timeout: Option<Sp<String>>,
+    client_idle_timeout: Option<Sp<String>>,
     #[serde(default = "default_admin")]
     admin: Option<AdminFile>,
     store: Option<StoreFile>,
@@ -316,6 +317,9 @@ pub struct Config {
     pub upstream: Upstream,
     /// Bound on an upstream exchange (until response headers).
     pub upstream_timeout: Duration,
+    /// A client connection with no I/O for this long while none of its
+    /// requests is being answered is closed (within twice this).
+    pub client_idle_timeout: Duration,
     /// Admin listener and token; `None` turns the admin API off.
     pub admin: Option<(SocketAddr, Option<String>)>,
     /// The store.
@@ -572,6 +576,19 @@ fn validate(f: File, file: &str, o: &Overrides) -> Result<Config, ConfigError> {
         Some(t) => cx.duration("upstream_timeout", t)?,
         None => Duration::from_secs(30),
     };
+    let client_idle_timeout = match &f.client_idle_timeout {
+        Some(t) => match cx.duration("client_idle_timeout", t)? {
+            d if d.is_zero() => {
+                return cx.err(
+                    "client_idle_timeout",
+                    Some(&t.referenced),
+                    "must be longer than 0",
+                );
+            }
+            d => d,
+        },
+        None => crate::idle::IDLE_TIMEOUT,
+    };
     let admin = match f.admin {
         None => None,
         Some(a) => {
@@ -665,6 +682,7 @@ fn validate(f: File, file: &str, o: &Overrides) -> Result<Config, ConfigError> {
         workers,
         upstream,
         upstream_timeout,
+        client_idle_timeout,
         admin,
         store,
         identity,
@@ -1344,6 +1362,7 @@ pub mod compat {
             workers: None,
             upstream: root.target,
             upstream_timeout: None,
+            client_idle_timeout: None,
             admin: default_admin(),
             store: None,
             identity,

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod config;
 pub mod gateway;
+pub mod idle;
 pub mod metrics;
 pub mod server;
 pub mod store;

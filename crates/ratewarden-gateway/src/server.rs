@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{self, Config, Overrides};
 use crate::gateway::Gateway;
+use crate::idle::{Activity, Watched, run_until_idle};
 
 /// How long in-flight requests may take to finish after a shutdown signal.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -77,6 +78,7 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
         .as_ref()
         .map(|l| l.local_addr())
         .transpose()?;
+    let idle = config.client_idle_timeout;
     let gateway = Gateway::new(config, source.clock.clone())?;
     let (stop, stopped) = watch::channel(false);
     let mut tasks = vec![];
@@ -85,6 +87,7 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
         tasks.push(tokio::spawn(serve(
             listener,
             stopped.clone(),
+            idle,
             move |req, peer| {
                 let gw = gw.clone();
                 async move { gw.handle(req, peer).await }
@@ -96,6 +99,7 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
         tasks.push(tokio::spawn(serve(
             l,
             stopped.clone(),
+            idle,
             move |req, _peer| {
                 let gw = gw.clone();
                 async move { crate::admin::handle(&gw, req).await }
@@ -121,9 +125,14 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
     })
 }
 
-/// Accepts connections (HTTP/1 and HTTP/2) until told to stop, then drains.
-async fn serve<F, Fut>(listener: TcpListener, mut stop: watch::Receiver<bool>, handler: F)
-where
+/// Accepts connections (HTTP/1 and HTTP/2) until told to stop, then drains;
+/// closes connections idle for `idle` (see [`crate::idle`]).
+async fn serve<F, Fut>(
+    listener: TcpListener,
+    mut stop: watch::Receiver<bool>,
+    idle: Duration,
+    handler: F,
+) where
     F: Fn(http::Request<hyper::body::Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = http::Response<crate::gateway::Body>> + Send + 'static,
 {
@@ -147,15 +156,27 @@ where
                 };
                 let _ = stream.set_nodelay(true);
                 let handler = handler.clone();
+                let activity = Arc::new(Activity::default());
+                let requests = activity.clone();
                 let svc = service_fn(move |req| {
+                    let answering = requests.answering();
                     let fut = handler(req, peer);
-                    async move { Ok::<_, Infallible>(fut.await) }
+                    async move {
+                        let resp = fut.await;
+                        drop(answering);
+                        Ok::<_, Infallible>(resp)
+                    }
                 });
-                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+                let io = TokioIo::new(Watched::new(stream, activity.clone()));
+                let conn = builder.serve_connection(io, svc).into_owned();
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
+                    match run_until_idle(conn, activity, idle).await {
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, "connection ended with an error");
+                        }
+                        Some(Ok(())) => {}
+                        None => tracing::debug!(%peer, "closed a connection idle for {idle:?}"),
                     }
                 });
             }

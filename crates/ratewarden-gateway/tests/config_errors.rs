@@ -64,6 +64,9 @@ fn a_bad_duration_is_refused_with_the_units() {
         "{HEAD}  - name: r\n    limit: 5\n    window: 5 minutes\n"
     ));
     assert_eq!(e.line, 5, "{e}");
+    let e = error("client_idle_timeout: 0s\nrules: []\n");
+    assert_eq!((e.line, e.key.as_str()), (1, "client_idle_timeout"), "{e}");
+    assert!(e.message.contains("longer than 0"), "{e}");
 }
 
 #[test]
@@ -87,6 +90,7 @@ fn defaults_fill_what_is_not_written() {
     assert_eq!(c.admin.as_ref().unwrap().0.to_string(), "127.0.0.1:9090");
     assert_eq!(c.status.as_u16(), 429);
     assert!(c.headers.legacy && c.headers.ietf);
+    assert_eq!(c.client_idle_timeout, std::time::Duration::from_secs(60));
     let c = config::load(
         "upstream: http://127.0.0.1:9000\nadmin: null\n",
         "ok.yaml",

@@ -429,3 +429,61 @@ fn sighup_reloads_the_running_binary_without_dropping_a_kept_alive_connection() 
     assert!(status.success(), "{status}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A client connection that sends nothing, or stops halfway through its
+/// headers, is closed after `client_idle_timeout`; one whose request is
+/// still being answered (a slow upstream) is not.
+#[tokio::test]
+async fn idle_client_connections_are_closed_but_slow_answers_are_not_cut() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = Upstream::start().await;
+    let yaml = "client_idle_timeout: 300ms\nupstream_timeout: 10s\nrules: []\n";
+    let gw = gateway(yaml, &up.url(), None).await;
+    let closed_within = |mut s: tokio::net::TcpStream| async move {
+        let started = Instant::now();
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("the gateway never closed the idle connection")
+            .unwrap_or(0);
+        (n, started.elapsed())
+    };
+    // Silent from the start.
+    let silent = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+    // Stopped halfway through its headers.
+    let mut partial = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+    partial
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    for s in [silent, partial] {
+        let (n, took) = closed_within(s).await;
+        assert_eq!(n, 0, "closed without an answer");
+        assert!(took >= Duration::from_millis(250), "{took:?}");
+    }
+    // The upstream takes 3 s, ten idle periods: the answer still arrives.
+    let mut slow = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+    slow.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.ends_with(b"slow") {
+        let n = tokio::time::timeout(Duration::from_secs(10), slow.read(&mut buf))
+            .await
+            .expect("no answer")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed while answering: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    gw.shutdown().await;
+}
