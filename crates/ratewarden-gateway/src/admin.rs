@@ -2,48 +2,22 @@
 //! that are not behind the gateway (`/v1/check`, `/v1/report`), plus key
 //! inspection and `explain`.
 
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use ratewarden::decision::problem;
 use ratewarden::{Op, Store};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::config::KeyPart;
-use crate::gateway::{Body, Gateway};
+use crate::gateway::{Body, Gateway, problem_response, respond};
 
 /// Largest admin request body read.
 const MAX_BODY: usize = 64 * 1024;
 
-fn respond(
-    status: StatusCode,
-    content_type: &'static str,
-    body: impl Into<Bytes>,
-) -> Response<Body> {
-    let mut r = Response::new(
-        Full::new(body.into())
-            .map_err(|never| match never {})
-            .boxed_unsync(),
-    );
-    *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    r
-}
-
 fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
     respond(status, "application/json", v.to_string())
-}
-
-fn problem_response(status: StatusCode, detail: &str) -> Response<Body> {
-    respond(
-        status,
-        "application/problem+json",
-        problem(status.as_u16(), Some(detail)),
-    )
 }
 
 fn secs(d: std::time::Duration) -> f64 {

@@ -44,20 +44,31 @@ pub struct Gateway {
     pub metrics: Metrics,
 }
 
-fn full(body: impl Into<Bytes>) -> Body {
-    Full::new(body.into())
-        .map_err(|never| match never {})
-        .boxed_unsync()
+/// `body` as the gateway's body type.
+fn boxed(body: Full<Bytes>) -> Body {
+    body.map_err(|never| match never {}).boxed_unsync()
 }
 
-fn problem_response(status: StatusCode, detail: &str) -> Response<Body> {
-    let mut r = Response::new(full(problem(status.as_u16(), Some(detail))));
+/// A complete response of `content_type`.
+pub(crate) fn respond(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Body> {
+    let mut r = Response::new(boxed(Full::new(body.into())));
     *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
+}
+
+/// An RFC 9457 problem response saying `detail`.
+pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Body> {
+    respond(
+        status,
+        "application/problem+json",
+        problem(status.as_u16(), Some(detail)),
+    )
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -423,19 +434,7 @@ pub fn rejection(
     status: StatusCode,
     style: ratewarden::HeaderStyle,
 ) -> Response<Body> {
-    let body = d
-        .problem_json(status.as_u16())
-        .unwrap_or_else(|| problem(status.as_u16(), None));
-    let mut r = Response::new(full(body));
-    *r.status_mut() = status;
-    // Room for content-type and the seven rate-limit headers: no regrowth.
-    r.headers_mut().reserve(8);
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    insert_headers(r.headers_mut(), d.header_fields(style));
-    r
+    ratewarden_tower::rejection_response(d, status, style).map(boxed)
 }
 
 /// The built-in upstream: says what it received.
@@ -445,10 +444,5 @@ fn echo<B>(req: &Request<B>, identity: &str) -> Response<Body> {
         req.method(),
         req.uri()
     );
-    let mut r = Response::new(full(text));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
+    respond(StatusCode::OK, "text/plain; charset=utf-8", text)
 }

@@ -281,7 +281,11 @@ fn number_value(n: u64) -> HeaderValue {
 }
 
 fn problem_response<B>(status: StatusCode, body: String) -> Response<Body<B>> {
-    let mut resp = Response::new(Either::Right(Full::new(Bytes::from(body))));
+    problem_full(status, body).map(Either::Right)
+}
+
+fn problem_full(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -296,10 +300,22 @@ pub fn rejection<B>(
     status: StatusCode,
     style: HeaderStyle,
 ) -> Response<Body<B>> {
+    rejection_response(decision, status, style).map(Either::Right)
+}
+
+/// [`rejection`] with its body as it is, for servers with a body type of
+/// their own (the gateway boxes it).
+pub fn rejection_response(
+    decision: &Decision,
+    status: StatusCode,
+    style: HeaderStyle,
+) -> Response<Full<Bytes>> {
     let body = decision
         .problem_json(status.as_u16())
         .unwrap_or_else(|| problem(status.as_u16(), None));
-    let mut resp = problem_response(status, body);
+    let mut resp = problem_full(status, body);
+    // Room for the seven rate-limit headers: no regrowth.
+    resp.headers_mut().reserve(7);
     insert_headers(resp.headers_mut(), decision.header_fields(style));
     resp
 }
