@@ -1,6 +1,6 @@
 //! The request path: identify, match rules, decide, forward, settle.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,27 @@ pub struct Live {
     pub limiter: Limiter<AnyStore>,
     /// Connections to the configured upstream (none for the echo upstream).
     pub pool: Option<Arc<Pool>>,
+    /// Deciding a request may read its headers (identity or key from a
+    /// header, forwarding headers): the HTTP/1.1 path builds a `HeaderMap`
+    /// only then.
+    pub reads_headers: bool,
+}
+
+impl Live {
+    fn new(config: Config, limiter: Limiter<AnyStore>, pool: Option<Arc<Pool>>) -> Self {
+        let reads_headers = matches!(config.identity.from, IdentityFrom::Header(_))
+            || config.identity.client_ip.forwarded
+            || config
+                .rules
+                .iter()
+                .any(|r| r.key.iter().any(|k| matches!(k, KeyPart::Header(_))));
+        Self {
+            config,
+            limiter,
+            pool,
+            reads_headers,
+        }
+    }
 }
 
 /// Everything a request needs; shared by all connections.
@@ -112,6 +133,18 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
+/// A request the limiter let through: its decision (`None` when no rule
+/// matched), the keys to settle on its answer, and who sent it.
+pub(crate) struct Admitted {
+    /// The decision, for the response's rate-limit headers.
+    pub decision: Option<Decision>,
+    keyed: Vec<Keyed>,
+    /// Indexes into `keyed` of the `count: failures` rules.
+    settle: Vec<usize>,
+    /// The client's identity.
+    pub identity: String,
+}
+
 /// A matched rule's key and group for one request.
 struct Keyed {
     rule: usize,
@@ -128,11 +161,7 @@ impl Gateway {
         let store = AnyStore::new(&config.store, clock.clone())?;
         let pool = pool_for(&config.upstream, None);
         Ok(Arc::new(Self {
-            live: ArcSwap::from_pointee(Live {
-                config,
-                limiter: Limiter::new(store),
-                pool,
-            }),
+            live: ArcSwap::from_pointee(Live::new(config, Limiter::new(store), pool)),
             clock,
             metrics: Metrics::default(),
         }))
@@ -155,24 +184,60 @@ impl Gateway {
         };
         // Same upstream: keep its warm connections.
         let pool = pool_for(&config.upstream, old.pool.as_ref());
-        self.live.store(Arc::new(Live {
-            config,
-            limiter: Limiter::new(store),
-            pool,
-        }));
+        self.live
+            .store(Arc::new(Live::new(config, Limiter::new(store), pool)));
         Ok(())
     }
 
     /// Handles one proxied request.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let live = self.live();
+        let admitted = match self
+            .admit(
+                &live,
+                req.method(),
+                req.uri().path(),
+                req.headers(),
+                peer.ip(),
+            )
+            .await
+        {
+            Ok(a) => a,
+            Err(answer) => return answer,
+        };
+        let mut resp = match &live.config.upstream {
+            Upstream::Echo => echo(&req, &admitted.identity),
+            Upstream::Url(base) => {
+                let pool = live.pool.as_ref().expect("a URL upstream has a pool");
+                self.forward(req, base, pool, peer, live.config.upstream_timeout)
+                    .await
+            }
+        };
+        self.settle(&live, &admitted, resp.status().as_u16()).await;
+        if let Some(d) = &admitted.decision {
+            insert_headers(resp.headers_mut(), d.header_fields(live.config.headers));
+        }
+        resp
+    }
+
+    /// Identifies the client, applies `deny`/`allow` and decides every
+    /// matching rule; waits out a `mode: delay` hold. `Err` is the answer
+    /// when the request must not go on (rejected, denied, no identity,
+    /// limiter down).
+    pub(crate) async fn admit(
+        &self,
+        live: &Live,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        peer: IpAddr,
+    ) -> Result<Admitted, Response<Body>> {
         let cfg = &live.config;
-        let ip = cfg.identity.client_ip.resolve(peer.ip(), req.headers());
+        let ip = cfg.identity.client_ip.resolve(peer, headers);
         let identity = match &cfg.identity.from {
             IdentityFrom::Ip => cfg.identity.client_ip.key(ip),
             IdentityFrom::Header(name) => {
-                let v = req
-                    .headers()
+                let v = headers
                     .get(name)
                     .and_then(|v| v.to_str().ok())
                     .map(str::trim);
@@ -182,10 +247,10 @@ impl Gateway {
                         Missing::Ip => cfg.identity.client_ip.key(ip),
                         Missing::Anonymous => "anonymous".to_owned(),
                         Missing::Reject => {
-                            return problem_response(
+                            return Err(problem_response(
                                 StatusCode::BAD_REQUEST,
                                 &format!("header {name} is required"),
-                            );
+                            ));
                         }
                     },
                 }
@@ -193,20 +258,19 @@ impl Gateway {
         };
         if cfg.deny.iter().any(|p| p.matches(ip, &identity)) {
             tracing::info!(identity, "denied by `deny:`");
-            return problem_response(
+            return Err(problem_response(
                 StatusCode::FORBIDDEN,
                 &format!("client {identity} is denied"),
-            );
+            ));
         }
         let limited = !cfg.allow.iter().any(|p| p.matches(ip, &identity));
-        let path = req.uri().path();
         let mut keyed: Vec<Keyed> = vec![];
         if limited {
             for (i, r) in cfg.rules.iter().enumerate() {
-                if !r.matcher.matches(req.method(), path) {
+                if !r.matcher.matches(method, path) {
                     continue;
                 }
-                let key = key_of(&r.key, &identity, req.method(), path, req.headers());
+                let key = key_of(&r.key, &identity, method, path, headers);
                 let group = r.group(&key, Some(&identity)).expect("identity given");
                 keyed.push(Keyed {
                     rule: i,
@@ -218,89 +282,87 @@ impl Gateway {
             // decided after the client's own (see the README).
             keyed.sort_by_key(|k| k.group != identity);
         }
-        let ops: Vec<Op<'_>> = keyed
+        let mut admitted = Admitted {
+            decision: None,
+            keyed,
+            settle: vec![],
+            identity,
+        };
+        if admitted.keyed.is_empty() {
+            return Ok(admitted);
+        }
+        let ops: Vec<Op<'_>> = admitted
+            .keyed
             .iter()
             .map(|k| Op::grouped(&cfg.rules[k.rule].rule, &k.key, &k.group))
             .collect();
-        let mut decision: Option<Decision> = None;
-        let mut settle_ops: Vec<usize> = vec![];
-        if !ops.is_empty() {
-            let started = Instant::now();
-            let admission = live.limiter.acquire(&ops, 1).await;
-            self.metrics.decision_time(started.elapsed());
-            let admission = match admission {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "limiter unavailable; on_error: deny");
-                    return problem_response(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        &format!("rate limiter unavailable: {e}"),
-                    );
-                }
-            };
-            let d = admission.decision;
-            for (r, k) in d.rules.iter().zip(&keyed) {
-                let label = match (r.allowed(), r.rule.is_shadow()) {
-                    (true, _) => "allowed",
-                    (false, true) => "shadow_rejected",
-                    (false, false) => "rejected",
-                };
-                self.metrics.request(r.rule.name(), label);
-                if let Some(reason) = r.reason {
-                    let banned = reason == Reason::Banned
-                        || (reason == Reason::Limit && r.rule.spec().penalty.is_some());
-                    if banned && let Some(left) = r.retry_after {
-                        self.metrics
-                            .banned(r.rule.name(), &k.key, Instant::now() + left);
-                    }
-                    tracing::info!(rule = r.rule.name(), key = %k.key, reason = reason.as_str(), shadow = r.rule.is_shadow(), "rejected");
-                }
-            }
-            if !d.allowed {
-                return rejection(&d, cfg.status, cfg.headers);
-            }
-            if admission.pending.is_some() {
-                settle_ops = keyed
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, k)| cfg.rules[k.rule].rule.counts_failures())
-                    .map(|(i, _)| i)
-                    .collect();
-            }
-            if !d.delay.is_zero() {
-                tokio::time::sleep(d.delay).await;
-            }
-            decision = Some(d);
-        }
-        let mut resp = match &cfg.upstream {
-            Upstream::Echo => echo(&req, &identity),
-            Upstream::Url(base) => {
-                let pool = live.pool.as_ref().expect("a URL upstream has a pool");
-                self.forward(req, base, pool, peer, cfg.upstream_timeout)
-                    .await
+        let started = Instant::now();
+        let admission = live.limiter.acquire(&ops, 1).await;
+        self.metrics.decision_time(started.elapsed());
+        let admission = match admission {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "limiter unavailable; on_error: deny");
+                return Err(problem_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!("rate limiter unavailable: {e}"),
+                ));
             }
         };
-        if !settle_ops.is_empty() {
-            let status = resp.status().as_u16();
-            for i in settle_ops {
-                let k = &keyed[i];
-                let rule = &cfg.rules[k.rule];
-                let op = Op::grouped(&rule.rule, &k.key, &k.group);
-                if live
-                    .limiter
-                    .store()
-                    .settle(&[op], 1, rule.is_failure(status))
-                    .await
-                    .is_err()
-                {
-                    self.metrics.store_error();
+        let d = admission.decision;
+        for (r, k) in d.rules.iter().zip(&admitted.keyed) {
+            let label = match (r.allowed(), r.rule.is_shadow()) {
+                (true, _) => "allowed",
+                (false, true) => "shadow_rejected",
+                (false, false) => "rejected",
+            };
+            self.metrics.request(r.rule.name(), label);
+            if let Some(reason) = r.reason {
+                let banned = reason == Reason::Banned
+                    || (reason == Reason::Limit && r.rule.spec().penalty.is_some());
+                if banned && let Some(left) = r.retry_after {
+                    self.metrics
+                        .banned(r.rule.name(), &k.key, Instant::now() + left);
                 }
+                tracing::info!(rule = r.rule.name(), key = %k.key, reason = reason.as_str(), shadow = r.rule.is_shadow(), "rejected");
             }
         }
-        if let Some(d) = decision {
-            insert_headers(resp.headers_mut(), d.header_fields(cfg.headers));
+        if !d.allowed {
+            return Err(rejection(&d, cfg.status, cfg.headers));
         }
-        resp
+        if admission.pending.is_some() {
+            admitted.settle = admitted
+                .keyed
+                .iter()
+                .enumerate()
+                .filter(|(_, k)| cfg.rules[k.rule].rule.counts_failures())
+                .map(|(i, _)| i)
+                .collect();
+        }
+        if !d.delay.is_zero() {
+            tokio::time::sleep(d.delay).await;
+        }
+        admitted.decision = Some(d);
+        Ok(admitted)
+    }
+
+    /// Settles the `count: failures` rules of `admitted` on the answer's
+    /// `status`.
+    pub(crate) async fn settle(&self, live: &Live, admitted: &Admitted, status: u16) {
+        for &i in &admitted.settle {
+            let k = &admitted.keyed[i];
+            let rule = &live.config.rules[k.rule];
+            let op = Op::grouped(&rule.rule, &k.key, &k.group);
+            if live
+                .limiter
+                .store()
+                .settle(&[op], 1, rule.is_failure(status))
+                .await
+                .is_err()
+            {
+                self.metrics.store_error();
+            }
+        }
     }
 
     async fn forward(

@@ -7,6 +7,7 @@ pub mod config;
 pub mod gateway;
 pub mod idle;
 pub mod metrics;
+pub mod proxy;
 pub mod server;
 pub mod store;
 pub mod upstream;

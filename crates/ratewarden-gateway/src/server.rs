@@ -6,17 +6,24 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{self, Config, Overrides};
 use crate::gateway::Gateway;
 use crate::idle::{Activity, Watched, run_until_idle};
+use crate::proxy::{self, Prefixed};
+
+/// A client connection being served, to its end.
+type BoxFuture = std::pin::Pin<
+    Box<dyn Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + Send>,
+>;
 
 /// How long in-flight requests may take to finish after a shutdown signal.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -84,6 +91,7 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
     let mut tasks = vec![];
     {
         let gw = gateway.clone();
+        let proxy = Some(gw.clone());
         tasks.push(tokio::spawn(serve(
             listener,
             stopped.clone(),
@@ -92,6 +100,7 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
                 let gw = gw.clone();
                 async move { gw.handle(req, peer).await }
             },
+            proxy,
         )));
     }
     if let Some(l) = admin_listener {
@@ -104,6 +113,7 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
                 let gw = gw.clone();
                 async move { crate::admin::handle(&gw, req).await }
             },
+            None,
         )));
     }
     // Take over SIGHUP before `start` returns, not when the housekeeping task
@@ -126,12 +136,15 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
 }
 
 /// Accepts connections (HTTP/1 and HTTP/2) until told to stop, then drains;
-/// closes connections idle for `idle` (see [`crate::idle`]).
+/// closes connections idle for `idle` (see [`crate::idle`]). With `proxy`,
+/// connections start on the gateway's own HTTP/1.1 path ([`crate::proxy`])
+/// and go over to hyper and `handler` for what that path does not take.
 async fn serve<F, Fut>(
     listener: TcpListener,
     mut stop: watch::Receiver<bool>,
     idle: Duration,
     handler: F,
+    proxy: Option<Arc<Gateway>>,
 ) where
     F: Fn(http::Request<hyper::body::Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = http::Response<crate::gateway::Body>> + Send + 'static,
@@ -167,9 +180,25 @@ async fn serve<F, Fut>(
                         Ok::<_, Infallible>(resp)
                     }
                 });
-                let io = TokioIo::new(Watched::new(stream, activity.clone()));
-                let conn = builder.serve_connection(io, svc).into_owned();
-                let conn = graceful.watch(conn);
+                let io = Watched::new(stream, activity.clone());
+                // Taken now, not when hyper gets the connection: a shutdown
+                // signalled in between is then still seen (see `watcher`).
+                let watcher = graceful.watcher();
+                let builder = builder.clone();
+                let hyper = move |io: Prefixed<Watched<TcpStream>>| {
+                    watcher.watch(builder.serve_connection(TokioIo::new(io), svc).into_owned())
+                };
+                let conn: BoxFuture = match &proxy {
+                    Some(gw) => Box::pin(proxy::serve_connection(
+                        gw.clone(),
+                        io,
+                        peer,
+                        activity.clone(),
+                        stop.clone(),
+                        hyper,
+                    )),
+                    None => Box::pin(hyper(Prefixed::new(Bytes::new(), io))),
+                };
                 tokio::spawn(async move {
                     match run_until_idle(conn, activity, idle).await {
                         Some(Err(e)) => {

@@ -62,6 +62,9 @@ pub struct Pool {
     addr: String,
     host: Option<HeaderValue>,
     idle: Mutex<Vec<Link>>,
+    /// Idle connections of the HTTP/1.1 path ([`crate::proxy`]), which
+    /// speaks to the upstream itself.
+    streams: Mutex<Vec<TcpStream>>,
 }
 
 impl Pool {
@@ -72,7 +75,38 @@ impl Pool {
             addr,
             host,
             idle: Mutex::new(Vec::new()),
+            streams: Mutex::new(Vec::new()),
         })
+    }
+
+    /// An idle connection of the HTTP/1.1 path, if any. It may have been
+    /// closed by the upstream meanwhile: the caller finds out on its first
+    /// exchange and retries on a new one.
+    pub fn take_stream(&self) -> Option<TcpStream> {
+        self.streams.lock().pop()
+    }
+
+    /// Gives back a connection whose last response was read to its end.
+    pub fn put_stream(&self, stream: TcpStream) {
+        let mut idle = self.streams.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push(stream);
+        }
+    }
+
+    /// A new connection to the upstream.
+    pub async fn connect_stream(&self) -> Result<TcpStream, UpstreamError> {
+        let stream =
+            TcpStream::connect(&self.addr)
+                .await
+                .map_err(|source| UpstreamError::Connect {
+                    addr: self.addr.clone(),
+                    source,
+                })?;
+        // Requests are small writes on kept-alive connections: never hold one
+        // back waiting for an ACK (nginx sets tcp_nodelay too).
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
     }
 
     /// The upstream's `host:port`.
@@ -164,16 +198,7 @@ impl Pool {
     }
 
     async fn connect(&self, deadline: Instant) -> Result<Link, UpstreamError> {
-        let stream =
-            TcpStream::connect(&self.addr)
-                .await
-                .map_err(|source| UpstreamError::Connect {
-                    addr: self.addr.clone(),
-                    source,
-                })?;
-        // Requests are small writes on kept-alive connections: never hold one
-        // back waiting for an ACK (nginx sets tcp_nodelay too).
-        let _ = stream.set_nodelay(true);
+        let stream = self.connect_stream().await?;
         // Flat writes, as on the server side (see `server::serve`).
         let (sender, conn) = http1::Builder::new()
             .writev(false)
