@@ -145,6 +145,15 @@ pub(crate) struct Admitted {
     pub identity: String,
 }
 
+/// Why a request is not forwarded.
+pub(crate) enum Refusal {
+    /// Over a limit: answered with `status:`, rate-limit headers and the
+    /// decision's problem body (see [`rejection`]).
+    Limited(Decision),
+    /// Denied, no identity, or the limiter is down: this answer.
+    Answer(Response<Body>),
+}
+
 /// A matched rule's key and group for one request.
 struct Keyed {
     rule: usize,
@@ -203,7 +212,10 @@ impl Gateway {
             .await
         {
             Ok(a) => a,
-            Err(answer) => return answer,
+            Err(Refusal::Limited(d)) => {
+                return rejection(&d, live.config.status, live.config.headers);
+            }
+            Err(Refusal::Answer(answer)) => return answer,
         };
         let mut resp = match &live.config.upstream {
             Upstream::Echo => echo(&req, &admitted.identity),
@@ -221,9 +233,8 @@ impl Gateway {
     }
 
     /// Identifies the client, applies `deny`/`allow` and decides every
-    /// matching rule; waits out a `mode: delay` hold. `Err` is the answer
-    /// when the request must not go on (rejected, denied, no identity,
-    /// limiter down).
+    /// matching rule; waits out a `mode: delay` hold. `Err` says why the
+    /// request must not go on.
     pub(crate) async fn admit(
         &self,
         live: &Live,
@@ -231,7 +242,7 @@ impl Gateway {
         path: &str,
         headers: &HeaderMap,
         peer: IpAddr,
-    ) -> Result<Admitted, Response<Body>> {
+    ) -> Result<Admitted, Refusal> {
         let cfg = &live.config;
         let ip = cfg.identity.client_ip.resolve(peer, headers);
         let identity = match &cfg.identity.from {
@@ -247,10 +258,10 @@ impl Gateway {
                         Missing::Ip => cfg.identity.client_ip.key(ip),
                         Missing::Anonymous => "anonymous".to_owned(),
                         Missing::Reject => {
-                            return Err(problem_response(
+                            return Err(Refusal::Answer(problem_response(
                                 StatusCode::BAD_REQUEST,
                                 &format!("header {name} is required"),
-                            ));
+                            )));
                         }
                     },
                 }
@@ -258,10 +269,10 @@ impl Gateway {
         };
         if cfg.deny.iter().any(|p| p.matches(ip, &identity)) {
             tracing::info!(identity, "denied by `deny:`");
-            return Err(problem_response(
+            return Err(Refusal::Answer(problem_response(
                 StatusCode::FORBIDDEN,
                 &format!("client {identity} is denied"),
-            ));
+            )));
         }
         let limited = !cfg.allow.iter().any(|p| p.matches(ip, &identity));
         let mut keyed: Vec<Keyed> = vec![];
@@ -303,10 +314,10 @@ impl Gateway {
             Ok(a) => a,
             Err(e) => {
                 tracing::warn!(error = %e, "limiter unavailable; on_error: deny");
-                return Err(problem_response(
+                return Err(Refusal::Answer(problem_response(
                     StatusCode::SERVICE_UNAVAILABLE,
                     &format!("rate limiter unavailable: {e}"),
-                ));
+                )));
             }
         };
         let d = admission.decision;
@@ -328,7 +339,7 @@ impl Gateway {
             }
         }
         if !d.allowed {
-            return Err(rejection(&d, cfg.status, cfg.headers));
+            return Err(Refusal::Limited(d));
         }
         if admission.pending.is_some() {
             admitted.settle = admitted

@@ -37,7 +37,7 @@ use tokio::sync::watch;
 use tokio::time::Sleep;
 
 use crate::config::Upstream;
-use crate::gateway::{Admitted, Body, Gateway, Live, problem_response};
+use crate::gateway::{Admitted, Body, Gateway, Live, Refusal, problem_response};
 use crate::idle::Activity;
 use crate::upstream::Pool;
 
@@ -571,7 +571,13 @@ where
             .admit(&live, &head.method, path, &headers, peer.ip())
             .await
         {
-            Err(answer) => {
+            Err(Refusal::Limited(d)) => {
+                write_rejection(&mut c.out, &d, &live, head.close);
+                io.write_all(&c.out).await?;
+                drop(answering);
+                !head.close
+            }
+            Err(Refusal::Answer(answer)) => {
                 write_answer(&mut io, &mut c.out, answer, head.close).await?;
                 drop(answering);
                 !head.close
@@ -655,6 +661,30 @@ async fn write_answer<S: AsyncWrite + Unpin>(
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(&body);
     io.write_all(out).await
+}
+
+/// A rejection, whole, in `out`: what [`crate::gateway::rejection`] answers
+/// on hyper's path, written without a `HeaderMap` or a body to collect.
+fn write_rejection(out: &mut Vec<u8>, d: &ratewarden::Decision, live: &Live, close: bool) {
+    let status = live.config.status;
+    let body = d
+        .problem_json(status.as_u16())
+        .unwrap_or_else(|| ratewarden::decision::problem(status.as_u16(), None));
+    out.clear();
+    status_line(out, status, None);
+    push_field(out, b"content-type", b"application/problem+json");
+    push_rate_fields(out, &d.header_fields(live.config.headers));
+    push_field(
+        out,
+        b"content-length",
+        itoa::Buffer::new().format(body.len()).as_bytes(),
+    );
+    push_field(out, b"date", &http_date());
+    if close {
+        push_field(out, b"connection", b"close");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body.as_bytes());
 }
 
 /// Appends `HTTP/1.1 <code> <reason>\r\n`; the standard reason when `reason`
