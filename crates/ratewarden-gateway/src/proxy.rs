@@ -19,6 +19,7 @@
 
 use std::future::{Future, poll_fn};
 use std::io;
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::{Pin, pin};
@@ -44,8 +45,9 @@ use crate::upstream::Pool;
 /// Longest request head this path reads; longer ones go to hyper (which
 /// answers 431 past its own limit).
 pub const MAX_HEAD: usize = 16 * 1024;
-/// Most header fields in a request or response head this path parses.
-const MAX_HEADERS: usize = 64;
+/// Most header fields in a request or response head this path parses
+/// (hyper's limit too).
+const MAX_HEADERS: usize = 100;
 /// Largest request body this path buffers before forwarding (nginx buffers
 /// request bodies too); larger and chunked ones are streamed by hyper.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -160,9 +162,11 @@ fn span(buf: &[u8], part: &[u8]) -> Range<usize> {
 /// Parses the request head at the start of `buf`, recording its header
 /// fields as (name, value) offsets in `fields`.
 fn parse_request(buf: &[u8], fields: &mut Vec<(Range<usize>, Range<usize>)>) -> Parsed {
-    let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut raw);
-    let len = match req.parse(buf) {
+    // Left uninitialised: parsing writes the fields it returns (zeroing 100
+    // of them per parse would cost more than the parse of a small head).
+    let mut raw = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, &mut raw) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Parsed::Partial,
         Err(_) => return Parsed::Elsewhere,
@@ -261,9 +265,11 @@ fn parse_response(
     head_request: bool,
     fields: &mut Vec<(Range<usize>, Range<usize>)>,
 ) -> Result<Option<UpHead>, ()> {
-    let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut raw);
-    let len = match resp.parse(buf) {
+    let mut raw = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut resp, buf, &mut raw);
+    let len = match parsed {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(_) => return Err(()),
@@ -533,16 +539,23 @@ where
                     _ => return hyper(Prefixed::new(c.input.freeze(), io)).await,
                 }
             }
-            c.input.reserve(4096);
-            let idle = c.input.is_empty();
-            let n = tokio::select! {
-                biased;
-                n = io.read_buf(&mut c.input) => n?,
-                // Shutting down: a connection between requests closes.
-                () = &mut stopping, if idle => return Ok(()),
-            };
-            if n == 0 {
-                return Ok(());
+            // A head ends with a line feed: bytes without one (a client
+            // trickling its head) are not worth parsing again.
+            loop {
+                c.input.reserve(4096);
+                let idle = c.input.is_empty();
+                let n = tokio::select! {
+                    biased;
+                    n = io.read_buf(&mut c.input) => n?,
+                    // Shutting down: a connection between requests closes.
+                    () = &mut stopping, if idle => return Ok(()),
+                };
+                if n == 0 {
+                    return Ok(());
+                }
+                if c.input[c.input.len() - n..].contains(&b'\n') || c.input.len() >= MAX_HEAD {
+                    break;
+                }
             }
         };
         let whole = head.len + head.body;
