@@ -278,6 +278,12 @@ pub struct GatewayRule {
 }
 
 impl GatewayRule {
+    /// Whether this rule's keys are grouped by the client's identity (their
+    /// key contains it), else each by itself; see [`Self::group`].
+    pub fn grouped_by_identity(&self) -> bool {
+        self.key.contains(&KeyPart::Identity)
+    }
+
     /// The Redis Cluster group (hash tag) of a key of this rule: the client's
     /// identity when the key contains it (so all of one client's keys share
     /// a slot), else the key itself (a key shared by clients, such as
@@ -285,7 +291,7 @@ impl GatewayRule {
     /// the key alone, so the proxy and the admin API name the same counter.
     /// `identity` may be omitted when the key is the identity alone.
     pub fn group(&self, key: &str, identity: Option<&str>) -> Result<String, String> {
-        if !self.key.contains(&KeyPart::Identity) {
+        if !self.grouped_by_identity() {
             return Ok(key.to_owned());
         }
         match identity {

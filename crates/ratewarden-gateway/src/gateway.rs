@@ -154,11 +154,29 @@ pub(crate) enum Refusal {
     Answer(Response<Body>),
 }
 
-/// A matched rule's key and group for one request.
+/// A matched rule's key and group for one request. Most keys are the
+/// identity alone (`key: [identity]`, the default) and most groups are the
+/// identity: those borrow it rather than copy it per rule and request.
 struct Keyed {
     rule: usize,
-    key: String,
-    group: String,
+    /// `None`: the identity itself.
+    key: Option<String>,
+    /// The group is the identity, else the key (see [`GatewayRule::group`]).
+    by_identity: bool,
+}
+
+impl Keyed {
+    fn key<'a>(&'a self, identity: &'a str) -> &'a str {
+        self.key.as_deref().unwrap_or(identity)
+    }
+
+    fn group<'a>(&'a self, identity: &'a str) -> &'a str {
+        if self.by_identity {
+            identity
+        } else {
+            self.key(identity)
+        }
+    }
 }
 
 impl Gateway {
@@ -281,17 +299,17 @@ impl Gateway {
                 if !r.matcher.matches(method, path) {
                     continue;
                 }
-                let key = key_of(&r.key, &identity, method, path, headers);
-                let group = r.group(&key, Some(&identity)).expect("identity given");
+                let key = (r.key != [KeyPart::Identity])
+                    .then(|| key_of(&r.key, &identity, method, path, headers));
                 keyed.push(Keyed {
                     rule: i,
                     key,
-                    group,
+                    by_identity: r.grouped_by_identity(),
                 });
             }
             // Keys shared by clients last: on a cluster they are other slots,
             // decided after the client's own (see the README).
-            keyed.sort_by_key(|k| k.group != identity);
+            keyed.sort_by_key(|k| !k.by_identity);
         }
         let mut admitted = Admitted {
             decision: None,
@@ -305,9 +323,13 @@ impl Gateway {
         let ops: Vec<Op<'_>> = admitted
             .keyed
             .iter()
-            .map(|k| Op::grouped(&cfg.rules[k.rule].rule, &k.key, &k.group))
+            .map(|k| {
+                let id = &admitted.identity;
+                Op::grouped(&cfg.rules[k.rule].rule, k.key(id), k.group(id))
+            })
             .collect();
-        let started = Instant::now();
+        // quanta's clock: std's `Instant` costs a system call's worth here.
+        let started = quanta::Instant::now();
         let admission = live.limiter.acquire(&ops, 1).await;
         self.metrics.decision_time(started.elapsed());
         let admission = match admission {
@@ -332,10 +354,19 @@ impl Gateway {
                 let banned = reason == Reason::Banned
                     || (reason == Reason::Limit && r.rule.spec().penalty.is_some());
                 if banned && let Some(left) = r.retry_after {
-                    self.metrics
-                        .banned(r.rule.name(), &k.key, Instant::now() + left);
+                    self.metrics.banned(
+                        r.rule.name(),
+                        k.key(&admitted.identity),
+                        Instant::now() + left,
+                    );
                 }
-                tracing::info!(rule = r.rule.name(), key = %k.key, reason = reason.as_str(), shadow = r.rule.is_shadow(), "rejected");
+                tracing::info!(
+                    rule = r.rule.name(),
+                    key = k.key(&admitted.identity),
+                    reason = reason.as_str(),
+                    shadow = r.rule.is_shadow(),
+                    "rejected"
+                );
             }
         }
         if !d.allowed {
@@ -363,7 +394,8 @@ impl Gateway {
         for &i in &admitted.settle {
             let k = &admitted.keyed[i];
             let rule = &live.config.rules[k.rule];
-            let op = Op::grouped(&rule.rule, &k.key, &k.group);
+            let id = &admitted.identity;
+            let op = Op::grouped(&rule.rule, k.key(id), k.group(id));
             if live
                 .limiter
                 .store()
