@@ -31,7 +31,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
-use ratewarden::HeaderField;
+use ratewarden::FieldRef;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -450,20 +450,44 @@ fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Appends the rate-limit header fields of a decision.
-fn push_rate_fields(out: &mut Vec<u8>, fields: &[(&'static str, HeaderField)]) {
-    let mut digits = itoa::Buffer::new();
-    for (name, value) in fields {
-        match value {
-            HeaderField::Number(n) => {
-                push_field(out, name.as_bytes(), digits.format(*n).as_bytes())
+/// A decision's rate-limit header fields as header lines, and their names
+/// (an upstream field of the same name gives way to ours). Kept per
+/// connection: rendering allocates nothing once the buffers have grown.
+#[derive(Default)]
+struct RateFields {
+    lines: Vec<u8>,
+    names: Vec<&'static str>,
+    scratch: String,
+}
+
+impl RateFields {
+    fn render(&mut self, d: Option<&ratewarden::Decision>, style: ratewarden::HeaderStyle) {
+        self.lines.clear();
+        self.names.clear();
+        let Some(d) = d else { return };
+        let (lines, names) = (&mut self.lines, &mut self.names);
+        let mut digits = itoa::Buffer::new();
+        d.visit_header_fields(style, &mut self.scratch, |name, value| {
+            let text = match value {
+                FieldRef::Number(n) => digits.format(n),
+                FieldRef::Text(t) => t,
+            };
+            // The test `HeaderValue` applies: visible ASCII, spaces, tabs.
+            if text
+                .bytes()
+                .all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
+            {
+                push_field(lines, name.as_bytes(), text.as_bytes());
+                names.push(name);
             }
-            // The same test `HeaderValue` applies: visible ASCII, spaces, tabs.
-            HeaderField::Text(t) if t.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)) => {
-                push_field(out, name.as_bytes(), t.as_bytes());
-            }
-            HeaderField::Text(_) => {}
-        }
+        });
+    }
+
+    /// Whether one of the fields is named `name`.
+    fn sets(&self, name: &[u8]) -> bool {
+        self.names
+            .iter()
+            .any(|n| n.as_bytes().eq_ignore_ascii_case(name))
     }
 }
 
@@ -497,6 +521,8 @@ struct Conn {
     fields: Vec<(Range<usize>, Range<usize>)>,
     /// Header offsets of the response in `up`.
     up_fields: Vec<(Range<usize>, Range<usize>)>,
+    /// The decision's header lines.
+    rate: RateFields,
     /// The upstream deadline, reset per request (a new tokio timer per
     /// request measured 4.5% of forwarding throughput; see upstream.rs).
     timer: Option<Pin<Box<Sleep>>>,
@@ -525,6 +551,7 @@ where
         up: BytesMut::new(),
         fields: Vec::new(),
         up_fields: Vec::new(),
+        rate: RateFields::default(),
         timer: None,
     };
     let mut stopping = pin!(async move {
@@ -585,7 +612,7 @@ where
             .await
         {
             Err(Refusal::Limited(d)) => {
-                write_rejection(&mut c.out, &d, &live, head.close);
+                write_rejection(&mut c.out, &mut c.rate, &d, &live, head.close);
                 io.write_all(&c.out).await?;
                 drop(answering);
                 !head.close
@@ -678,7 +705,13 @@ async fn write_answer<S: AsyncWrite + Unpin>(
 
 /// A rejection, whole, in `out`: what [`crate::gateway::rejection`] answers
 /// on hyper's path, written without a `HeaderMap` or a body to collect.
-fn write_rejection(out: &mut Vec<u8>, d: &ratewarden::Decision, live: &Live, close: bool) {
+fn write_rejection(
+    out: &mut Vec<u8>,
+    rate: &mut RateFields,
+    d: &ratewarden::Decision,
+    live: &Live,
+    close: bool,
+) {
     let status = live.config.status;
     let body = d
         .problem_json(status.as_u16())
@@ -686,7 +719,8 @@ fn write_rejection(out: &mut Vec<u8>, d: &ratewarden::Decision, live: &Live, clo
     out.clear();
     status_line(out, status, None);
     push_field(out, b"content-type", b"application/problem+json");
-    push_rate_fields(out, &d.header_fields(live.config.headers));
+    rate.render(Some(d), live.config.headers);
+    out.extend_from_slice(&rate.lines);
     push_field(
         out,
         b"content-length",
@@ -858,16 +892,11 @@ impl Conn {
     /// fields minus hop-by-hop ones, the framing this hop uses, the
     /// decision's rate-limit fields.
     fn response_head(&mut self, resp: &UpHead, to: &Forward<'_>, close: bool) {
-        let (up, out) = (&self.up, &mut self.out);
+        let (up, out, rate) = (&self.up, &mut self.out, &mut self.rate);
         out.clear();
         let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);
         status_line(out, status, Some(&up[resp.reason.clone()]));
-        let rate = to
-            .admitted
-            .decision
-            .as_ref()
-            .map(|d| d.header_fields(to.live.config.headers))
-            .unwrap_or_default();
+        rate.render(to.admitted.decision.as_ref(), to.live.config.headers);
         for (name, value) in &self.up_fields {
             let name_bytes = &up[name.clone()];
             let dropped = is_hop_by_hop(name_bytes)
@@ -875,9 +904,7 @@ impl Conn {
                     .listed
                     .iter()
                     .any(|l| up[l.clone()].eq_ignore_ascii_case(name_bytes))
-                || rate
-                    .iter()
-                    .any(|(r, _)| r.as_bytes().eq_ignore_ascii_case(name_bytes))
+                || rate.sets(name_bytes)
                 || (resp.framing == Framing::Chunked
                     && name_bytes.eq_ignore_ascii_case(b"content-length"));
             if !dropped {
@@ -893,7 +920,7 @@ impl Conn {
         if close {
             push_field(out, b"connection", b"close");
         }
-        push_rate_fields(out, &rate);
+        out.extend_from_slice(&rate.lines);
         out.extend_from_slice(b"\r\n");
     }
 }

@@ -144,56 +144,89 @@ impl Decision {
     /// assert_eq!(h[4].1.to_string(), "\"per-client\";r=49;t=60");
     /// ```
     pub fn header_fields(&self, style: HeaderStyle) -> Vec<(&'static str, HeaderField)> {
-        use HeaderField::Number;
+        let mut out = Vec::with_capacity(7);
+        self.visit_header_fields(style, &mut String::new(), |name, value| {
+            out.push((name, value.into_owned()));
+        });
+        out
+    }
+
+    /// The fields of [`header_fields`](Self::header_fields), handed to
+    /// `field` one by one; text values are written into `scratch` (cleared
+    /// first) and lent. With a `scratch` kept from response to response this
+    /// allocates nothing, which an HTTP/1 writer can use.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ratewarden::{Decision, FieldRef, HeaderStyle, Rule, RuleDecision};
+    /// # let rule = Rule::builder("api").limit(5, Duration::from_secs(10)).build().unwrap();
+    /// # let d = Decision { allowed: true, delay: Duration::ZERO, rules: vec![RuleDecision {
+    /// #     rule, key: "k".into(), reason: None, remaining: 4,
+    /// #     reset_after: Duration::from_secs(2), retry_after: None }] };
+    /// let mut lines = String::new();
+    /// d.visit_header_fields(HeaderStyle::default(), &mut String::new(), |name, value| {
+    ///     lines.push_str(&format!("{name}: {value}\n"));
+    /// });
+    /// assert!(lines.ends_with("RateLimit: \"api\";r=4;t=2\n"), "{lines}");
+    /// ```
+    pub fn visit_header_fields(
+        &self,
+        style: HeaderStyle,
+        scratch: &mut String,
+        mut field: impl FnMut(&'static str, FieldRef<'_>),
+    ) {
+        use FieldRef::Number;
         // Built with `push_str` and our own integer writer rather than
         // `format!`: this runs on every limited response.
-        let mut out = Vec::with_capacity(7);
         let retry = self.retry_after_secs();
         if let Some(secs) = retry {
-            out.push(("Retry-After", Number(secs)));
+            field("Retry-After", Number(secs));
         }
         if style.legacy
             && let Some(b) = self.binding()
         {
-            out.push(("X-RateLimit-Limit", Number(b.rule.limit())));
-            out.push(("X-RateLimit-Remaining", Number(b.remaining)));
+            field("X-RateLimit-Limit", Number(b.rule.limit()));
+            field("X-RateLimit-Remaining", Number(b.remaining));
             let reset = ceil_secs(b.reset_after).max(retry.unwrap_or(0));
-            out.push(("X-RateLimit-Reset", Number(reset)));
+            field("X-RateLimit-Reset", Number(reset));
             if let Some(secs) = retry {
-                out.push(("X-RateLimit-Retry-After", Number(secs)));
+                field("X-RateLimit-Retry-After", Number(secs));
             }
         }
         if style.ietf && self.enforced().next().is_some() {
-            let mut policy = String::with_capacity(64);
-            let mut state = String::with_capacity(64);
+            scratch.clear();
             for r in self.enforced() {
-                if !policy.is_empty() {
-                    policy.push_str(", ");
-                    state.push_str(", ");
+                if !scratch.is_empty() {
+                    scratch.push_str(", ");
                 }
                 // Rule names are validated printable ASCII without `"` or `\`,
                 // so they are valid sf-strings as they are.
-                policy.push('"');
-                policy.push_str(r.rule.name());
-                policy.push_str("\";q=");
-                push_u64(&mut policy, r.rule.limit());
-                policy.push_str(";w=");
-                push_u64(&mut policy, ceil_secs(r.rule.window()));
+                scratch.push('"');
+                scratch.push_str(r.rule.name());
+                scratch.push_str("\";q=");
+                push_u64(scratch, r.rule.limit());
+                scratch.push_str(";w=");
+                push_u64(scratch, ceil_secs(r.rule.window()));
+            }
+            field("RateLimit-Policy", FieldRef::Text(scratch));
+            scratch.clear();
+            for r in self.enforced() {
+                if !scratch.is_empty() {
+                    scratch.push_str(", ");
+                }
                 let mut t = ceil_secs(r.reset_after);
                 if !r.allowed() {
                     t = t.max(ceil_secs(r.retry_after.unwrap_or(r.reset_after)).max(1));
                 }
-                state.push('"');
-                state.push_str(r.rule.name());
-                state.push_str("\";r=");
-                push_u64(&mut state, r.remaining);
-                state.push_str(";t=");
-                push_u64(&mut state, t);
+                scratch.push('"');
+                scratch.push_str(r.rule.name());
+                scratch.push_str("\";r=");
+                push_u64(scratch, r.remaining);
+                scratch.push_str(";t=");
+                push_u64(scratch, t);
             }
-            out.push(("RateLimit-Policy", HeaderField::Text(policy)));
-            out.push(("RateLimit", HeaderField::Text(state)));
+            field("RateLimit", FieldRef::Text(scratch));
         }
-        out
     }
 
     /// The RFC 9457 problem body of a rejection (`application/problem+json`),
@@ -251,6 +284,35 @@ pub enum HeaderField {
     Number(u64),
     /// A structured field (`RateLimit-Policy`, `RateLimit`).
     Text(String),
+}
+
+/// The value of one rate-limit header, lent (see
+/// [`Decision::visit_header_fields`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldRef<'a> {
+    /// A count or a number of seconds.
+    Number(u64),
+    /// A structured field.
+    Text(&'a str),
+}
+
+impl FieldRef<'_> {
+    /// An owned copy.
+    pub fn into_owned(self) -> HeaderField {
+        match self {
+            Self::Number(n) => HeaderField::Number(n),
+            Self::Text(t) => HeaderField::Text(t.to_owned()),
+        }
+    }
+}
+
+impl std::fmt::Display for FieldRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Number(n) => write!(f, "{n}"),
+            Self::Text(t) => f.write_str(t),
+        }
+    }
 }
 
 impl HeaderField {

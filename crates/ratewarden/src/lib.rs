@@ -46,7 +46,7 @@ mod limiter;
 pub mod rule;
 pub mod store;
 
-pub use decision::{Decision, HeaderField, HeaderStyle, RuleDecision};
+pub use decision::{Decision, FieldRef, HeaderField, HeaderStyle, RuleDecision};
 pub use limiter::{Admission, Limiter, Pending, assemble};
 pub use rule::{Counting, KeyState, Marks, Penalty, Reason, Rule, RuleError, RuleSpec, Verdict};
 pub use store::memory::MemoryStore;
