@@ -16,7 +16,7 @@ use ratewarden::{Decision, Limiter, Op, Reason, Store};
 use ratewarden_tower::insert_headers;
 
 use crate::config::{Config, IdentityFrom, KeyPart, Missing, StoreSpec, Upstream};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RuleCounts};
 use crate::store::AnyStore;
 use crate::upstream::{Pool, UpstreamError};
 
@@ -38,21 +38,34 @@ pub struct Live {
     /// header, forwarding headers): the HTTP/1.1 path builds a `HeaderMap`
     /// only then.
     pub reads_headers: bool,
+    /// Each rule's decision counts, by rule index.
+    counts: Vec<Arc<RuleCounts>>,
 }
 
 impl Live {
-    fn new(config: Config, limiter: Limiter<AnyStore>, pool: Option<Arc<Pool>>) -> Self {
+    fn new(
+        config: Config,
+        limiter: Limiter<AnyStore>,
+        pool: Option<Arc<Pool>>,
+        metrics: &Metrics,
+    ) -> Self {
         let reads_headers = matches!(config.identity.from, IdentityFrom::Header(_))
             || config.identity.client_ip.forwarded
             || config
                 .rules
                 .iter()
                 .any(|r| r.key.iter().any(|k| matches!(k, KeyPart::Header(_))));
+        let counts = config
+            .rules
+            .iter()
+            .map(|r| metrics.counts(r.rule.name()))
+            .collect();
         Self {
             config,
             limiter,
             pool,
             reads_headers,
+            counts,
         }
     }
 }
@@ -187,10 +200,11 @@ impl Gateway {
     ) -> Result<Arc<Self>, ratewarden::StoreError> {
         let store = AnyStore::new(&config.store, clock.clone())?;
         let pool = pool_for(&config.upstream, None);
+        let metrics = Metrics::default();
         Ok(Arc::new(Self {
-            live: ArcSwap::from_pointee(Live::new(config, Limiter::new(store), pool)),
+            live: ArcSwap::from_pointee(Live::new(config, Limiter::new(store), pool, &metrics)),
             clock,
-            metrics: Metrics::default(),
+            metrics,
         }))
     }
 
@@ -211,8 +225,12 @@ impl Gateway {
         };
         // Same upstream: keep its warm connections.
         let pool = pool_for(&config.upstream, old.pool.as_ref());
-        self.live
-            .store(Arc::new(Live::new(config, Limiter::new(store), pool)));
+        self.live.store(Arc::new(Live::new(
+            config,
+            Limiter::new(store),
+            pool,
+            &self.metrics,
+        )));
         Ok(())
     }
 
@@ -349,7 +367,7 @@ impl Gateway {
                 (false, true) => "shadow_rejected",
                 (false, false) => "rejected",
             };
-            self.metrics.request(r.rule.name(), label);
+            live.counts[k.rule].add(label);
             if let Some(reason) = r.reason {
                 let banned = reason == Reason::Banned
                     || (reason == Reason::Limit && r.rule.spec().penalty.is_some());

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -57,12 +58,25 @@ impl Histogram {
     }
 }
 
+/// One rule's decisions: allowed, rejected, shadow_rejected.
+#[derive(Default)]
+pub struct RuleCounts([AtomicU64; 3]);
+
+impl RuleCounts {
+    /// Counts one `allowed`, `rejected` or `shadow_rejected` decision.
+    pub fn add(&self, decision: &'static str) {
+        let i = DECISIONS.iter().position(|d| *d == decision).unwrap_or(1);
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The gateway's metrics.
 #[derive(Default)]
 pub struct Metrics {
-    /// Per rule: [allowed, rejected, shadow_rejected]; looked up by `&str`,
-    /// so counting allocates only for a rule's first request.
-    requests: Mutex<HashMap<String, [u64; 3]>>,
+    /// Per rule name, kept across reloads. The request path counts on the
+    /// `Arc`s it resolved when the config was loaded (see [`Self::counts`]):
+    /// no lock and no lookup per decision.
+    requests: Mutex<HashMap<String, Arc<RuleCounts>>>,
     decision: Histogram,
     upstream: Histogram,
     reloads_ok: AtomicU64,
@@ -73,18 +87,18 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// The decision counts of `rule`, created on first use.
+    pub fn counts(&self, rule: &str) -> Arc<RuleCounts> {
+        let mut m = self.requests.lock();
+        match m.get(rule) {
+            Some(c) => c.clone(),
+            None => m.entry(rule.to_owned()).or_default().clone(),
+        }
+    }
+
     /// Counts one decision of `rule`: `allowed`, `rejected`, or `shadow_rejected`.
     pub fn request(&self, rule: &str, decision: &'static str) {
-        let i = DECISIONS.iter().position(|d| *d == decision).unwrap_or(1);
-        let mut m = self.requests.lock();
-        match m.get_mut(rule) {
-            Some(n) => n[i] += 1,
-            None => {
-                let mut n = [0; 3];
-                n[i] = 1;
-                m.insert(rule.to_owned(), n);
-            }
-        }
+        self.counts(rule).add(decision);
     }
 
     /// Time spent deciding.
@@ -132,7 +146,7 @@ impl Metrics {
             .requests
             .lock()
             .iter()
-            .map(|(k, v)| (k.clone(), *v))
+            .map(|(k, v)| (k.clone(), v.0.each_ref().map(|n| n.load(Ordering::Relaxed))))
             .collect();
         rows.sort();
         for (rule, counts) in rows {

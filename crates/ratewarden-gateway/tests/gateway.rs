@@ -249,6 +249,15 @@ async fn twenty_per_minute_under_100_concurrent(yaml: &str) {
     }
     assert_eq!(ok, 20);
     assert_eq!(up.hits(), 20);
+    // Every decision is counted once, under the rule's name.
+    let admin = gw.admin.expect("admin listener");
+    let metrics = send(admin, "GET", "/metrics", &[], "").await.body;
+    for line in [
+        "ratewarden_requests_total{rule=\"per-ip\",decision=\"allowed\"} 20\n",
+        "ratewarden_requests_total{rule=\"per-ip\",decision=\"rejected\"} 80\n",
+    ] {
+        assert!(metrics.contains(line), "{line:?} missing from\n{metrics}");
+    }
     gw.shutdown().await;
 }
 
