@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Alternating A/B of two ratewarden builds on one config: which one is faster?
+#
+#   bash bench/ab.sh CONFIG.yaml BIN_A BIN_B [ROUNDS]     # ROUNDS=3, D=5 (seconds)
+#
+# Each round runs A then B as a proxy (--workers 1) pinned to CPU 0, in front of
+# an nginx `return 200` origin on CPU 1, under `wrk -t2 -c64` on CPU 1, and
+# prints for each run the requests per second and the proxy's CPU per request
+# (user + system, from /proc/PID/stat over the wrk run, divided by the requests
+# wrk completed). When wrk saturates CPU 1 (the rejecting path), only the CPU
+# per request tells the builds apart. Means per build at the end. Everything on
+# 127.0.0.1, bounded by D, stopped at the end. Needs nginx and wrk (see gateway.sh).
+set -euo pipefail
+CONF=$1; A=$2; B=$3; ROUNDS=${4:-3}; D=${D:-5}
+command -v nginx >/dev/null && command -v wrk >/dev/null || {
+  apt-get update -qq && apt-get install -y -qq nginx-light wrk; }
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
+UP=$(port); RW=$(port)
+mkdir -p "$WORK/origin/logs"
+cat > "$WORK/origin/nginx.conf" <<NGINX
+worker_processes 1;
+error_log $WORK/origin/logs/error.log crit;
+pid $WORK/origin/nginx.pid;
+daemon off;
+events { worker_connections 4096; }
+http { access_log off; server { listen 127.0.0.1:$UP; location / { return 200 "ok\n"; } } }
+NGINX
+taskset -c 1 nginx -p "$WORK/origin" -c "$WORK/origin/nginx.conf" & PIDS+=($!)
+wait_port "$UP"
+TICK=$(getconf CLK_TCK)
+for _ in $(seq "$ROUNDS"); do
+  for bin in "$A" "$B"; do
+    RUST_LOG=off taskset -c 0 "$bin" serve -c "$CONF" --listen 127.0.0.1:$RW --upstream http://127.0.0.1:$UP --workers 1 > /dev/null &
+    P=$!
+    wait_port "$RW"
+    t0=$(awk '{print $14 + $15}' /proc/$P/stat)
+    out=$(taskset -c 1 wrk -t2 -c64 -d${D}s http://127.0.0.1:$RW/)
+    t1=$(awk '{print $14 + $15}' /proc/$P/stat)
+    kill $P; wait $P 2>/dev/null || true
+    n=$(awk '/requests in/ {print $1}' <<< "$out")
+    rps=$(awk '/Requests\/sec/ {print $2}' <<< "$out")
+    awk -v b="$bin" -v r="$rps" -v t="$((t1 - t0))" -v n="$n" -v k="$TICK" \
+      'BEGIN { printf "%-40s %10.0f req/s %7.3f us CPU/req\n", b, r, t * 1e6 / k / n }'
+  done
+done | awk '{ print; r[$1] += $2; c[$1] += $4; m[$1]++ }
+  END { for (b in r) printf "mean %-35s %10.0f req/s %7.3f us CPU/req\n", b, r[b] / m[b], c[b] / m[b] }'
