@@ -17,6 +17,7 @@ use ratewarden_tower::insert_headers;
 
 use crate::config::{Config, IdentityFrom, KeyPart, Missing, StoreSpec, Upstream};
 use crate::metrics::{Metrics, RuleCounts};
+use crate::proxy::is_hop_by_hop;
 use crate::store::AnyStore;
 use crate::upstream::{Pool, UpstreamError};
 
@@ -107,18 +108,6 @@ pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Bod
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
 /// Removes the hop-by-hop headers and those `Connection` names. One pass
 /// over the names present (a handful), then hashed removals of only those
 /// found: this runs twice per proxied request, and upstreams commonly send
@@ -126,7 +115,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 fn strip_hop_by_hop(h: &mut HeaderMap) {
     let mut found: Vec<HeaderName> = h
         .keys()
-        .filter(|k| HOP_BY_HOP.contains(k))
+        .filter(|k| is_hop_by_hop(k.as_str().as_bytes()))
         .cloned()
         .collect();
     if found.is_empty() {

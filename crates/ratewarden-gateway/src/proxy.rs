@@ -68,7 +68,8 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
-fn is_hop_by_hop(name: &[u8]) -> bool {
+/// Whether `name` (any case) is a hop-by-hop header.
+pub(crate) fn is_hop_by_hop(name: &[u8]) -> bool {
     HOP_BY_HOP
         .iter()
         .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
