@@ -771,14 +771,13 @@ impl Conn {
                 .timer
                 .insert(Box::pin(tokio::time::sleep_until(deadline))),
         };
-        let head_request = head.method == Method::HEAD;
         let answered = exchange_head(
             to.pool,
             timer,
             &self.out,
             &mut self.up,
             &mut self.up_fields,
-            head_request,
+            &head.method,
         )
         .await;
         to.gw.metrics.upstream_time(started.elapsed());
@@ -939,18 +938,21 @@ fn with_rate_headers(mut answer: Response<Body>, to: &Forward<'_>) -> Response<B
 }
 
 /// Sends `request` on a pooled connection (or a new one) and reads the
-/// response head into `up`, all before `timer` fires. A pooled connection
-/// the upstream closed meanwhile fails before any byte of answer; the
-/// request (whose body is buffered whole) is then sent once more on a new
-/// connection, within the same deadline.
+/// response head into `up`, all before `timer` fires. Pooled connections the
+/// upstream has closed are skipped (see [`Pool::take_stream`]). One it closes
+/// just as the request goes out fails before any byte of answer; the request
+/// (its body is buffered whole) is then sent once more on a new connection,
+/// within the same deadline, if its method is idempotent: the upstream may
+/// have acted on it before closing, and like nginx we never repeat a POST.
 async fn exchange_head(
     pool: &Pool,
     timer: &mut Pin<Box<Sleep>>,
     request: &[u8],
     up: &mut BytesMut,
     fields: &mut Vec<(Range<usize>, Range<usize>)>,
-    head_request: bool,
+    method: &Method,
 ) -> Result<(TcpStream, UpHead), Failed> {
+    let head_request = method == Method::HEAD;
     let mut pooled = pool.take_stream();
     loop {
         let reused = pooled.is_some();
@@ -972,7 +974,7 @@ async fn exchange_head(
         match sent {
             None => return Err(Failed::Timeout),
             Some(Ok(resp)) => return Ok((stream, resp)),
-            Some(Err(_)) if reused && up.is_empty() => {
+            Some(Err(_)) if reused && up.is_empty() && method.is_idempotent() => {
                 pooled = None;
                 continue;
             }

@@ -79,11 +79,19 @@ impl Pool {
         })
     }
 
-    /// An idle connection of the HTTP/1.1 path, if any. It may have been
-    /// closed by the upstream meanwhile: the caller finds out on its first
-    /// exchange and retries on a new one.
+    /// An idle connection of the HTTP/1.1 path, if any. Connections that
+    /// became readable while idle are dropped: an idle connection has nothing
+    /// to read but the upstream's close (or garbage). This asks tokio's
+    /// readiness, which the reactor set when the event arrived: no system
+    /// call. A close still in flight is caught by the caller's retry.
     pub fn take_stream(&self) -> Option<TcpStream> {
-        self.streams.lock().pop()
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        loop {
+            let stream = self.streams.lock().pop()?;
+            if stream.poll_read_ready(&mut cx).is_pending() {
+                return Some(stream);
+            }
+        }
     }
 
     /// Gives back a connection whose last response was read to its end.

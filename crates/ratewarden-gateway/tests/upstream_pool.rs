@@ -18,7 +18,9 @@ const RULES: &str = "rules:\n  - name: open\n    limit: 1000\n    window: 1s\n";
 /// `/big` answers 4 MiB, `/empty` answers 204, `/slow` answers `ok` after
 /// 2 s, `/chunked` answers a chunked body in two writes, `/until-close`
 /// answers a body that ends when it closes, `/drop-later` answers and then
-/// closes the kept-alive connection 50 ms later without saying so, `/echo`
+/// closes the kept-alive connection 50 ms later without saying so,
+/// `/vanish` closes without answering unless it is its connection's first
+/// request, `/echo`
 /// answers the request it read (head and body); anything else `ok` at
 /// once. Counts the connections it accepted.
 struct RawUpstream {
@@ -52,7 +54,7 @@ fn find(buf: &[u8], pattern: &[u8]) -> Option<usize> {
 
 async fn serve_conn(mut s: TcpStream) {
     let mut buf = Vec::new();
-    loop {
+    for served in 0.. {
         if !read_until(&mut s, &mut buf, |b| find(b, b"\r\n\r\n").is_some()).await {
             return;
         }
@@ -88,6 +90,9 @@ async fn serve_conn(mut s: TcpStream) {
         let path = path.strip_prefix("/base").unwrap_or(path).to_owned();
         if path == "/slow" {
             tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        if path == "/vanish" && served > 0 {
+            return;
         }
         let out: Vec<u8> = match path.as_str() {
             "/close" => {
@@ -363,8 +368,10 @@ async fn what_the_http1_path_does_not_take_is_served_by_hyper() {
 async fn a_pooled_connection_the_upstream_dropped_is_replaced_without_an_error() {
     let up = RawUpstream::start().await;
     let gw = gateway(RULES, &format!("http://{}", up.addr), None).await;
+    // POSTs: never sent twice, so each must find its pooled connection
+    // closed before sending, not by failing on it.
     for i in 0..3 {
-        let r = send(gw.listen, "GET", "/drop-later", &[], "").await;
+        let r = send(gw.listen, "POST", "/drop-later", &[], "x").await;
         assert_eq!(
             (r.status.as_u16(), r.body.as_str()),
             (200, "ok"),
@@ -374,5 +381,23 @@ async fn a_pooled_connection_the_upstream_dropped_is_replaced_without_an_error()
         tokio::time::sleep(Duration::from_millis(120)).await;
     }
     assert_eq!(up.conns(), 3, "each round needed a new connection");
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_request_the_upstream_drops_unanswered_is_repeated_only_if_idempotent() {
+    let up = RawUpstream::start().await;
+    let gw = gateway(RULES, &format!("http://{}", up.addr), None).await;
+    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    assert_eq!(up.conns(), 1);
+    // The kept-alive connection takes the GET and closes without a word: the
+    // GET is sent again on a new connection (where it is the first request).
+    let r = send(gw.listen, "GET", "/vanish", &[], "").await;
+    assert_eq!((r.status.as_u16(), r.body.as_str()), (200, "ok"));
+    assert_eq!(up.conns(), 2);
+    // A POST is never sent twice: the upstream may have acted on it.
+    let r = send(gw.listen, "POST", "/vanish", &[], "x").await;
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert_eq!(up.conns(), 2, "no second connection for a retry");
     gw.shutdown().await;
 }
