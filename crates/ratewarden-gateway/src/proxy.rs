@@ -714,9 +714,7 @@ fn write_rejection(
     close: bool,
 ) {
     let status = live.config.status;
-    let body = d
-        .problem_json(status.as_u16())
-        .unwrap_or_else(|| ratewarden::decision::problem(status.as_u16(), None));
+    let body = d.rejection_body(status.as_u16());
     out.clear();
     status_line(out, status, None);
     push_field(out, b"content-type", b"application/problem+json");

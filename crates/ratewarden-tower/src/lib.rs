@@ -310,9 +310,7 @@ pub fn rejection_response(
     status: StatusCode,
     style: HeaderStyle,
 ) -> Response<Full<Bytes>> {
-    let body = decision
-        .problem_json(status.as_u16())
-        .unwrap_or_else(|| problem(status.as_u16(), None));
+    let body = decision.rejection_body(status.as_u16());
     let mut resp = problem_full(status, body);
     // Room for the seven rate-limit headers: no regrowth.
     resp.headers_mut().reserve(7);

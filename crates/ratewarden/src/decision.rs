@@ -229,6 +229,13 @@ impl Decision {
         }
     }
 
+    /// The body to answer a rejection with: [`problem_json`](Self::problem_json),
+    /// or a plain problem of `status` when the decision admitted the request.
+    pub fn rejection_body(&self, status: u16) -> String {
+        self.problem_json(status)
+            .unwrap_or_else(|| problem(status, None))
+    }
+
     /// The RFC 9457 problem body of a rejection (`application/problem+json`),
     /// `None` when the request was admitted.
     pub fn problem_json(&self, status: u16) -> Option<String> {
