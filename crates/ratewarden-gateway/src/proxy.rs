@@ -55,6 +55,10 @@ pub const MAX_BODY: usize = 64 * 1024;
 const MAX_UPSTREAM_HEAD: usize = 64 * 1024;
 /// Bytes read from the upstream at a time while relaying a body.
 const RELAY: usize = 64 * 1024;
+/// A connection's buffers grown past this by a large request or answer are
+/// given back after it: a kept-alive connection holds ~16 KiB between
+/// requests, not the 64 KiB a large body needed.
+const KEEP_BUFFER: usize = 16 * 1024;
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [&str; 8] = [
@@ -641,6 +645,7 @@ where
         if !keep {
             return Ok(());
         }
+        c.trim();
     }
 }
 
@@ -747,6 +752,21 @@ fn status_line(out: &mut Vec<u8>, status: StatusCode, reason: Option<&[u8]>) {
 }
 
 impl Conn {
+    /// Gives back the upstream buffer (an idle connection does not need it;
+    /// mimalloc hands it back next time at the cost of a thread-local free
+    /// list pop) and buffers a large request or answer grew (see
+    /// [`KEEP_BUFFER`]).
+    fn trim(&mut self) {
+        self.up = BytesMut::new();
+        if self.out.capacity() > KEEP_BUFFER {
+            self.out = Vec::with_capacity(4096);
+        }
+        // Unless it holds the start of a pipelined request.
+        if self.input.capacity() > KEEP_BUFFER && self.input.is_empty() {
+            self.input = BytesMut::with_capacity(4096);
+        }
+    }
+
     /// Forwards the request in `input` and relays the answer; `Ok(false)`
     /// when the client connection must close afterwards.
     async fn exchange<S: AsyncWrite + Unpin>(
