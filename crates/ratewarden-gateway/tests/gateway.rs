@@ -373,10 +373,12 @@ async fn deny_answers_403_allow_is_never_limited_and_hop_by_hop_headers_are_drop
 
 #[tokio::test]
 async fn upstream_down_or_slow_is_502_or_504_with_a_problem_body() {
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    // A port held for the whole test, bound but never listening: connecting
+    // is refused, and no other test's server can take it meanwhile (a port
+    // bound and released could be, and then answered 404).
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let dead = held.local_addr().unwrap();
     let gw = gateway("rules: []\n", &format!("http://{dead}"), None).await;
     let r = send(gw.listen, "GET", "/", &[], "").await;
     assert_eq!(r.status, 502);
