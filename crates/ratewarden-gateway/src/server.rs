@@ -247,13 +247,15 @@ async fn housekeeping(
             _ = hup_signal => {
                 tracing::info!("SIGHUP: reloading");
                 if let Some(path) = &source.path {
-                    last = std::fs::read_to_string(path).ok();
+                    last = tokio::fs::read_to_string(path).await.ok();
                 }
                 reload(&gw, &source, last.as_deref());
             }
             _ = poll.tick() => {
                 let Some(path) = &source.path else { continue };
-                let now = std::fs::read_to_string(path).ok();
+                // On tokio's blocking pool: a slow disk must not stall the
+                // request thread twice a second.
+                let now = tokio::fs::read_to_string(path).await.ok();
                 if now.is_some() && now != last {
                     tracing::info!(file = %path.display(), "config file changed: reloading");
                     last = now;
