@@ -156,6 +156,15 @@ pub(crate) enum Refusal {
     Answer(Response<Body>),
 }
 
+impl Admitted {
+    /// Adds the decision's rate-limit headers (none when no rule matched).
+    pub(crate) fn add_headers(&self, headers: &mut HeaderMap, style: ratewarden::HeaderStyle) {
+        if let Some(d) = &self.decision {
+            insert_headers(headers, d.header_fields(style));
+        }
+    }
+}
+
 /// A matched rule's key and group for one request. Most keys are the
 /// identity alone (`key: [identity]`, the default) and most groups are the
 /// identity: those borrow it rather than copy it per rule and request.
@@ -251,9 +260,7 @@ impl Gateway {
             }
         };
         self.settle(&live, &admitted, resp.status().as_u16()).await;
-        if let Some(d) = &admitted.decision {
-            insert_headers(resp.headers_mut(), d.header_fields(live.config.headers));
-        }
+        admitted.add_headers(resp.headers_mut(), live.config.headers);
         resp
     }
 

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
@@ -60,15 +61,28 @@ impl Drop for Answering {
 }
 
 /// A stream that records on `activity` every read or write that moved bytes.
+/// It can also be given back bytes already read from it ([`Self::unread`]),
+/// which is how a connection goes from the HTTP/1.1 path to hyper.
 pub struct Watched<S> {
     inner: S,
     activity: Arc<Activity>,
+    unread: Bytes,
 }
 
 impl<S> Watched<S> {
     /// Watches `inner`.
     pub fn new(inner: S, activity: Arc<Activity>) -> Self {
-        Self { inner, activity }
+        Self {
+            inner,
+            activity,
+            unread: Bytes::new(),
+        }
+    }
+
+    /// `bytes` (read from this stream earlier) are read again before
+    /// anything more from the stream.
+    pub fn unread(&mut self, bytes: Bytes) {
+        self.unread = bytes;
     }
 
     fn moved(&self) {
@@ -82,6 +96,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if !self.unread.is_empty() {
+            let n = self.unread.len().min(buf.remaining());
+            buf.put_slice(&self.unread[..n]);
+            self.unread.advance(n);
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {

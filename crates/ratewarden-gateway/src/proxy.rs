@@ -24,22 +24,22 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Instant;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratewarden::FieldRef;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Sleep;
 
 use crate::config::Upstream;
 use crate::gateway::{Admitted, Body, Gateway, Live, Refusal, problem_response};
-use crate::idle::Activity;
+use crate::idle::{Activity, Watched};
 use crate::upstream::Pool;
 
 /// Longest request head this path reads; longer ones go to hyper (which
@@ -77,66 +77,6 @@ pub(crate) fn is_hop_by_hop(name: &[u8]) -> bool {
     HOP_BY_HOP
         .iter()
         .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
-}
-
-/// A client stream whose first bytes were already read: they are read again
-/// first. This is how a connection goes over to hyper.
-pub struct Prefixed<S> {
-    prefix: Bytes,
-    inner: S,
-}
-
-impl<S> Prefixed<S> {
-    /// `inner`, preceded by `prefix`.
-    pub fn new(prefix: Bytes, inner: S) -> Self {
-        Self { prefix, inner }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.prefix.is_empty() {
-            return Pin::new(&mut self.inner).poll_read(cx, buf);
-        }
-        let n = self.prefix.len().min(buf.remaining());
-        buf.put_slice(&self.prefix[..n]);
-        self.prefix.advance(n);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, data)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }
 
 /// A parsed request head: where its parts are in the connection's buffer.
@@ -538,7 +478,7 @@ struct Conn {
 /// client closes, asks to, or `stop` turns true between requests.
 pub async fn serve_connection<S, H, F, E>(
     gw: Arc<Gateway>,
-    mut io: S,
+    mut io: Watched<S>,
     peer: SocketAddr,
     activity: Arc<Activity>,
     mut stop: watch::Receiver<bool>,
@@ -546,7 +486,7 @@ pub async fn serve_connection<S, H, F, E>(
 ) -> Result<(), E>
 where
     S: AsyncRead + AsyncWrite + Unpin,
-    H: FnOnce(Prefixed<S>) -> F,
+    H: FnOnce(Watched<S>) -> F,
     F: Future<Output = Result<(), E>>,
     E: From<io::Error>,
 {
@@ -568,7 +508,7 @@ where
                 match parse_request(&c.input, &mut c.fields) {
                     Parsed::Complete(h) => break h,
                     Parsed::Partial if c.input.len() < MAX_HEAD => {}
-                    _ => return hyper(Prefixed::new(c.input.freeze(), io)).await,
+                    _ => return hand_over(io, c.input, hyper).await,
                 }
             }
             // A head ends with a line feed: bytes without one (a client
@@ -599,10 +539,10 @@ where
         }
         let live = gw.live();
         let (Upstream::Url(base), Some(pool)) = (&live.config.upstream, &live.pool) else {
-            return hyper(Prefixed::new(c.input.freeze(), io)).await;
+            return hand_over(io, c.input, hyper).await;
         };
         if base.scheme_str() == Some("https") {
-            return hyper(Prefixed::new(c.input.freeze(), io)).await;
+            return hand_over(io, c.input, hyper).await;
         }
         let answering = activity.answering();
         let headers = if live.reads_headers {
@@ -647,6 +587,16 @@ where
         }
         c.trim();
     }
+}
+
+/// Gives the connection to hyper, the bytes already read to be read again.
+async fn hand_over<S, H, F>(mut io: Watched<S>, read: BytesMut, hyper: H) -> F::Output
+where
+    H: FnOnce(Watched<S>) -> F,
+    F: Future,
+{
+    io.unread(read.freeze());
+    hyper(io).await
 }
 
 /// Everything one exchange with the upstream needs besides the buffers.
@@ -695,17 +645,7 @@ async fn write_answer<S: AsyncWrite + Unpin>(
     for (name, value) in &parts.headers {
         push_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
-    push_field(
-        out,
-        b"content-length",
-        itoa::Buffer::new().format(body.len()).as_bytes(),
-    );
-    push_field(out, b"date", &http_date());
-    if close {
-        push_field(out, b"connection", b"close");
-    }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(&body);
+    end_answer(out, &body, close);
     io.write_all(out).await
 }
 
@@ -725,6 +665,12 @@ fn write_rejection(
     push_field(out, b"content-type", b"application/problem+json");
     rate.render(Some(d), live.config.headers);
     out.extend_from_slice(&rate.lines);
+    end_answer(out, body.as_bytes(), close);
+}
+
+/// Ends one of the gateway's own answers in `out`: its length, `Date`,
+/// `Connection: close` when the connection closes after it, then `body`.
+fn end_answer(out: &mut Vec<u8>, body: &[u8], close: bool) {
     push_field(
         out,
         b"content-length",
@@ -735,7 +681,7 @@ fn write_rejection(
         push_field(out, b"connection", b"close");
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(body.as_bytes());
+    out.extend_from_slice(body);
 }
 
 /// Appends `HTTP/1.1 <code> <reason>\r\n`; the standard reason when `reason`
@@ -818,7 +764,9 @@ impl Conn {
                 to.gw
                     .settle(to.live, to.admitted, answer.status().as_u16())
                     .await;
-                let answer = with_rate_headers(answer, &to);
+                let mut answer = answer;
+                to.admitted
+                    .add_headers(answer.headers_mut(), to.live.config.headers);
                 write_answer(io, &mut self.out, answer, head.close).await?;
                 return Ok(!head.close);
             }
@@ -844,9 +792,7 @@ impl Conn {
             Framing::Length(n) => {
                 io.write_all(out).await?;
                 drop(answering);
-                let here = body.len().min(n.try_into().unwrap_or(usize::MAX));
-                io.write_all(&body[..here]).await?;
-                relay_length(&mut up, io, body, n - here as u64).await?;
+                relay_length(&mut up, io, body, n).await?;
                 body.is_empty()
             }
             Framing::Chunked => {
@@ -857,7 +803,6 @@ impl Conn {
             Framing::Close => {
                 io.write_all(out).await?;
                 drop(answering);
-                io.write_all(body).await?;
                 relay_to_close(&mut up, io, body).await?;
                 false
             }
@@ -943,18 +888,6 @@ impl Conn {
     }
 }
 
-/// Adds the decision's rate-limit headers to one of the gateway's own
-/// answers (a 502 or 504 after an admitted request).
-fn with_rate_headers(mut answer: Response<Body>, to: &Forward<'_>) -> Response<Body> {
-    if let Some(d) = &to.admitted.decision {
-        ratewarden_tower::insert_headers(
-            answer.headers_mut(),
-            d.header_fields(to.live.config.headers),
-        );
-    }
-    answer
-}
-
 /// Sends `request` on a pooled connection (or a new one) and reads the
 /// response head into `up`, all before `timer` fires. Pooled connections the
 /// upstream has closed are skipped (see [`Pool::take_stream`]). One it closes
@@ -1028,30 +961,43 @@ async fn read_head(
         }
         up.reserve(8192);
         if stream.read_buf(up).await? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
+            return Err(cut_short());
         }
     }
 }
 
-/// Relays `left` more body bytes; extra bytes stay in `buf`.
+/// Empties `buf` and reads the upstream's next bytes into it: how many (0
+/// at the end of its stream).
+async fn refill(up: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+    buf.clear();
+    buf.reserve(RELAY);
+    up.read_buf(buf).await
+}
+
+fn cut_short() -> io::Error {
+    io::ErrorKind::UnexpectedEof.into()
+}
+
+/// Relays a body of `left` bytes, starting with those in `buf`; bytes past
+/// its end stay in `buf`.
 async fn relay_length<S: AsyncWrite + Unpin>(
     up: &mut TcpStream,
     io: &mut S,
     buf: &mut BytesMut,
     mut left: u64,
 ) -> io::Result<()> {
-    buf.clear();
-    while left > 0 {
-        buf.reserve(RELAY);
-        if up.read_buf(buf).await? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
+    loop {
         let n = buf.len().min(left.try_into().unwrap_or(usize::MAX));
         io.write_all(&buf[..n]).await?;
         left -= n as u64;
-        buf.advance(n);
+        if left == 0 {
+            buf.advance(n);
+            return Ok(());
+        }
+        if refill(up, buf).await? == 0 {
+            return Err(cut_short());
+        }
     }
-    Ok(())
 }
 
 /// Relays a chunked body as it is, starting with the bytes in `buf`;
@@ -1071,27 +1017,24 @@ async fn relay_chunked<S: AsyncWrite + Unpin>(
             }
             None => io.write_all(buf).await?,
         }
-        buf.clear();
-        buf.reserve(RELAY);
-        if up.read_buf(buf).await? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
+        if refill(up, buf).await? == 0 {
+            return Err(cut_short());
         }
     }
 }
 
-/// Relays everything the upstream sends until it closes.
+/// Relays everything the upstream sends until it closes, starting with the
+/// bytes in `buf`.
 async fn relay_to_close<S: AsyncWrite + Unpin>(
     up: &mut TcpStream,
     io: &mut S,
     buf: &mut BytesMut,
 ) -> io::Result<()> {
     loop {
-        buf.clear();
-        buf.reserve(RELAY);
-        if up.read_buf(buf).await? == 0 {
+        io.write_all(buf).await?;
+        if refill(up, buf).await? == 0 {
             return Ok(());
         }
-        io.write_all(buf).await?;
     }
 }
 

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -18,7 +17,7 @@ use tokio::task::JoinHandle;
 use crate::config::{self, Config, Overrides};
 use crate::gateway::Gateway;
 use crate::idle::{Activity, Watched, run_until_idle};
-use crate::proxy::{self, Prefixed};
+use crate::proxy;
 
 /// A client connection being served, to its end.
 type BoxFuture = std::pin::Pin<
@@ -185,7 +184,7 @@ async fn serve<F, Fut>(
                 // signalled in between is then still seen (see `watcher`).
                 let watcher = graceful.watcher();
                 let builder = builder.clone();
-                let hyper = move |io: Prefixed<Watched<TcpStream>>| {
+                let hyper = move |io: Watched<TcpStream>| {
                     watcher.watch(builder.serve_connection(TokioIo::new(io), svc).into_owned())
                 };
                 let conn: BoxFuture = match &proxy {
@@ -197,7 +196,7 @@ async fn serve<F, Fut>(
                         stop.clone(),
                         hyper,
                     )),
-                    None => Box::pin(hyper(Prefixed::new(Bytes::new(), io))),
+                    None => Box::pin(hyper(io)),
                 };
                 tokio::spawn(async move {
                     match run_until_idle(conn, activity, idle).await {
