@@ -12,24 +12,10 @@
 # 127.0.0.1, bounded by D, stopped at the end. Needs nginx and wrk (see gateway.sh).
 set -euo pipefail
 CONF=$1; A=$2; B=$3; ROUNDS=${4:-3}; D=${D:-5}
-command -v nginx >/dev/null && command -v wrk >/dev/null || {
-  apt-get update -qq && apt-get install -y -qq nginx-light wrk; }
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
+. "$(dirname "$0")/lib.sh"
+install_missing nginx:nginx-light wrk:wrk
 UP=$(port); RW=$(port)
-mkdir -p "$WORK/origin/logs"
-cat > "$WORK/origin/nginx.conf" <<NGINX
-worker_processes 1;
-error_log $WORK/origin/logs/error.log crit;
-pid $WORK/origin/nginx.pid;
-daemon off;
-events { worker_connections 4096; }
-http { access_log off; server { listen 127.0.0.1:$UP; location / { return 200 "ok\n"; } } }
-NGINX
+origin_conf "$WORK/origin" "$UP"
 taskset -c 1 nginx -p "$WORK/origin" -c "$WORK/origin/nginx.conf" & PIDS+=($!)
 wait_port "$UP"
 TICK=$(getconf CLK_TCK)

@@ -17,35 +17,18 @@ MODE=${MODE:-none}; SECONDS_SAMPLED=${SECONDS_SAMPLED:-4}
 cargo build --release --bin ratewarden -q
 BIN=$PWD/target/release/ratewarden
 if [ "${PIN:-0}" = 1 ]; then PROXY="taskset -c 0"; REST="taskset -c 1"; else PROXY=""; REST=""; fi
-WORK=$(mktemp -d); PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
+. bench/lib.sh
 UP=$(port); NG=$(port); RW=$(port)
 case $MODE in
-  reject) NGX_LIMIT="limit_req zone=shut nodelay;"; RULES=$'rules:\n  - {name: bench, algorithm: gcra, limit: 1, window: 60s}' ;;
-  gcra) NGX_LIMIT="limit_req zone=open burst=100000000 nodelay;"; RULES=$'rules:\n  - {name: open, algorithm: gcra, limit: 1000000, window: 1s}' ;;
+  reject) NGX_LIMIT=$NGX_SHUT; RULES=$'rules:\n  - {name: bench, algorithm: gcra, limit: 1, window: 60s}' ;;
+  gcra) NGX_LIMIT=$NGX_OPEN; RULES=$'rules:\n  - {name: open, algorithm: gcra, limit: 1000000, window: 1s}' ;;
   none) NGX_LIMIT=""; RULES="rules: []" ;;
   *) echo "MODE is none, gcra or reject" >&2; exit 2 ;;
 esac
-mkdir -p "$WORK/o/logs" "$WORK/n/logs"
-cat > "$WORK/o/nginx.conf" <<NGINX
-worker_processes 1; error_log $WORK/o/logs/e.log crit; pid $WORK/o/nginx.pid; daemon off;
-events { worker_connections 4096; }
-http { access_log off; server { listen 127.0.0.1:$UP; location / { return 200 "ok\n"; } } }
-NGINX
-cat > "$WORK/n/nginx.conf" <<NGINX
-worker_processes 1; error_log $WORK/n/logs/e.log crit; pid $WORK/n/nginx.pid; daemon off;
-events { worker_connections 4096; }
-http { access_log off;
-  limit_req_zone \$binary_remote_addr zone=open:10m rate=100000000r/s;
-  limit_req_zone \$binary_remote_addr zone=shut:10m rate=1r/m;
-  limit_req_status 429;
-  upstream origin { server 127.0.0.1:$UP; keepalive 64; }
-  server { listen 127.0.0.1:$NG; location / { $NGX_LIMIT
-    proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
-NGINX
+origin_conf "$WORK/o" "$UP"
+nginx_conf "$WORK/n" "$NGX_ZONES
+  $(ngx_upstream "$UP")
+  $(ngx_proxy "$NG" "$NGX_LIMIT")"
 printf 'admin: null\n%s\n' "$RULES" > "$WORK/rw.yaml"
 $REST nginx -p "$WORK/o" -c "$WORK/o/nginx.conf" & PIDS+=($!); ORIGIN=$!
 $PROXY nginx -p "$WORK/n" -c "$WORK/n/nginx.conf" & PIDS+=($!); NGINX_MASTER=$!

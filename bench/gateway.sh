@@ -23,55 +23,23 @@ if [ "${PIN:-0}" = 1 ] && [ "$(nproc)" -ge 2 ]; then
 else
   UNDER_TEST=""; REST=""; LAYOUT="unpinned"
 fi
-missing=()
-command -v nginx >/dev/null || missing+=(nginx-light)
-command -v wrk >/dev/null || missing+=(wrk)
-command -v redis-server >/dev/null || missing+=(redis-server)
-if [ ${#missing[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${missing[@]}"; fi
+. bench/lib.sh
+install_missing nginx:nginx-light wrk:wrk redis-server:redis-server
 
 cargo build --release --bin ratewarden -q
 BIN=target/release/ratewarden
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 
 UP=$(port); NG_PASS=$(port); NG_REJ=$(port); RW_PASS=$(port); RW_REJ=$(port); RW_ADMIN=$(port); RW_ADMIN2=$(port); RW_R=$(port); RW_RADMIN=$(port); REDIS=$(port); RW_NONE=$(port); RW_ECHO=$(port)
 
 # Two nginx instances: the upstream (its own worker, shared by both proxies)
 # and the proxy under test (one worker, like ratewarden --workers 1).
-mkdir -p "$WORK/origin/logs" "$WORK/nginx/logs"
-cat > "$WORK/origin/nginx.conf" <<NGINX
-worker_processes 1;
-error_log $WORK/origin/logs/error.log crit;
-pid $WORK/origin/nginx.pid;
-daemon off;
-events { worker_connections 4096; }
-http { access_log off; server { listen 127.0.0.1:$UP; location / { return 200 "ok\n"; } } }
-NGINX
-cat > "$WORK/nginx/nginx.conf" <<NGINX
-worker_processes 1;
-error_log $WORK/nginx/logs/error.log crit;
-pid $WORK/nginx/nginx.pid;
-daemon off;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  limit_req_zone \$binary_remote_addr zone=open:10m rate=100000000r/s;
-  limit_req_zone \$binary_remote_addr zone=shut:10m rate=1r/m;
-  limit_req_status 429;
-  upstream origin { server 127.0.0.1:$UP; keepalive 64; }
-  # nginx proxying with limit_req at a limit never reached.
-  server { listen 127.0.0.1:$NG_PASS; location / { limit_req zone=open burst=100000000 nodelay;
-           proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; } }
-  # nginx proxying with a limit that rejects almost everything.
-  server { listen 127.0.0.1:$NG_REJ; location / { limit_req zone=shut nodelay;
-           proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; } }
-}
-NGINX
+origin_conf "$WORK/origin" "$UP"
+# nginx proxying with limit_req at a limit never reached, and with a limit
+# that rejects almost everything.
+nginx_conf "$WORK/nginx" "$NGX_ZONES
+  $(ngx_upstream "$UP")
+  $(ngx_proxy "$NG_PASS" "$NGX_OPEN")
+  $(ngx_proxy "$NG_REJ" "$NGX_SHUT")"
 $REST nginx -p "$WORK/origin" -c "$WORK/origin/nginx.conf" & PIDS+=($!)
 $UNDER_TEST nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
 wait_port "$NG_PASS"; wait_port "$UP"

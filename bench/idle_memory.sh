@@ -14,39 +14,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CONNS=${CONNS:-500}
 if [ -n "${1:-}" ]; then BIN=$1; else cargo build --release --bin ratewarden -q; BIN=target/release/ratewarden; fi
-command -v nginx >/dev/null || { apt-get update -qq && apt-get install -y -qq nginx-light; }
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
+. bench/lib.sh
+install_missing nginx:nginx-light
 UP=$(port); RW=$(port); NG=$(port)
-mkdir -p "$WORK/origin/logs" "$WORK/origin/html" "$WORK/nginx/logs"
+mkdir -p "$WORK/origin/html"
 head -c 1048576 /dev/zero > "$WORK/origin/html/big"
+nginx_conf "$WORK/origin" "server { listen 127.0.0.1:$UP; root $WORK/origin/html; }"
+nginx_conf "$WORK/nginx" "$NGX_ZONES
+  $(ngx_upstream "$UP")
+  $(ngx_proxy "$NG" "$NGX_OPEN")"
 chmod -R a+rX "$WORK"
-cat > "$WORK/origin/nginx.conf" <<NGINX
-worker_processes 1;
-error_log $WORK/origin/logs/error.log crit;
-pid $WORK/origin/nginx.pid;
-daemon off;
-events { worker_connections 4096; }
-http { access_log off; server { listen 127.0.0.1:$UP; root $WORK/origin/html; } }
-NGINX
-cat > "$WORK/nginx/nginx.conf" <<NGINX
-worker_processes 1;
-error_log $WORK/nginx/logs/error.log crit;
-pid $WORK/nginx/nginx.pid;
-daemon off;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  limit_req_zone \$binary_remote_addr zone=open:10m rate=100000000r/s;
-  upstream origin { server 127.0.0.1:$UP; keepalive 64; }
-  server { listen 127.0.0.1:$NG; location / { limit_req zone=open burst=100000000 nodelay;
-           proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection ""; } }
-}
-NGINX
 printf 'admin: null\nrules:\n  - name: open\n    algorithm: gcra\n    limit: 1000000\n    window: 1s\n' > "$WORK/rw.yaml"
 nginx -p "$WORK/origin" -c "$WORK/origin/nginx.conf" & PIDS+=($!)
 nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" & PIDS+=($!)

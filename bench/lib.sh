@@ -1,0 +1,57 @@
+# Shared by the scripts in bench/ (sourced, not run): the packages they need,
+# a work directory and the processes to stop at exit, free loopback ports,
+# and the nginx configurations every comparison uses.
+
+# install_missing CMD:PACKAGE...: apt-get installs the packages whose command
+# is missing.
+install_missing() {
+  local missing=() pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" > /dev/null || missing+=("${pair#*:}")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${missing[@]}"; fi
+}
+
+# Everything started goes into PIDS and is stopped at exit; WORK is removed.
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
+
+# nginx_conf DIR HTTP: DIR/nginx.conf for one worker in the foreground, logs
+# and pid in DIR, HTTP inside its `http { }` block. Start it with
+# `nginx -p DIR -c DIR/nginx.conf`.
+nginx_conf() {
+  mkdir -p "$1/logs"
+  cat > "$1/nginx.conf" <<NGINX
+worker_processes 1;
+error_log $1/logs/error.log crit;
+pid $1/nginx.pid;
+daemon off;
+events { worker_connections 4096; }
+http { access_log off; $2 }
+NGINX
+}
+
+# origin_conf DIR PORT: the upstream of every comparison, `return 200 "ok\n"`.
+origin_conf() { nginx_conf "$1" "server { listen 127.0.0.1:$2; location / { return 200 \"ok\\n\"; } }"; }
+
+# The limit_req zones of the nginx proxy: `open` is never reached, `shut`
+# rejects nearly everything.
+NGX_ZONES='limit_req_zone $binary_remote_addr zone=open:10m rate=100000000r/s;
+  limit_req_zone $binary_remote_addr zone=shut:10m rate=1r/m;
+  limit_req_status 429;'
+NGX_OPEN='limit_req zone=open burst=100000000 nodelay;'
+NGX_SHUT='limit_req zone=shut nodelay;'
+
+# ngx_upstream PORT: the origin as nginx's kept-alive upstream `origin`.
+# ngx_proxy PORT [LIMIT]: an nginx proxy `server` on PORT to `origin`, with
+# LIMIT (NGX_OPEN, NGX_SHUT or nothing; with NGX_ZONES in the same `http`).
+ngx_upstream() { echo "upstream origin { server 127.0.0.1:$1; keepalive 64; }"; }
+ngx_proxy() {
+  echo "server { listen 127.0.0.1:$1; location / { ${2:-}
+    proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
+}
