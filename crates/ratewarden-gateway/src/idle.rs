@@ -79,6 +79,11 @@ impl<S> Watched<S> {
         }
     }
 
+    /// What this stream's connection is doing.
+    pub fn activity(&self) -> &Arc<Activity> {
+        &self.activity
+    }
+
     /// `bytes` (read from this stream earlier) are read again before
     /// anything more from the stream.
     pub fn unread(&mut self, bytes: Bytes) {

@@ -39,7 +39,7 @@ use tokio::time::Sleep;
 
 use crate::config::Upstream;
 use crate::gateway::{Admitted, Body, Gateway, Live, Refusal, problem_response};
-use crate::idle::{Activity, Watched};
+use crate::idle::Watched;
 use crate::upstream::Pool;
 
 /// Longest request head this path reads; longer ones go to hyper (which
@@ -480,7 +480,6 @@ pub async fn serve_connection<S, H, F, E>(
     gw: Arc<Gateway>,
     mut io: Watched<S>,
     peer: SocketAddr,
-    activity: Arc<Activity>,
     mut stop: watch::Receiver<bool>,
     hyper: H,
 ) -> Result<(), E>
@@ -544,7 +543,7 @@ where
         if base.scheme_str() == Some("https") {
             return hand_over(io, c.input, hyper).await;
         }
-        let answering = activity.answering();
+        let answering = io.activity().answering();
         let headers = if live.reads_headers {
             header_map(&c.input, &c.fields)
         } else {

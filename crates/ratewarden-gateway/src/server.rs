@@ -192,7 +192,6 @@ async fn serve<F, Fut>(
                         gw.clone(),
                         io,
                         peer,
-                        activity.clone(),
                         stop.clone(),
                         hyper,
                     )),
