@@ -455,17 +455,15 @@ impl Gateway {
         };
         parts.version = http::Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
-        // X-Forwarded-For: append the peer to whatever chain came in.
-        let peer_ip = ratewarden_tower::identity::ip_text(peer.ip());
-        let xff = match parts
-            .headers
-            .get(X_FORWARDED_FOR)
-            .and_then(|v| v.to_str().ok())
-        {
-            Some(prev) => [prev, peer_ip.as_str()].join(", "),
-            None => peer_ip,
-        };
-        if let Ok(v) = HeaderValue::try_from(xff) {
+        // X-Forwarded-For: one field, every incoming field's chain in order,
+        // then the peer (as the HTTP/1.1 path writes it).
+        let mut xff = Vec::new();
+        for prev in parts.headers.get_all(X_FORWARDED_FOR) {
+            xff.extend_from_slice(prev.as_bytes());
+            xff.extend_from_slice(b", ");
+        }
+        xff.extend_from_slice(ratewarden_tower::identity::ip_text(peer.ip()).as_bytes());
+        if let Ok(v) = HeaderValue::from_bytes(&xff) {
             parts.headers.insert(X_FORWARDED_FOR, v);
         }
         if let Some(host) = pool.host() {

@@ -365,6 +365,26 @@ async fn what_the_http1_path_does_not_take_is_served_by_hyper() {
 }
 
 #[tokio::test]
+async fn both_paths_append_the_peer_to_every_incoming_x_forwarded_for_field() {
+    let up = RawUpstream::start().await;
+    let gw = gateway(RULES, &format!("http://{}", up.addr), None).await;
+    let fields = "x-forwarded-for: 10.0.0.1\r\nx-forwarded-for: 10.0.0.2, 10.0.0.3\r\n";
+    let joined = "x-forwarded-for: 10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1\r\n";
+    // The HTTP/1.1 path, then hyper's (HTTP/1.0 goes there).
+    for version in ["1.1", "1.0"] {
+        let raw =
+            format!("GET /echo HTTP/{version}\r\nhost: x\r\n{fields}connection: close\r\n\r\n");
+        let text = raw_exchange(gw.listen, raw.as_bytes()).await;
+        assert!(text.contains(" 200 OK"), "HTTP/{version}: {text}");
+        assert!(
+            text.to_ascii_lowercase().contains(joined),
+            "HTTP/{version}: one field, the chain in order, then the peer: {text}"
+        );
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_pooled_connection_the_upstream_dropped_is_replaced_without_an_error() {
     let up = RawUpstream::start().await;
     let gw = gateway(RULES, &format!("http://{}", up.addr), None).await;
