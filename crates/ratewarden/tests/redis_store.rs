@@ -464,3 +464,16 @@ async fn all_or_nothing_on_standalone_and_where_the_cluster_relaxes_it() {
         "only the admitted request charged the global rule"
     );
 }
+
+/// The helper every Redis test uses: a port someone else holds is never
+/// mistaken for a started server (redis-server exits there; the helper says
+/// so rather than handing out the other server's port).
+#[test]
+fn the_redis_helper_never_takes_a_port_another_server_holds() {
+    let other = RedisServer::start();
+    assert!(RedisServer::start_on(other.port, false).is_none());
+    let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = plain.local_addr().unwrap().port();
+    assert!(RedisServer::start_on(port, false).is_none());
+    assert_eq!(other.cli(&["ping"]), "PONG");
+}

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -25,10 +26,21 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> Self {
-        Self::start_on(free_port(), false)
+        Self::start_any(false)
     }
 
-    pub fn start_on(port: u16, cluster: bool) -> Self {
+    /// Starts on a free port. A port is free when chosen, not when
+    /// redis-server binds it: another test may take it in between (or, in
+    /// cluster mode, the bus port 10000 above it). Then redis-server exits,
+    /// and another port is tried.
+    pub fn start_any(cluster: bool) -> Self {
+        (0..20)
+            .find_map(|_| Self::start_on(free_port(), cluster))
+            .expect("redis-server did not start on any of 20 free ports")
+    }
+
+    /// Starts on `port`; `None` when redis-server could not take it.
+    pub fn start_on(port: u16, cluster: bool) -> Option<Self> {
         let dir =
             std::env::temp_dir().join(format!("ratewarden-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -38,12 +50,21 @@ impl RedisServer {
             dir,
             cluster,
         };
-        s.restart();
-        s
+        s.launch().then_some(s)
     }
 
-    /// Starts (again) on the same port.
+    /// Starts again on the same port.
     pub fn restart(&mut self) {
+        assert!(
+            self.launch(),
+            "redis-server did not start again on {}",
+            self.port
+        );
+    }
+
+    /// Spawns redis-server on `self.port` and waits until it answers; false
+    /// when it exits instead (the port was taken).
+    fn launch(&mut self) -> bool {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
@@ -59,17 +80,25 @@ impl RedisServer {
                 "nodes.conf",
             ]);
         }
-        let child = cmd
+        let mut child = cmd
             .spawn()
             .expect("redis-server must be installed (apt-get install redis-server)");
-        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start on {}",
-                self.port
-            );
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                return false;
+            }
+            // Whoever answers on the port must be this child, not a server
+            // another test started there.
+            if server_pid(self.port) == Some(child.id()) {
+                self.child = Some(child);
+                return true;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("redis-server did not answer on {}", self.port);
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -102,6 +131,28 @@ impl Drop for RedisServer {
     }
 }
 
+/// The `process_id` of the Redis server answering on `port`, if one does.
+fn server_pid(port: u16) -> Option<u32> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    s.write_all(b"INFO server\r\n").ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got);
+        if let Some(rest) = text.split("process_id:").nth(1) {
+            if let Some((pid, _)) = rest.split_once("\r\n") {
+                return pid.parse().ok();
+            }
+        }
+        let n = s.read(&mut buf).ok()?;
+        if n == 0 {
+            return None;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
 /// A 3-master Redis Cluster on loopback.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
@@ -109,9 +160,7 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::start_on(free_port(), true))
-            .collect();
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_any(true)).collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
