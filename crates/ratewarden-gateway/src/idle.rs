@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
 /// How long a connection may sit without any I/O while no request of it is
@@ -92,6 +93,17 @@ impl<S> Watched<S> {
 
     fn moved(&self) {
         self.activity.progress.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Watched<TcpStream> {
+    /// Waits until a read would not block, with no buffer to read into.
+    pub async fn readable(&self) -> io::Result<()> {
+        if self.unread.is_empty() {
+            self.inner.readable().await
+        } else {
+            Ok(())
+        }
     }
 }
 
