@@ -10,6 +10,8 @@
 # wrk completed). When wrk saturates CPU 1 (the rejecting path), only the CPU
 # per request tells the builds apart. Means per build at the end. Everything on
 # 127.0.0.1, bounded by D, stopped at the end. Needs nginx and wrk (see gateway.sh).
+# BUDGET=0.5: the proxy also limited to half of CPU 0 (see gateway.sh), so
+# that it, not wrk, limits the run.
 set -euo pipefail
 CONF=$1; A=$2; B=$3; ROUNDS=${4:-3}; D=${D:-5}
 . "$(dirname "$0")/lib.sh"
@@ -19,9 +21,11 @@ origin_conf "$WORK/origin" "$UP"
 taskset -c 1 nginx -p "$WORK/origin" -c "$WORK/origin/nginx.conf" & PIDS+=($!)
 wait_port "$UP"
 TICK=$(getconf CLK_TCK)
+UNDER_TEST=""
+if [ -n "${BUDGET:-}" ]; then cpu_budget "$BUDGET"; UNDER_TEST=in_budget; fi
 for _ in $(seq "$ROUNDS"); do
   for bin in "$A" "$B"; do
-    RUST_LOG=off taskset -c 0 "$bin" serve -c "$CONF" --listen 127.0.0.1:$RW --upstream http://127.0.0.1:$UP --workers 1 > /dev/null &
+    RUST_LOG=off $UNDER_TEST taskset -c 0 "$bin" serve -c "$CONF" --listen 127.0.0.1:$RW --upstream http://127.0.0.1:$UP --workers 1 > /dev/null &
     P=$!
     wait_port "$RW"
     t0=$(awk '{print $14 + $15}' /proc/$P/stat)

@@ -15,15 +15,33 @@
 # CPU 0 and everything else (wrk, the origin, Redis) on CPU 1: each proxy
 # gets exactly one core and its throughput is its CPU cost per request.
 # Without it the scheduler places all processes on both cores as it likes.
+#
+#   BUDGET=0.5 bash bench/gateway.sh # as PIN=1, the proxies under test
+#                                    # limited to half of CPU 0
+#
+# In both layouts above wrk can be what limits a run: on the rejecting path
+# it needs a core of its own to keep up with either proxy. With BUDGET the
+# proxies under test share a CFS bandwidth quota of that many cores (a
+# cgroup; needs root), so the proxy is the bottleneck and the ratios compare
+# the proxies' CPU cost per request. p99 then measures the quota's 100 ms
+# throttling periods, not the proxies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
-if [ "${PIN:-0}" = 1 ] && [ "$(nproc)" -ge 2 ]; then
-  UNDER_TEST="taskset -c 0"; REST="taskset -c 1"; LAYOUT="pinned: proxy under test on CPU 0, wrk/origin/redis on CPU 1"
-else
-  UNDER_TEST=""; REST=""; LAYOUT="unpinned"
-fi
 . bench/lib.sh
+under_test() { exec "$@"; }
+rest() { exec "$@"; }
+LAYOUT="unpinned"
+if { [ "${PIN:-0}" = 1 ] || [ -n "${BUDGET:-}" ]; } && [ "$(nproc)" -ge 2 ]; then
+  under_test() { exec taskset -c 0 "$@"; }
+  rest() { exec taskset -c 1 "$@"; }
+  LAYOUT="pinned: proxy under test on CPU 0, wrk/origin/redis on CPU 1"
+fi
+if [ -n "${BUDGET:-}" ]; then
+  cpu_budget "$BUDGET"
+  under_test() { in_budget taskset -c 0 "$@"; }
+  LAYOUT="budget: proxies under test limited to $BUDGET of CPU 0, wrk/origin/redis on CPU 1"
+fi
 install_missing nginx:nginx-light wrk:wrk redis-server:redis-server
 
 cargo build --release --bin ratewarden -q
@@ -40,8 +58,8 @@ nginx_conf "$WORK/nginx" "$NGX_ZONES
   $(ngx_upstream "$UP")
   $(ngx_proxy "$NG_PASS" "$NGX_OPEN")
   $(ngx_proxy "$NG_REJ" "$NGX_SHUT")"
-$REST nginx -p "$WORK/origin" -c "$WORK/origin/nginx.conf" & PIDS+=($!)
-$UNDER_TEST nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
+rest nginx -p "$WORK/origin" -c "$WORK/origin/nginx.conf" & PIDS+=($!)
+under_test nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
 wait_port "$NG_PASS"; wait_port "$UP"
 
 cat > "$WORK/pass.yaml" <<YAML
@@ -74,13 +92,13 @@ rules:
     limit: 1000000
     window: 1s
 YAML
-$REST redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no > /dev/null & PIDS+=($!)
-RUST_LOG=warn $UNDER_TEST $BIN serve -c "$WORK/pass.yaml" --listen 127.0.0.1:$RW_PASS --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
-RUST_LOG=off $UNDER_TEST $BIN serve -c "$WORK/reject.yaml" --listen 127.0.0.1:$RW_REJ --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
-RUST_LOG=warn $UNDER_TEST $BIN serve -c "$WORK/none.yaml" --listen 127.0.0.1:$RW_NONE --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+rest redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no > /dev/null & PIDS+=($!)
+RUST_LOG=warn under_test $BIN serve -c "$WORK/pass.yaml" --listen 127.0.0.1:$RW_PASS --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+RUST_LOG=off under_test $BIN serve -c "$WORK/reject.yaml" --listen 127.0.0.1:$RW_REJ --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+RUST_LOG=warn under_test $BIN serve -c "$WORK/none.yaml" --listen 127.0.0.1:$RW_NONE --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
 # Our HTTP server alone: the built-in echo upstream, no rule (vs nginx `return 200`).
-RUST_LOG=warn $UNDER_TEST $BIN serve -c "$WORK/none.yaml" --listen 127.0.0.1:$RW_ECHO --upstream echo --workers 1 > /dev/null & PIDS+=($!)
-RUST_LOG=warn $UNDER_TEST $BIN serve -c "$WORK/redis.yaml" --listen 127.0.0.1:$RW_R --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
+RUST_LOG=warn under_test $BIN serve -c "$WORK/none.yaml" --listen 127.0.0.1:$RW_ECHO --upstream echo --workers 1 > /dev/null & PIDS+=($!)
+RUST_LOG=warn under_test $BIN serve -c "$WORK/redis.yaml" --listen 127.0.0.1:$RW_R --upstream http://127.0.0.1:$UP --workers 1 > /dev/null & PIDS+=($!)
 wait_port "$RW_PASS"; wait_port "$RW_REJ"; wait_port "$RW_R"; wait_port "$REDIS"; wait_port "$RW_NONE"; wait_port "$RW_ECHO"
 
 cat > "$WORK/check.lua" <<'LUA'
@@ -92,7 +110,7 @@ LUA
 # run NAME URL [wrk args...] -> "NAME req/s p50 p99"
 run() {
   local name=$1 url=$2; shift 2
-  local out; out=$($REST wrk -t2 -c64 -d"$DURATION" --latency "$@" "$url")
+  local out; out=$(rest wrk -t2 -c64 -d"$DURATION" --latency "$@" "$url")
   local rps p50 p99
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
   p50=$(echo "$out" | awk '$1=="50%" {print $2}')

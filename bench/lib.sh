@@ -15,7 +15,13 @@ install_missing() {
 # Everything started goes into PIDS and is stopped at exit; WORK is removed.
 WORK=$(mktemp -d)
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+CGROUP=""
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+  if [ -n "$CGROUP" ]; then rmdir "$CGROUP" 2>/dev/null || true; fi
+}
 trap cleanup EXIT
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
@@ -55,3 +61,26 @@ ngx_proxy() {
   echo "server { listen 127.0.0.1:$1; location / { ${2:-}
     proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
 }
+
+# cpu_budget CORES: a cgroup whose processes together get at most CORES
+# (e.g. 0.5) of a CPU, as CFS bandwidth control enforces it (cgroup v2
+# cpu.max or v1 cpu.cfs_quota_us; needs root). Sets CGROUP; `in_budget CMD...`
+# runs CMD in it. Removed at exit.
+cpu_budget() {
+  local quota; quota=$(python3 -c "print(int(float('$1') * 100000))")
+  if grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    echo +cpu > /sys/fs/cgroup/cgroup.subtree_control
+    CGROUP=/sys/fs/cgroup/ratewarden-bench.$$
+    mkdir "$CGROUP"
+    echo "$quota 100000" > "$CGROUP/cpu.max"
+  elif [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
+    CGROUP=/sys/fs/cgroup/cpu/ratewarden-bench.$$
+    mkdir "$CGROUP"
+    echo 100000 > "$CGROUP/cpu.cfs_period_us"
+    echo "$quota" > "$CGROUP/cpu.cfs_quota_us"
+  else
+    echo "a CPU budget needs the cgroup cpu controller (v1 or v2) and root" >&2
+    exit 1
+  fi
+}
+in_budget() { echo "$BASHPID" > "$CGROUP/cgroup.procs"; exec "$@"; }

@@ -1,5 +1,6 @@
 //! The request path: identify, match rules, decide, forward, settle.
 
+use smallvec::SmallVec;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -140,7 +141,8 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 pub(crate) struct Admitted {
     /// The decision, for the response's rate-limit headers.
     pub decision: Option<Decision>,
-    keyed: Vec<Keyed>,
+    /// Inline for up to 4 matching rules: no allocation per request.
+    keyed: SmallVec<[Keyed; 4]>,
     /// Indexes into `keyed` of the `count: failures` rules.
     settle: Vec<usize>,
     /// The client's identity.
@@ -307,7 +309,7 @@ impl Gateway {
             )));
         }
         let limited = !cfg.allow.iter().any(|p| p.matches(ip, &identity));
-        let mut keyed: Vec<Keyed> = vec![];
+        let mut keyed = SmallVec::<[Keyed; 4]>::new();
         if limited {
             for (i, r) in cfg.rules.iter().enumerate() {
                 if !r.matcher.matches(method, path) {
@@ -334,7 +336,7 @@ impl Gateway {
         if admitted.keyed.is_empty() {
             return Ok(admitted);
         }
-        let ops: Vec<Op<'_>> = admitted
+        let ops: SmallVec<[Op<'_>; 4]> = admitted
             .keyed
             .iter()
             .map(|k| {
@@ -346,6 +348,8 @@ impl Gateway {
         let started = quanta::Instant::now();
         let admission = live.limiter.acquire(&ops, 1).await;
         self.metrics.decision_time(started.elapsed());
+        // (SmallVec's drop, unlike Vec's, would keep `admitted` borrowed.)
+        drop(ops);
         let admission = match admission {
             Ok(a) => a,
             Err(e) => {

@@ -414,6 +414,8 @@ struct RateFields {
     lines: Vec<u8>,
     names: Vec<&'static str>,
     scratch: String,
+    /// A rejection's body.
+    body: String,
 }
 
 impl RateFields {
@@ -424,15 +426,15 @@ impl RateFields {
         let (lines, names) = (&mut self.lines, &mut self.names);
         let mut digits = itoa::Buffer::new();
         d.visit_header_fields(style, &mut self.scratch, |name, value| {
-            let text = match value {
-                FieldRef::Number(n) => digits.format(n),
-                FieldRef::Text(t) => t,
+            let (text, valid) = match value {
+                FieldRef::Number(n) => (digits.format(n), true),
+                // The test `HeaderValue` applies: visible ASCII, spaces, tabs.
+                FieldRef::Text(t) => (
+                    t,
+                    t.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)),
+                ),
             };
-            // The test `HeaderValue` applies: visible ASCII, spaces, tabs.
-            if text
-                .bytes()
-                .all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
-            {
+            if valid {
                 push_field(lines, name.as_bytes(), text.as_bytes());
                 names.push(name);
             }
@@ -668,13 +670,14 @@ fn write_rejection(
     close: bool,
 ) {
     let status = live.config.status;
-    let body = d.rejection_body(status.as_u16());
+    rate.body.clear();
+    d.push_rejection_body(status.as_u16(), &mut rate.body);
     out.clear();
     status_line(out, status, None);
     push_field(out, b"content-type", b"application/problem+json");
     rate.render(Some(d), live.config.headers);
     out.extend_from_slice(&rate.lines);
-    end_answer(out, body.as_bytes(), close);
+    end_answer(out, rate.body.as_bytes(), close);
 }
 
 /// Ends one of the gateway's own answers in `out`: its length, `Date`,

@@ -232,33 +232,62 @@ impl Decision {
     /// The body to answer a rejection with: [`problem_json`](Self::problem_json),
     /// or a plain problem of `status` when the decision admitted the request.
     pub fn rejection_body(&self, status: u16) -> String {
-        self.problem_json(status)
-            .unwrap_or_else(|| problem(status, None))
+        let mut body = String::new();
+        self.push_rejection_body(status, &mut body);
+        body
+    }
+
+    /// [`rejection_body`](Self::rejection_body), appended to `body` (a
+    /// buffer the caller reuses: no allocation once it has grown).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ratewarden::{Decision, Reason, Rule, RuleDecision};
+    /// # let rule = Rule::builder("api").limit(5, Duration::from_secs(10)).build().unwrap();
+    /// # let d = Decision { allowed: false, delay: Duration::ZERO, rules: vec![RuleDecision {
+    /// #     rule, key: "k".into(), reason: Some(Reason::Limit), remaining: 0,
+    /// #     reset_after: Duration::from_secs(2), retry_after: Some(Duration::from_millis(1500)) }] };
+    /// let mut body = String::from("kept:");
+    /// d.push_rejection_body(429, &mut body);
+    /// assert_eq!(body, format!("kept:{}", d.rejection_body(429)));
+    /// assert!(body.ends_with(r#""rule":"api","retry_after":2}"#), "{body}");
+    /// ```
+    pub fn push_rejection_body(&self, status: u16, body: &mut String) {
+        if !self.push_problem_json(status, body) {
+            body.push_str(&problem(status, None));
+        }
     }
 
     /// The RFC 9457 problem body of a rejection (`application/problem+json`),
     /// `None` when the request was admitted.
     pub fn problem_json(&self, status: u16) -> Option<String> {
-        let retry = self.retry_after_secs()?;
-        let first = self.violated().next()?;
         let mut body = String::with_capacity(256);
+        self.push_problem_json(status, &mut body).then_some(body)
+    }
+
+    /// Appends [`problem_json`](Self::problem_json) to `body`; false (and
+    /// nothing appended) when the request was admitted.
+    fn push_problem_json(&self, status: u16, body: &mut String) -> bool {
+        let (Some(retry), Some(first)) = (self.retry_after_secs(), self.violated().next()) else {
+            return false;
+        };
         body.push_str(
             "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":",
         );
-        push_json_string(&mut body, title(status));
+        push_json_string(body, title(status));
         body.push_str(",\"status\":");
-        push_u64(&mut body, u64::from(status));
+        push_u64(body, u64::from(status));
         body.push_str(",\"violated-policies\":[");
         for (i, r) in self.violated().enumerate() {
             if i > 0 {
                 body.push(',');
             }
-            push_json_string(&mut body, r.rule.name());
+            push_json_string(body, r.rule.name());
         }
         body.push_str("],\"rule\":");
-        push_json_string(&mut body, first.rule.name());
+        push_json_string(body, first.rule.name());
         body.push_str(",\"retry_after\":");
-        push_u64(&mut body, retry);
+        push_u64(body, retry);
         let detail = match first.reason {
             Some(Reason::Banned) => Some(format!(
                 "banned by rule {} for exceeding its limit; {retry} s left on the ban",
@@ -277,10 +306,10 @@ impl Decision {
         };
         if let Some(d) = detail {
             body.push_str(",\"detail\":");
-            push_json_string(&mut body, &d);
+            push_json_string(body, &d);
         }
         body.push('}');
-        Some(body)
+        true
     }
 }
 
@@ -349,20 +378,8 @@ fn number(n: u64) -> String {
 }
 
 /// Appends `n` in decimal, without the formatting machinery.
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &d in &digits[i..] {
-        out.push(char::from(d));
-    }
+fn push_u64(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// The reason phrase used as a problem title.
