@@ -567,7 +567,8 @@ where
             .await
         {
             Err(Refusal::Limited(d)) => {
-                write_rejection(&mut c.out, &mut c.rate, &d, &live, head.close);
+                let how = (live.config.status, live.config.headers);
+                write_rejection(&mut c.out, &mut c.rate, &d, how, head.close);
                 io.write_all(&c.out).await?;
                 drop(answering);
                 !head.close
@@ -662,38 +663,149 @@ async fn write_answer<S: AsyncWrite + Unpin>(
 
 /// A rejection, whole, in `out`: what [`crate::gateway::rejection`] answers
 /// on hyper's path, written without a `HeaderMap` or a body to collect.
+/// When it would read as the thread's last one (see [`LastRejection`]),
+/// that one is copied with a fresh `Date`.
 fn write_rejection(
     out: &mut Vec<u8>,
     rate: &mut RateFields,
     d: &ratewarden::Decision,
-    live: &Live,
+    (status, style): (StatusCode, ratewarden::HeaderStyle),
     close: bool,
 ) {
-    let status = live.config.status;
+    let reused = LAST_REJECTION.with_borrow(|last| {
+        if !last.renders_as(d, status, style, close) {
+            return false;
+        }
+        out.clear();
+        out.extend_from_slice(&last.bytes);
+        out[last.date_at..last.date_at + 29].copy_from_slice(&http_date());
+        true
+    });
+    if reused {
+        return;
+    }
     rate.body.clear();
     d.push_rejection_body(status.as_u16(), &mut rate.body);
     out.clear();
     status_line(out, status, None);
     push_field(out, b"content-type", b"application/problem+json");
-    rate.render(Some(d), live.config.headers);
+    rate.render(Some(d), style);
     out.extend_from_slice(&rate.lines);
-    end_answer(out, rate.body.as_bytes(), close);
+    let date_at = end_answer(out, rate.body.as_bytes(), close);
+    LAST_REJECTION.with_borrow_mut(|last| last.keep(d, status, style, close, out, date_at));
+}
+
+thread_local! {
+    static LAST_REJECTION: std::cell::RefCell<LastRejection> =
+        std::cell::RefCell::new(LastRejection::default());
+}
+
+/// The last rejection written on this thread and what its bytes were
+/// rendered from. A client hammering a limit (on one connection or many)
+/// gets the same answer until one of its numbers changes, which with whole
+/// seconds is at most once a second: copying it (and its `Date`) costs
+/// less than rendering it again.
+#[derive(Default)]
+struct LastRejection {
+    status: Option<StatusCode>,
+    style: Option<ratewarden::HeaderStyle>,
+    close: bool,
+    /// Per rule of the decision, everything of it the answer shows.
+    rules: Vec<Shown>,
+    bytes: Vec<u8>,
+    /// Where the value of `Date` starts in `bytes`.
+    date_at: usize,
+}
+
+/// What an answer shows of one rule's decision: the rule (its spec: name,
+/// limit, window, penalty, minimum interval), why it rejected, and its
+/// numbers in the whole seconds the headers and body use.
+struct Shown {
+    rule: ratewarden::Rule,
+    reason: Option<ratewarden::Reason>,
+    remaining: u64,
+    reset: u64,
+    retry: Option<u64>,
+}
+
+/// Whole seconds, rounded up, as the decision's headers and body count them.
+fn whole_secs(d: std::time::Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+impl Shown {
+    fn of(r: &ratewarden::RuleDecision) -> Self {
+        Self {
+            rule: r.rule.clone(),
+            reason: r.reason,
+            remaining: r.remaining,
+            reset: whole_secs(r.reset_after),
+            retry: r.retry_after.map(whole_secs),
+        }
+    }
+
+    fn shows(&self, r: &ratewarden::RuleDecision) -> bool {
+        self.reason == r.reason
+            && self.remaining == r.remaining
+            && self.reset == whole_secs(r.reset_after)
+            && self.retry == r.retry_after.map(whole_secs)
+            && self.rule == r.rule
+    }
+}
+
+impl LastRejection {
+    /// Whether `d`'s rejection reads exactly as `bytes` (but for `Date`).
+    fn renders_as(
+        &self,
+        d: &ratewarden::Decision,
+        status: StatusCode,
+        style: ratewarden::HeaderStyle,
+        close: bool,
+    ) -> bool {
+        self.status == Some(status)
+            && self.style == Some(style)
+            && self.close == close
+            && self.rules.len() == d.rules.len()
+            && self.rules.iter().zip(&d.rules).all(|(s, r)| s.shows(r))
+    }
+
+    fn keep(
+        &mut self,
+        d: &ratewarden::Decision,
+        status: StatusCode,
+        style: ratewarden::HeaderStyle,
+        close: bool,
+        bytes: &[u8],
+        date_at: usize,
+    ) {
+        self.status = Some(status);
+        self.style = Some(style);
+        self.close = close;
+        self.rules.clear();
+        self.rules.extend(d.rules.iter().map(Shown::of));
+        self.bytes.clear();
+        self.bytes.extend_from_slice(bytes);
+        self.date_at = date_at;
+    }
 }
 
 /// Ends one of the gateway's own answers in `out`: its length, `Date`,
 /// `Connection: close` when the connection closes after it, then `body`.
-fn end_answer(out: &mut Vec<u8>, body: &[u8], close: bool) {
+/// Returns where the value of `Date` starts in `out`.
+fn end_answer(out: &mut Vec<u8>, body: &[u8], close: bool) -> usize {
     push_field(
         out,
         b"content-length",
         itoa::Buffer::new().format(body.len()).as_bytes(),
     );
+    let date_at = out.len() + b"date: ".len();
     push_field(out, b"date", &http_date());
     if close {
         push_field(out, b"connection", b"close");
     }
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
+    date_at
 }
 
 /// Appends `HTTP/1.1 <code> <reason>\r\n`; the standard reason when `reason`
@@ -1074,6 +1186,78 @@ async fn relay_to_close<S: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rejection_is_reused_only_while_it_would_read_the_same() {
+        use ratewarden::{Decision, HeaderStyle, Reason, Rule, RuleDecision};
+        use std::time::Duration;
+        let rule = |name: &str| {
+            Rule::builder(name)
+                .limit(5, Duration::from_secs(10))
+                .build()
+                .unwrap()
+        };
+        let rejected = |rule: &Rule, retry_ms: u64, reset_ms: u64| Decision {
+            allowed: false,
+            delay: Duration::ZERO,
+            rules: vec![RuleDecision {
+                rule: rule.clone(),
+                key: "k".into(),
+                reason: Some(Reason::Limit),
+                remaining: 0,
+                reset_after: Duration::from_millis(reset_ms),
+                retry_after: Some(Duration::from_millis(retry_ms)),
+            }],
+        };
+        let how = (StatusCode::TOO_MANY_REQUESTS, HeaderStyle::default());
+        // Rendered afresh (nothing kept), and through the thread's last one.
+        let fresh = |d: &Decision, close: bool| {
+            LAST_REJECTION.with_borrow_mut(|l| *l = LastRejection::default());
+            let mut out = vec![];
+            write_rejection(&mut out, &mut RateFields::default(), d, how, close);
+            String::from_utf8(out).unwrap()
+        };
+        let written = |d: &Decision, close: bool| {
+            let mut out = vec![];
+            write_rejection(&mut out, &mut RateFields::default(), d, how, close);
+            String::from_utf8(out).unwrap()
+        };
+        // The date is the only part that may differ between two renderings.
+        let undated = |s: String| {
+            let at = s.find("date: ").unwrap() + 6;
+            format!("{}{}", &s[..at], &s[at + 29..])
+        };
+        let api = rule("api");
+        let first = fresh(&rejected(&api, 1500, 2000), false);
+        assert!(first.contains("retry_after\":2}"), "{first}");
+        // A stale date in the kept bytes, to see it rewritten.
+        let kept = LAST_REJECTION.with_borrow_mut(|l| {
+            let at = l.date_at;
+            l.bytes[at..at + 29].copy_from_slice(b"Thu, 01 Jan 1970 00:00:00 GMT");
+            l.bytes.clone()
+        });
+        // Other milliseconds, the same whole seconds: the kept bytes.
+        let again = written(&rejected(&api, 1200, 1700), false);
+        assert_eq!(undated(again.clone()), undated(first.clone()));
+        assert_eq!(LAST_REJECTION.with_borrow(|l| l.bytes.clone()), kept);
+        let date = &again[again.find("date: ").unwrap() + 6..][..29];
+        let age = std::time::SystemTime::now()
+            .duration_since(httpdate::parse_http_date(date).unwrap())
+            .unwrap_or_default();
+        assert!(age < Duration::from_secs(5), "a current date: {date}");
+        // Anything the answer shows changes it, exactly as rendered afresh.
+        for (d, close) in [
+            (rejected(&api, 2500, 2000), false),
+            (rejected(&api, 1500, 3000), false),
+            (rejected(&api, 1500, 2000), true),
+            (rejected(&rule("other"), 1500, 2000), false),
+        ] {
+            written(&rejected(&api, 1500, 2000), false);
+            let got = written(&d, close);
+            assert_ne!(undated(got.clone()), undated(first.clone()));
+            assert_eq!(undated(got), undated(fresh(&d, close)));
+        }
+    }
 
     #[test]
     fn idle_connections_keep_standard_buffers_as_spares_and_free_grown_ones() {

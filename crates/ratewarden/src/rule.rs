@@ -208,7 +208,8 @@ impl fmt::Debug for Rule {
 
 impl PartialEq for Rule {
     fn eq(&self, other: &Self) -> bool {
-        self.0.spec == other.0.spec
+        // The same compiled rule (what a reload keeps) needs no field compare.
+        Arc::ptr_eq(&self.0, &other.0) || self.0.spec == other.0.spec
     }
 }
 
