@@ -32,6 +32,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratewarden::FieldRef;
+use ratewarden::decision::whole_secs;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -726,11 +727,6 @@ struct Shown {
     remaining: u64,
     reset: u64,
     retry: Option<u64>,
-}
-
-/// Whole seconds, rounded up, as the decision's headers and body count them.
-fn whole_secs(d: std::time::Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
 impl Shown {

@@ -64,8 +64,10 @@ impl Default for HeaderStyle {
     }
 }
 
-/// Whole seconds, rounded up: a client told "0" would retry at once.
-fn ceil_secs(d: Duration) -> u64 {
+/// Whole seconds, rounded up: a client told "0" would retry at once. Every
+/// number of seconds in a decision's headers and problem body is rounded so;
+/// two decisions whose durations round alike answer alike.
+pub fn whole_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
@@ -98,7 +100,7 @@ impl Decision {
             return None;
         }
         self.violated()
-            .map(|r| ceil_secs(r.retry_after.unwrap_or(r.reset_after)).max(1))
+            .map(|r| whole_secs(r.retry_after.unwrap_or(r.reset_after)).max(1))
             .max()
     }
 
@@ -187,7 +189,7 @@ impl Decision {
         {
             field("X-RateLimit-Limit", Number(b.rule.limit()));
             field("X-RateLimit-Remaining", Number(b.remaining));
-            let reset = ceil_secs(b.reset_after).max(retry.unwrap_or(0));
+            let reset = whole_secs(b.reset_after).max(retry.unwrap_or(0));
             field("X-RateLimit-Reset", Number(reset));
             if let Some(secs) = retry {
                 field("X-RateLimit-Retry-After", Number(secs));
@@ -206,7 +208,7 @@ impl Decision {
                 scratch.push_str("\";q=");
                 push_u64(scratch, r.rule.limit());
                 scratch.push_str(";w=");
-                push_u64(scratch, ceil_secs(r.rule.window()));
+                push_u64(scratch, whole_secs(r.rule.window()));
             }
             field("RateLimit-Policy", FieldRef::Text(scratch));
             scratch.clear();
@@ -214,9 +216,9 @@ impl Decision {
                 if !scratch.is_empty() {
                     scratch.push_str(", ");
                 }
-                let mut t = ceil_secs(r.reset_after);
+                let mut t = whole_secs(r.reset_after);
                 if !r.allowed() {
-                    t = t.max(ceil_secs(r.retry_after.unwrap_or(r.reset_after)).max(1));
+                    t = t.max(whole_secs(r.retry_after.unwrap_or(r.reset_after)).max(1));
                 }
                 scratch.push('"');
                 scratch.push_str(r.rule.name());
