@@ -889,7 +889,7 @@ impl Conn {
         let (mut up, resp) = match answered {
             Ok(a) => a,
             Err(failed) => {
-                let answer = match failed {
+                let mut answer = match failed {
                     Failed::Timeout => problem_response(
                         StatusCode::GATEWAY_TIMEOUT,
                         &format!("the upstream did not answer within {timeout:?}"),
@@ -905,7 +905,6 @@ impl Conn {
                 to.gw
                     .settle(to.live, to.admitted, answer.status().as_u16())
                     .await;
-                let mut answer = answer;
                 to.admitted
                     .add_headers(answer.headers_mut(), to.live.config.headers);
                 write_answer(io, &mut self.out, answer, head.close).await?;
