@@ -1,26 +1,24 @@
 //! The request path: identify, match rules, decide, forward, settle.
 
 use smallvec::SmallVec;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use ratewarden::decision::problem;
 use ratewarden::{Decision, Limiter, Op, Reason, Store};
 use ratewarden_tower::insert_headers;
 
 use crate::config::{Config, IdentityFrom, KeyPart, Missing, StoreSpec, Upstream};
 use crate::metrics::{Metrics, RuleCounts};
-use crate::proxy::is_hop_by_hop;
 use crate::store::AnyStore;
-use crate::upstream::{Pool, UpstreamError};
+use crate::upstream::Pool;
 
 /// The body of every response the gateway sends.
 pub type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
@@ -81,7 +79,7 @@ pub struct Gateway {
 }
 
 /// `body` as the gateway's body type.
-fn boxed(body: Full<Bytes>) -> Body {
+pub(crate) fn boxed(body: Full<Bytes>) -> Body {
     body.map_err(|never| match never {}).boxed_unsync()
 }
 
@@ -107,36 +105,6 @@ pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Bod
     )
 }
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-
-/// Removes the hop-by-hop headers and those `Connection` names. One pass
-/// over the names present (a handful), then hashed removals of only those
-/// found: this runs twice per proxied request, and upstreams commonly send
-/// `Connection: keep-alive`.
-fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let mut found: Vec<HeaderName> = h
-        .keys()
-        .filter(|k| is_hop_by_hop(k.as_str().as_bytes()))
-        .cloned()
-        .collect();
-    if found.is_empty() {
-        return;
-    }
-    if found.contains(&header::CONNECTION) {
-        found.extend(
-            h.get_all(header::CONNECTION)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
-        );
-    }
-    for n in found {
-        h.remove(n);
-    }
-}
-
-/// A request the limiter let through: its decision (`None` when no rule
 /// matched), the keys to settle on its answer, and who sent it.
 pub(crate) struct Admitted {
     /// The decision, for the response's rate-limit headers.
@@ -232,38 +200,6 @@ impl Gateway {
             &self.metrics,
         )));
         Ok(())
-    }
-
-    /// Handles one proxied request.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-        let live = self.live();
-        let admitted = match self
-            .admit(
-                &live,
-                req.method(),
-                req.uri().path(),
-                req.headers(),
-                peer.ip(),
-            )
-            .await
-        {
-            Ok(a) => a,
-            Err(Refusal::Limited(d)) => {
-                return rejection(&d, live.config.status, live.config.headers);
-            }
-            Err(Refusal::Answer(answer)) => return answer,
-        };
-        let mut resp = match &live.config.upstream {
-            Upstream::Echo => echo(&req, &admitted.identity),
-            Upstream::Url(base) => {
-                let pool = live.pool.as_ref().expect("a URL upstream has a pool");
-                self.forward(req, base, pool, peer, live.config.upstream_timeout)
-                    .await
-            }
-        };
-        self.settle(&live, &admitted, resp.status().as_u16()).await;
-        admitted.add_headers(resp.headers_mut(), live.config.headers);
-        resp
     }
 
     /// Identifies the client, applies `deny`/`allow` and decides every
@@ -425,73 +361,6 @@ impl Gateway {
             }
         }
     }
-
-    async fn forward(
-        &self,
-        req: Request<Incoming>,
-        base: &Uri,
-        pool: &Arc<Pool>,
-        peer: SocketAddr,
-        timeout: Duration,
-    ) -> Response<Body> {
-        if base.scheme_str() == Some("https") {
-            return problem_response(
-                StatusCode::BAD_GATEWAY,
-                "https upstreams are not supported by this build",
-            );
-        }
-        let (mut parts, body) = req.into_parts();
-        // Origin form (`/path?query`) on the upstream connection, under the
-        // upstream's path prefix if it has one.
-        let prefix = base.path().trim_end_matches('/');
-        let target: Result<Uri, _> = match parts.uri.path_and_query() {
-            Some(pq) if prefix.is_empty() => Ok(Uri::from(pq.clone())),
-            pq => format!("{prefix}{}", pq.map_or("/", |p| p.as_str())).parse(),
-        };
-        parts.uri = match target {
-            Ok(u) => u,
-            Err(_) => {
-                return problem_response(
-                    StatusCode::BAD_REQUEST,
-                    "request target cannot be forwarded",
-                );
-            }
-        };
-        parts.version = http::Version::HTTP_11;
-        strip_hop_by_hop(&mut parts.headers);
-        // X-Forwarded-For: one field, every incoming field's chain in order,
-        // then the peer (as the HTTP/1.1 path writes it).
-        let mut xff = Vec::new();
-        for prev in parts.headers.get_all(X_FORWARDED_FOR) {
-            xff.extend_from_slice(prev.as_bytes());
-            xff.extend_from_slice(b", ");
-        }
-        xff.extend_from_slice(ratewarden_tower::identity::ip_text(peer.ip()).as_bytes());
-        if let Ok(v) = HeaderValue::from_bytes(&xff) {
-            parts.headers.insert(X_FORWARDED_FOR, v);
-        }
-        if let Some(host) = pool.host() {
-            parts.headers.insert(header::HOST, host.clone());
-        }
-        let started = Instant::now();
-        let res = pool.send(Request::from_parts(parts, body), timeout).await;
-        self.metrics.upstream_time(started.elapsed());
-        match res {
-            Ok(resp) => {
-                let (mut parts, body) = resp.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync())
-            }
-            Err(UpstreamError::Timeout(_)) => problem_response(
-                StatusCode::GATEWAY_TIMEOUT,
-                &format!("the upstream did not answer within {timeout:?}"),
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "upstream failed");
-                problem_response(StatusCode::BAD_GATEWAY, "the upstream could not be reached")
-            }
-        }
-    }
 }
 
 /// The pool for `upstream`: `old` when it already serves that address.
@@ -547,23 +416,4 @@ fn key_of(
         }
     }
     out
-}
-
-/// The response to a rejected request.
-pub fn rejection(
-    d: &Decision,
-    status: StatusCode,
-    style: ratewarden::HeaderStyle,
-) -> Response<Body> {
-    ratewarden_tower::rejection_response(d, status, style).map(boxed)
-}
-
-/// The built-in upstream: says what it received.
-fn echo<B>(req: &Request<B>, identity: &str) -> Response<Body> {
-    let text = format!(
-        "ratewarden echo: {} {} from {identity}\n",
-        req.method(),
-        req.uri()
-    );
-    respond(StatusCode::OK, "text/plain; charset=utf-8", text)
 }

@@ -1,0 +1,381 @@
+//! One exchange with the upstream: send the request, relay the answer.
+
+use std::future::{Future, poll_fn};
+use std::io;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Instant;
+
+use bytes::{Buf, BytesMut};
+use http::{Method, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Sleep;
+
+use super::Conn;
+use super::chunked::Chunks;
+use super::request::Head;
+use super::response::{Framing, MAX_UPSTREAM_HEAD, UpHead, parse_response};
+use super::write::{http_date, push_field, status_line, write_answer};
+use crate::gateway::{Admitted, Gateway, Live, problem_response};
+use crate::proxy::forward::is_hop_by_hop;
+use crate::upstream::Pool;
+
+/// Bytes read from the upstream at a time while relaying a body.
+pub(crate) const RELAY: usize = 64 * 1024;
+/// Runs `fut` until `timer` fires (`None`).
+pub(crate) async fn within<F: Future>(timer: &mut Pin<Box<Sleep>>, fut: F) -> Option<F::Output> {
+    let mut fut = pin!(fut);
+    poll_fn(|cx| match fut.as_mut().poll(cx) {
+        Poll::Ready(v) => Poll::Ready(Some(v)),
+        Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
+    })
+    .await
+}
+
+/// Why an upstream exchange produced no response head.
+pub(crate) enum Failed {
+    /// No head within `upstream_timeout`: 504.
+    Timeout,
+    /// Connect or exchange error: 502.
+    Broken(String),
+}
+
+/// Everything one exchange with the upstream needs besides the buffers.
+pub(crate) struct Forward<'a> {
+    pub(crate) gw: &'a Gateway,
+    pub(crate) live: &'a Live,
+    pub(crate) pool: &'a Arc<Pool>,
+    pub(crate) prefix: &'a str,
+    pub(crate) peer: SocketAddr,
+    pub(crate) head: &'a Head,
+    pub(crate) admitted: &'a Admitted,
+}
+
+impl Conn {
+    /// Forwards the request in `input` and relays the answer; `Ok(false)`
+    /// when the client connection must close afterwards.
+    pub(crate) async fn exchange<S: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut S,
+        to: Forward<'_>,
+        answering: crate::idle::Answering,
+    ) -> io::Result<bool> {
+        let head = to.head;
+        self.request_head(&to);
+        let timeout = to.live.config.upstream_timeout;
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::from_std(started) + timeout;
+        let timer = match &mut self.timer {
+            Some(t) => {
+                t.as_mut().reset(deadline);
+                t
+            }
+            None => self
+                .timer
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        let answered = exchange_head(
+            to.pool,
+            timer,
+            &self.out,
+            &mut self.up,
+            &mut self.up_fields,
+            &head.method,
+        )
+        .await;
+        to.gw.metrics.upstream_time(started.elapsed());
+        let (mut up, resp) = match answered {
+            Ok(a) => a,
+            Err(failed) => {
+                let mut answer = match failed {
+                    Failed::Timeout => problem_response(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        &format!("the upstream did not answer within {timeout:?}"),
+                    ),
+                    Failed::Broken(e) => {
+                        tracing::warn!(error = %e, "upstream failed");
+                        problem_response(
+                            StatusCode::BAD_GATEWAY,
+                            "the upstream could not be reached",
+                        )
+                    }
+                };
+                to.gw
+                    .settle(to.live, to.admitted, answer.status().as_u16())
+                    .await;
+                to.admitted
+                    .add_headers(answer.headers_mut(), to.live.config.headers);
+                write_answer(io, &mut self.out, answer, head.close).await?;
+                return Ok(!head.close);
+            }
+        };
+        to.gw.settle(to.live, to.admitted, resp.status).await;
+        let close = head.close || resp.framing == Framing::Close;
+        self.response_head(&resp, &to, close);
+        // From here `up` holds the body bytes read so far.
+        self.up.advance(resp.len);
+        let (out, body) = (&mut self.out, &mut self.up);
+        let ended_clean = match resp.framing {
+            Framing::Empty => {
+                io.write_all(out).await?;
+                body.is_empty()
+            }
+            Framing::Length(n) if body.len() as u64 >= n && n <= RELAY as u64 => {
+                // The whole answer in one write.
+                let n = n as usize;
+                out.extend_from_slice(&body[..n]);
+                io.write_all(out).await?;
+                body.len() == n
+            }
+            Framing::Length(n) => {
+                io.write_all(out).await?;
+                drop(answering);
+                relay_length(&mut up, io, body, n).await?;
+                body.is_empty()
+            }
+            Framing::Chunked => {
+                io.write_all(out).await?;
+                drop(answering);
+                relay_chunked(&mut up, io, body).await?
+            }
+            Framing::Close => {
+                io.write_all(out).await?;
+                drop(answering);
+                relay_to_close(&mut up, io, body).await?;
+                false
+            }
+        };
+        body.clear();
+        if resp.reusable && ended_clean {
+            to.pool.put_stream(up);
+        }
+        Ok(!close)
+    }
+
+    /// The request to the upstream, in `out`: origin form under the
+    /// upstream's path prefix, hop-by-hop fields dropped, `Host` set to the
+    /// upstream's, the peer appended to `X-Forwarded-For`, then the body.
+    pub(crate) fn request_head(&mut self, to: &Forward<'_>) {
+        let (input, out, head) = (&self.input, &mut self.out, to.head);
+        out.clear();
+        out.extend_from_slice(head.method.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(to.prefix.as_bytes());
+        out.extend_from_slice(&input[head.target.clone()]);
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        let host = to.pool.host();
+        if let Some(h) = host {
+            push_field(out, b"host", h.as_bytes());
+        }
+        let mut chain: Vec<&[u8]> = vec![];
+        for (name, value) in &self.fields {
+            let (name, value) = (&input[name.clone()], &input[value.clone()]);
+            if name.eq_ignore_ascii_case(b"x-forwarded-for") {
+                chain.push(value);
+            } else {
+                let replaced = host.is_some() && name.eq_ignore_ascii_case(b"host");
+                if !is_hop_by_hop(name) && !replaced {
+                    push_field(out, name, value);
+                }
+            }
+        }
+        out.extend_from_slice(b"x-forwarded-for: ");
+        for hop in chain {
+            out.extend_from_slice(hop);
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(ratewarden_tower::identity::ip_text(to.peer.ip()).as_bytes());
+        out.extend_from_slice(b"\r\n\r\n");
+        out.extend_from_slice(&input[head.len..head.len + head.body]);
+    }
+
+    /// The response head to the client, in `out`: the upstream's status and
+    /// fields minus hop-by-hop ones, the framing this hop uses, the
+    /// decision's rate-limit fields.
+    pub(crate) fn response_head(&mut self, resp: &UpHead, to: &Forward<'_>, close: bool) {
+        let (up, out, rate) = (&self.up, &mut self.out, &mut self.rate);
+        out.clear();
+        let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);
+        status_line(out, status, Some(&up[resp.reason.clone()]));
+        rate.render(to.admitted.decision.as_ref(), to.live.config.headers);
+        for (name, value) in &self.up_fields {
+            let name_bytes = &up[name.clone()];
+            let dropped = is_hop_by_hop(name_bytes)
+                || resp
+                    .listed
+                    .iter()
+                    .any(|l| up[l.clone()].eq_ignore_ascii_case(name_bytes))
+                || rate.sets(name_bytes)
+                || (resp.framing == Framing::Chunked
+                    && name_bytes.eq_ignore_ascii_case(b"content-length"));
+            if !dropped {
+                push_field(out, name_bytes, &up[value.clone()]);
+            }
+        }
+        if !resp.dated {
+            push_field(out, b"date", &http_date());
+        }
+        if resp.framing == Framing::Chunked {
+            push_field(out, b"transfer-encoding", b"chunked");
+        }
+        if close {
+            push_field(out, b"connection", b"close");
+        }
+        out.extend_from_slice(&rate.lines);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Sends `request` on a pooled connection (or a new one) and reads the
+/// response head into `up`, all before `timer` fires. Pooled connections the
+/// upstream has closed are skipped (see [`Pool::take_stream`]). One it closes
+/// just as the request goes out fails before any byte of answer; the request
+/// (its body is buffered whole) is then sent once more on a new connection,
+/// within the same deadline, if its method is idempotent: the upstream may
+/// have acted on it before closing, and like nginx we never repeat a POST.
+pub(crate) async fn exchange_head(
+    pool: &Pool,
+    timer: &mut Pin<Box<Sleep>>,
+    request: &[u8],
+    up: &mut BytesMut,
+    fields: &mut Vec<(Range<usize>, Range<usize>)>,
+    method: &Method,
+) -> Result<(TcpStream, UpHead), Failed> {
+    let head_request = method == Method::HEAD;
+    let mut pooled = pool.take_stream();
+    loop {
+        let reused = pooled.is_some();
+        let mut stream = match pooled.take() {
+            Some(s) => s,
+            // Boxed: connecting is rare and its future large.
+            None => match within(timer, Box::pin(pool.connect_stream())).await {
+                None => return Err(Failed::Timeout),
+                Some(Err(e)) => return Err(Failed::Broken(e.to_string())),
+                Some(Ok(s)) => s,
+            },
+        };
+        up.clear();
+        let sent = within(timer, async {
+            stream.write_all(request).await?;
+            read_head(&mut stream, up, fields, head_request).await
+        })
+        .await;
+        match sent {
+            None => return Err(Failed::Timeout),
+            Some(Ok(resp)) => return Ok((stream, resp)),
+            Some(Err(_)) if reused && up.is_empty() && method.is_idempotent() => {
+                pooled = None;
+                continue;
+            }
+            Some(Err(e)) => return Err(Failed::Broken(e.to_string())),
+        }
+    }
+}
+
+/// Reads a response head (skipping interim 1xx ones) into `up`.
+pub(crate) async fn read_head(
+    stream: &mut TcpStream,
+    up: &mut BytesMut,
+    fields: &mut Vec<(Range<usize>, Range<usize>)>,
+    head_request: bool,
+) -> io::Result<UpHead> {
+    loop {
+        if !up.is_empty() {
+            match parse_response(up, head_request, fields) {
+                Ok(Some(h)) if (100..200).contains(&h.status) => {
+                    // 100 Continue, 103 Early Hints: not relayed.
+                    up.advance(h.len);
+                    continue;
+                }
+                Ok(Some(h)) => return Ok(h),
+                Ok(None) if up.len() < MAX_UPSTREAM_HEAD => {}
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "invalid response head from the upstream",
+                    ));
+                }
+            }
+        }
+        up.reserve(8192);
+        if stream.read_buf(up).await? == 0 {
+            return Err(cut_short());
+        }
+    }
+}
+
+/// Empties `buf` and reads the upstream's next bytes into it: how many (0
+/// at the end of its stream).
+pub(crate) async fn refill(up: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+    buf.clear();
+    buf.reserve(RELAY);
+    up.read_buf(buf).await
+}
+
+pub(crate) fn cut_short() -> io::Error {
+    io::ErrorKind::UnexpectedEof.into()
+}
+
+/// Relays a body of `left` bytes, starting with those in `buf`; bytes past
+/// its end stay in `buf`.
+pub(crate) async fn relay_length<S: AsyncWrite + Unpin>(
+    up: &mut TcpStream,
+    io: &mut S,
+    buf: &mut BytesMut,
+    mut left: u64,
+) -> io::Result<()> {
+    loop {
+        let n = buf.len().min(left.try_into().unwrap_or(usize::MAX));
+        io.write_all(&buf[..n]).await?;
+        left -= n as u64;
+        if left == 0 {
+            buf.advance(n);
+            return Ok(());
+        }
+        if refill(up, buf).await? == 0 {
+            return Err(cut_short());
+        }
+    }
+}
+
+/// Relays a chunked body as it is, starting with the bytes in `buf`;
+/// `Ok(true)` when it ended exactly where the upstream stopped sending.
+pub(crate) async fn relay_chunked<S: AsyncWrite + Unpin>(
+    up: &mut TcpStream,
+    io: &mut S,
+    buf: &mut BytesMut,
+) -> io::Result<bool> {
+    let mut chunks = Chunks::default();
+    loop {
+        let bad = || io::Error::new(io::ErrorKind::InvalidData, "bad chunked framing");
+        match chunks.feed(buf).map_err(|()| bad())? {
+            Some(end) => {
+                io.write_all(&buf[..end]).await?;
+                return Ok(end == buf.len());
+            }
+            None => io.write_all(buf).await?,
+        }
+        if refill(up, buf).await? == 0 {
+            return Err(cut_short());
+        }
+    }
+}
+
+/// Relays everything the upstream sends until it closes, starting with the
+/// bytes in `buf`.
+pub(crate) async fn relay_to_close<S: AsyncWrite + Unpin>(
+    up: &mut TcpStream,
+    io: &mut S,
+    buf: &mut BytesMut,
+) -> io::Result<()> {
+    loop {
+        io.write_all(buf).await?;
+        if refill(up, buf).await? == 0 {
+            return Ok(());
+        }
+    }
+}
