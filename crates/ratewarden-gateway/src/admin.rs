@@ -237,7 +237,12 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
             let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
                 return problem_response(StatusCode::BAD_REQUEST, "bad `method`");
             };
-            let path = query(&req, "path").unwrap_or_else(|| "/".into());
+            // The path as a rule would see it on the proxy.
+            let raw = query(&req, "path").unwrap_or_else(|| "/".into());
+            let path = match crate::proxy::forward::rule_path(&method, &raw) {
+                Ok(p) => p.into_owned(),
+                Err(e) => return e.answer(),
+            };
             let identity = query(&req, "identity").unwrap_or_default();
             let mut rules = vec![];
             for r in live

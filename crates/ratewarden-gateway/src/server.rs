@@ -84,7 +84,10 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
         .as_ref()
         .map(|l| l.local_addr())
         .transpose()?;
-    let idle = config.client_idle_timeout;
+    let timeouts = Timeouts {
+        idle: config.client_idle_timeout,
+        head: config.client_header_timeout,
+    };
     let gateway = Gateway::new(config, source.clock.clone())?;
     let (stop, stopped) = watch::channel(false);
     let mut tasks = vec![];
@@ -94,7 +97,7 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
         tasks.push(tokio::spawn(serve(
             listener,
             stopped.clone(),
-            idle,
+            timeouts,
             move |req, peer| {
                 let gw = gw.clone();
                 async move { gw.handle(req, peer).await }
@@ -107,7 +110,7 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
         tasks.push(tokio::spawn(serve(
             l,
             stopped.clone(),
-            idle,
+            timeouts,
             move |req, _peer| {
                 let gw = gw.clone();
                 async move { crate::admin::handle(&gw, req).await }
@@ -134,14 +137,24 @@ pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
     })
 }
 
+/// The client timeouts a listener applies, read at start.
+#[derive(Clone, Copy)]
+struct Timeouts {
+    /// `client_idle_timeout` (see [`crate::idle`]).
+    idle: Duration,
+    /// `client_header_timeout`, for the heads hyper reads (the HTTP/1.1
+    /// path bounds its own).
+    head: Duration,
+}
+
 /// Accepts connections (HTTP/1 and HTTP/2) until told to stop, then drains;
-/// closes connections idle for `idle` (see [`crate::idle`]). With `proxy`,
+/// closes connections idle for `timeouts.idle` (see [`crate::idle`]). With `proxy`,
 /// connections start on the gateway's own HTTP/1.1 path ([`crate::proxy`])
 /// and go over to hyper and `handler` for what that path does not take.
 async fn serve<F, Fut>(
     listener: TcpListener,
     mut stop: watch::Receiver<bool>,
-    idle: Duration,
+    timeouts: Timeouts,
     handler: F,
     proxy: Option<Arc<Gateway>>,
 ) where
@@ -154,6 +167,14 @@ async fn serve<F, Fut>(
     // answers are small (a 429, an API reply), and a plain write measured
     // 3-4% faster than writev here; large bodies pay one extra copy.
     builder.http1().writev(false);
+    // Heads read by hyper (connections handed over, the admin API) are
+    // bounded as a whole too; hyper drops such a connection without an
+    // answer. Its timer costs only the connections that go there.
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(timeouts.head);
+    let idle = timeouts.idle;
     loop {
         tokio::select! {
             conn = listener.accept() => {

@@ -24,6 +24,8 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+use crate::proxy::hyper::ClientBody;
+
 /// Idle connections kept per upstream (more are opened under load, and
 /// closed when they come back to a full pool).
 const MAX_IDLE: usize = 512;
@@ -53,7 +55,7 @@ pub enum UpstreamError {
 /// tokio's timer, not a new registration (a fresh `tokio::time::timeout`
 /// per request measured 4.5% of forwarding throughput).
 struct Link {
-    sender: SendRequest<Incoming>,
+    sender: SendRequest<ClientBody>,
     timer: Pin<Box<Sleep>>,
 }
 
@@ -135,7 +137,7 @@ impl Pool {
     /// more on a new connection, within the same deadline.
     pub async fn send(
         self: &Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<ClientBody>,
         timeout: Duration,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         let deadline = Instant::now() + timeout;

@@ -4,7 +4,10 @@
 use ratewarden_gateway::config::{self, ConfigError, Overrides};
 
 fn error(yaml: &str) -> ConfigError {
-    config::load(yaml, "bad.yaml", &Overrides::default()).expect_err("must be rejected")
+    config::load(yaml, "bad.yaml", &Overrides::default())
+        .expect_err("must be rejected")
+        .first()
+        .clone()
 }
 
 const HEAD: &str = "upstream: http://127.0.0.1:9000\nrules:\n";

@@ -29,6 +29,7 @@
 
 pub mod identity;
 pub mod key;
+pub mod path;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -19,9 +19,15 @@ pub enum RuleError {
     /// A duration that must be positive is zero.
     #[error("`{0}` must be longer than zero")]
     ZeroDuration(&'static str),
-    /// The numbers do not fit exact integer arithmetic (here or in Lua).
-    #[error("{0}")]
-    OutOfRange(String),
+    /// The numbers do not fit exact integer arithmetic (here or in Lua), or
+    /// are out of their range.
+    #[error("{message}")]
+    OutOfRange {
+        /// The key whose value is at fault (the first of several).
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// An option that does not apply to the chosen algorithm.
     #[error("`{key}` is only valid with algorithm {valid}")]
     NotApplicable {
@@ -30,6 +36,33 @@ pub enum RuleError {
         /// Where it is valid.
         valid: &'static str,
     },
+}
+
+impl RuleError {
+    /// The configuration key at fault (`name`, `window`, `limit`, `burst`,
+    /// `mode`, `min_interval`, `penalty`, `cost`...), so that a config
+    /// error can point at it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let e = ratewarden::Rule::builder("r").limit(5, Duration::ZERO).build().unwrap_err();
+    /// assert_eq!(e.key(), "window");
+    /// ```
+    pub fn key(&self) -> &'static str {
+        match self {
+            RuleError::BadName(_) => "name",
+            RuleError::ZeroDuration(k) => k,
+            RuleError::OutOfRange { key, .. } => key,
+            RuleError::NotApplicable { key, .. } => key,
+        }
+    }
+
+    fn range(key: &'static str, message: impl Into<String>) -> Self {
+        RuleError::OutOfRange {
+            key,
+            message: message.into(),
+        }
+    }
 }
 
 /// Escalating bans (`penalty:`): a key rejected for exceeding its limit is banned.
@@ -169,8 +202,9 @@ impl RuleBuilder {
     /// Validates and compiles the rule.
     pub fn build(self) -> Result<Rule, RuleError> {
         if self.1 {
-            return Err(RuleError::OutOfRange(
-                "`limit` and `cost` must be at least 1".into(),
+            return Err(RuleError::range(
+                "limit",
+                "`limit` and `cost` must be at least 1",
             ));
         }
         Rule::new(self.0)
@@ -254,15 +288,23 @@ impl Rule {
             return Err(RuleError::ZeroDuration("window"));
         }
         if window >= LUA_EXACT / 4 {
-            return Err(RuleError::OutOfRange(
-                "`window` must be shorter than 50 years".into(),
+            return Err(RuleError::range(
+                "window",
+                "`window` must be shorter than 50 years",
             ));
         }
         let limit = spec.limit.get();
         let burst = spec.burst.map_or(limit, NonZeroU64::get);
-        if limit > u32::MAX as u64 || burst > u32::MAX as u64 {
-            return Err(RuleError::OutOfRange(
-                "`limit` and `burst` must be at most 4294967295".into(),
+        if limit > u32::MAX as u64 {
+            return Err(RuleError::range(
+                "limit",
+                "`limit` must be at most 4294967295",
+            ));
+        }
+        if burst > u32::MAX as u64 {
+            return Err(RuleError::range(
+                "burst",
+                "`burst` must be at most 4294967295",
             ));
         }
         let buckets = matches!(
@@ -277,7 +319,7 @@ impl Rule {
         }
         if spec.max_delay.is_some() && spec.algorithm != Kind::LeakyBucket {
             return Err(RuleError::NotApplicable {
-                key: "mode: delay",
+                key: "mode",
                 valid: "leaky_bucket",
             });
         }
@@ -295,11 +337,14 @@ impl Rule {
                     window
                 };
                 if (limit as u128) * (ticks as u128) * 3 >= LUA_EXACT as u128 {
-                    return Err(RuleError::OutOfRange(format!(
-                        "sliding_window_counter with `limit` {limit} and `window` {:?} is too \
-                         large to estimate exactly; lower one of them",
-                        spec.window
-                    )));
+                    return Err(RuleError::range(
+                        "limit",
+                        format!(
+                            "sliding_window_counter with `limit` {limit} and `window` {:?} is \
+                             too large to estimate exactly; lower one of them",
+                            spec.window
+                        ),
+                    ));
                 }
                 Params::SlidingWindowCounter(
                     algorithm::sliding_window_counter::SlidingWindowCounter::new(limit, window),
@@ -308,11 +353,14 @@ impl Rule {
             Kind::TokenBucket | Kind::LeakyBucket => {
                 let g = gcd(window, limit);
                 if (burst as u128) * ((window / g) as u128) >= LUA_EXACT as u128 {
-                    return Err(RuleError::OutOfRange(format!(
-                        "`burst` {burst} with `window` {:?} is too fine-grained to count exactly; \
-                         use a shorter window or a limit that divides it",
-                        spec.window
-                    )));
+                    return Err(RuleError::range(
+                        "burst",
+                        format!(
+                            "`burst` {burst} with `window` {:?} is too fine-grained to count \
+                             exactly; use a shorter window or a limit that divides it",
+                            spec.window
+                        ),
+                    ));
                 }
                 if spec.algorithm == Kind::TokenBucket {
                     Params::TokenBucket(algorithm::token_bucket::TokenBucket::new(
@@ -333,13 +381,15 @@ impl Rule {
             }
             Kind::Gcra => {
                 if window < limit {
-                    return Err(RuleError::OutOfRange(
-                        "gcra needs `window / limit` of at least 1µs".into(),
+                    return Err(RuleError::range(
+                        "limit",
+                        "gcra needs `window / limit` of at least 1µs",
                     ));
                 }
                 if (window / limit) as u128 * burst as u128 >= (LUA_EXACT / 4) as u128 {
-                    return Err(RuleError::OutOfRange(
-                        "gcra `burst` × `window` / `limit` must be under 70 years".into(),
+                    return Err(RuleError::range(
+                        "burst",
+                        "gcra `burst` × `window` / `limit` must be under 70 years",
                     ));
                 }
                 Params::Gcra(algorithm::gcra::Gcra::new(limit, window, burst))
@@ -354,13 +404,15 @@ impl Rule {
                 return Err(RuleError::ZeroDuration("penalty"));
             }
             if p.multiplier == 0 {
-                return Err(RuleError::OutOfRange(
-                    "`penalty.multiplier` must be at least 1".into(),
+                return Err(RuleError::range(
+                    "penalty",
+                    "`penalty.multiplier` must be at least 1",
                 ));
             }
             if p.max < p.duration {
-                return Err(RuleError::OutOfRange(
-                    "`penalty.max` must be at least `penalty.duration`".into(),
+                return Err(RuleError::range(
+                    "penalty",
+                    "`penalty.max` must be at least `penalty.duration`",
                 ));
             }
         }

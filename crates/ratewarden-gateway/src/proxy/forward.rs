@@ -1,4 +1,15 @@
-//! What both HTTP paths must do alike when they forward a request.
+//! What both HTTP paths must do alike: what the edge refuses, the path a
+//! rule sees, the target and the fields that go upstream, and the answers
+//! for what went wrong. The HTTP/1.1 path works on bytes and hyper's on
+//! `http` types, so each calls these with what it has; neither keeps a copy.
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+
+use http::{Method, StatusCode};
+use ratewarden_tower::path::{self, PathError};
+
+use crate::gateway::{Body, problem_response};
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [&str; 8] = [
@@ -17,4 +28,291 @@ pub(crate) fn is_hop_by_hop(name: &[u8]) -> bool {
     HOP_BY_HOP
         .iter()
         .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
+}
+
+/// Whether a request field named `name` is left out of what goes upstream
+/// and of what rules read: hop-by-hop fields, and names with `_` unless
+/// `underscores_in_headers` keeps them. CGI, WSGI and Rack backends read
+/// `X_Forwarded_For` as `X-Forwarded-For`, so such a field could pose as
+/// one the gateway sets or reads (nginx drops them by default too).
+pub(crate) fn dropped_request_field(name: &[u8], keep_underscores: bool) -> bool {
+    is_hop_by_hop(name) || (!keep_underscores && name.contains(&b'_'))
+}
+
+/// Why the edge refuses a request before any rule sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Edge {
+    /// HTTP/1.1 without a `Host` field (RFC 9112 §3.2).
+    NoHost,
+    /// More than one `Host` field.
+    TwoHosts,
+    /// A `Host` value that is not `host[:port]`.
+    BadHost,
+    /// HTTP/2 `:authority` and `Host` that disagree.
+    AuthorityMismatch,
+    /// `CONNECT`: this is a gateway, not a forward proxy.
+    Connect,
+    /// `*` as the target of a method other than `OPTIONS`.
+    Asterisk,
+    /// A path that cannot be normalised.
+    Path(PathError),
+    /// A malformed (or, on hyper's path, cut short) request body.
+    BadBody,
+    /// The request head did not arrive within `client_header_timeout`.
+    HeadTimeout,
+    /// The request body did not arrive within `client_body_timeout`.
+    BodyTimeout,
+}
+
+/// What `Allow` says in a 405 for `CONNECT`: every method is forwarded but it.
+pub(crate) const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE";
+
+impl Edge {
+    /// The status it is answered with.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Edge::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            Edge::HeadTimeout | Edge::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// What the problem body says.
+    pub fn detail(self) -> String {
+        match self {
+            Edge::NoHost => "an HTTP/1.1 request needs a Host header".into(),
+            Edge::TwoHosts => "the request has more than one Host header".into(),
+            Edge::BadHost => "the Host header is not a valid host[:port]".into(),
+            Edge::AuthorityMismatch => ":authority and Host disagree".into(),
+            Edge::Connect => "CONNECT is not served: this is a reverse proxy".into(),
+            Edge::Asterisk => "`*` is a target only for OPTIONS".into(),
+            Edge::Path(e) => e.to_string(),
+            Edge::BadBody => "the request body is malformed or incomplete".into(),
+            Edge::HeadTimeout => "the request head did not arrive in time".into(),
+            Edge::BodyTimeout => "the request body did not arrive in time".into(),
+        }
+    }
+
+    /// The answer: a problem body; `Allow` with a 405.
+    pub fn answer(self) -> http::Response<Body> {
+        let mut r = problem_response(self.status(), &self.detail());
+        if self == Edge::Connect {
+            r.headers_mut()
+                .insert(http::header::ALLOW, http::HeaderValue::from_static(ALLOW));
+        }
+        r
+    }
+}
+
+/// Whether `v` is a valid `Host` value: `uri-host [ ":" port ]` (RFC 3986:
+/// a bracketed IPv6 literal, or a reg-name / IPv4 of unreserved,
+/// percent-encoded and sub-delim characters), not empty.
+pub fn valid_host(v: &[u8]) -> bool {
+    let (host, port) = match v.first() {
+        Some(b'[') => match v.iter().position(|&b| b == b']') {
+            Some(end) => {
+                let inner = &v[1..end];
+                if inner.is_empty()
+                    || !inner
+                        .iter()
+                        .all(|b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.'))
+                {
+                    return false;
+                }
+                (&v[..=end], &v[end + 1..])
+            }
+            None => return false,
+        },
+        _ => match v.iter().position(|&b| b == b':') {
+            Some(colon) => (&v[..colon], &v[colon..]),
+            None => (v, &b""[..]),
+        },
+    };
+    let port_ok = match port {
+        [] => true,
+        [b':', digits @ ..] => digits.len() <= 5 && digits.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    let reg_name = |b: &u8| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=".contains(b);
+    let host_ok = host.first() == Some(&b'[') || (!host.is_empty() && host.iter().all(reg_name));
+    host_ok && port_ok
+}
+
+/// The `Host` check of RFC 9112 §3.2 on an HTTP/1.1 request's `Host` values.
+pub fn check_host<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Result<(), Edge> {
+    match (values.next(), values.next()) {
+        (None, _) => Err(Edge::NoHost),
+        (Some(_), Some(_)) => Err(Edge::TwoHosts),
+        (Some(v), None) if valid_host(v.trim_ascii()) => Ok(()),
+        _ => Err(Edge::BadHost),
+    }
+}
+
+/// The path rules see for a request with `target` (origin form, or `*`):
+/// `*` for `OPTIONS *`, else the normalised path before any `?`.
+pub fn rule_path<'t>(method: &Method, target: &'t str) -> Result<Cow<'t, str>, Edge> {
+    if target == "*" {
+        return if method == Method::OPTIONS {
+            Ok(Cow::Borrowed("*"))
+        } else {
+            Err(Edge::Asterisk)
+        };
+    }
+    let raw = target.split_once('?').map_or(target, |(p, _)| p);
+    path::normalize(raw).map_err(Edge::Path)
+}
+
+/// Which target goes upstream (`upstream_path:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamPath {
+    /// The target as the client sent it (nginx's `proxy_pass` without a URI).
+    #[default]
+    Original,
+    /// The path in RFC 3986 normal form (see [`path::normalize_for_upstream`]),
+    /// the query as sent.
+    Normalized,
+}
+
+/// The target sent upstream, before the upstream URL's path prefix: the
+/// client's `target` as it came, or with its path normalised (see
+/// [`UpstreamPath`]). Borrows `target` when it goes as it came.
+pub fn upstream_target(target: &str, how: UpstreamPath) -> Result<Cow<'_, str>, Edge> {
+    if how == UpstreamPath::Original || target == "*" {
+        return Ok(Cow::Borrowed(target));
+    }
+    let (raw, query) = match target.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (target, None),
+    };
+    Ok(
+        match (
+            path::normalize_for_upstream(raw).map_err(Edge::Path)?,
+            query,
+        ) {
+            (Cow::Borrowed(_), _) => Cow::Borrowed(target),
+            (Cow::Owned(p), None) => Cow::Owned(p),
+            (Cow::Owned(p), Some(q)) => Cow::Owned(format!("{p}?{q}")),
+        },
+    )
+}
+
+/// Appends the value of the `X-Forwarded-For` sent upstream: every incoming
+/// field's chain in order, then the peer.
+pub(crate) fn push_forwarded_for<'a>(
+    out: &mut Vec<u8>,
+    chain: impl IntoIterator<Item = &'a [u8]>,
+    peer: IpAddr,
+) {
+    for hop in chain {
+        out.extend_from_slice(hop);
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(ratewarden_tower::identity::ip_text(peer).as_bytes());
+}
+
+/// Why the upstream gave no answer.
+#[derive(Debug)]
+pub enum UpstreamFailure {
+    /// No response head within `upstream_timeout`.
+    Timeout(std::time::Duration),
+    /// Could not connect, or the exchange broke: `why` goes to the client,
+    /// `error` (which may name internal addresses) only to the log.
+    Broken {
+        /// What the problem body says.
+        why: &'static str,
+        /// What the log says.
+        error: String,
+    },
+}
+
+/// The answer when the upstream gave none: 504 or 502, logged at WARN with
+/// the upstream and the reason.
+pub(crate) fn upstream_failed(upstream: &str, failure: UpstreamFailure) -> http::Response<Body> {
+    match failure {
+        UpstreamFailure::Timeout(t) => {
+            tracing::warn!(upstream, timeout = ?t, "upstream timed out: 504");
+            problem_response(
+                StatusCode::GATEWAY_TIMEOUT,
+                &format!("the upstream did not answer within {t:?}"),
+            )
+        }
+        UpstreamFailure::Broken { why, error } => {
+            tracing::warn!(upstream, %error, "upstream failed ({why}): 502");
+            problem_response(
+                StatusCode::BAD_GATEWAY,
+                &format!("the upstream could not be reached: {why}"),
+            )
+        }
+    }
+}
+
+/// Whether an upstream answer's `Content-Length` is dropped before it goes
+/// to the client: when it also has a `Transfer-Encoding`, which overrides
+/// the length and must take it away (RFC 9112 §6.3).
+pub(crate) fn drops_length(has_transfer_encoding: bool) -> bool {
+    has_transfer_encoding
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_checked_as_rfc_9112_says() {
+        for ok in [
+            &b"example.com"[..],
+            b"example.com:8080",
+            b"127.0.0.1",
+            b"[::1]:443",
+            b"[2001:db8::1]",
+            b"xn--bcher-kva.example",
+            b"a_b.local:",
+        ] {
+            assert!(valid_host(ok), "{}", String::from_utf8_lossy(ok));
+        }
+        for bad in [
+            &b""[..],
+            b":80",
+            b"a b",
+            b"a/b",
+            b"a@b",
+            b"[::1",
+            b"[zz]",
+            b"host:port",
+            b"host:123456",
+            b"a:1:2",
+        ] {
+            assert!(!valid_host(bad), "{}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(check_host([].into_iter()), Err(Edge::NoHost));
+        assert_eq!(
+            check_host([&b"a"[..], b"a"].into_iter()),
+            Err(Edge::TwoHosts)
+        );
+        assert_eq!(check_host([&b" a:1 "[..]].into_iter()), Ok(()));
+    }
+
+    #[test]
+    fn the_rule_path_and_the_upstream_target() {
+        let get = Method::GET;
+        assert_eq!(rule_path(&get, "/a/../b?x=/..").unwrap(), "/b");
+        assert_eq!(rule_path(&Method::OPTIONS, "*").unwrap(), "*");
+        assert_eq!(rule_path(&get, "*"), Err(Edge::Asterisk));
+        assert_eq!(
+            rule_path(&get, "/%zz"),
+            Err(Edge::Path(PathError::BadEscape))
+        );
+        let orig = UpstreamPath::Original;
+        let norm = UpstreamPath::Normalized;
+        assert_eq!(
+            upstream_target("//a/./b?q=%2e", orig).unwrap(),
+            "//a/./b?q=%2e"
+        );
+        assert_eq!(
+            upstream_target("//a/./b?q=%2e", norm).unwrap(),
+            "/a/b?q=%2e"
+        );
+        assert_eq!(upstream_target("*", norm).unwrap(), "*");
+        assert_eq!(upstream_target("/%zz", orig).unwrap(), "/%zz");
+    }
 }

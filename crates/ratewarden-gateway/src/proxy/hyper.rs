@@ -1,18 +1,31 @@
-//! hyper's path: HTTP/2, HTTP/1.0 and whatever the HTTP/1.1 path hands over.
+//! hyper's path: HTTP/2, HTTP/1.0 and whatever the HTTP/1.1 path hands
+//! over. hyper parses; the edge checks, the path rules see, the target and
+//! fields sent upstream and the failure answers are [`super::forward`]'s,
+//! as on the HTTP/1.1 path.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Uri};
+use http::request::Parts;
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use ratewarden::Decision;
+use tokio::time::Sleep;
 
 use crate::config::Upstream;
-use crate::gateway::{Body, Gateway, Refusal, boxed, problem_response, respond};
-use crate::proxy::forward::is_hop_by_hop;
+use crate::gateway::{Body, Gateway, Refusal, boxed, respond};
+use crate::proxy::forward::{
+    self, Edge, UpstreamFailure, check_host, drops_length, is_hop_by_hop, push_forwarded_for,
+    upstream_failed,
+};
 use crate::upstream::{Pool, UpstreamError};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -44,19 +57,144 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
-/// A request the limiter let through: its decision (`None` when no rule
+/// Removes the request fields whose names contain `_` (see
+/// [`forward::dropped_request_field`]).
+fn strip_underscores(h: &mut HeaderMap) {
+    let found: Vec<HeaderName> = h
+        .keys()
+        .filter(|k| k.as_str().contains('_'))
+        .cloned()
+        .collect();
+    for n in found {
+        h.remove(n);
+    }
+}
+
+/// What the edge refuses of a request hyper parsed: `CONNECT`, a missing,
+/// repeated or invalid `Host` on HTTP/1.1 (a repeated or invalid one on
+/// HTTP/1.0), and an HTTP/2 `:authority` that disagrees with `Host`.
+fn edge_check(parts: &Parts) -> Result<(), Edge> {
+    if parts.method == Method::CONNECT {
+        return Err(Edge::Connect);
+    }
+    let hosts = || {
+        parts
+            .headers
+            .get_all(header::HOST)
+            .iter()
+            .map(HeaderValue::as_bytes)
+    };
+    match parts.version {
+        Version::HTTP_11 => check_host(hosts()),
+        Version::HTTP_2 | Version::HTTP_3 => {
+            let mut all = hosts();
+            match (parts.uri.authority(), all.next(), all.next()) {
+                (_, Some(_), Some(_)) => Err(Edge::TwoHosts),
+                (Some(a), Some(h), None)
+                    if !a.as_str().as_bytes().eq_ignore_ascii_case(h.trim_ascii()) =>
+                {
+                    Err(Edge::AuthorityMismatch)
+                }
+                _ => Ok(()),
+            }
+        }
+        _ => match hosts().count() {
+            0 => Ok(()),
+            _ => check_host(hosts()),
+        },
+    }
+}
+
+/// The client's request body on its way upstream. hyper streams it, so a
+/// body that breaks (malformed chunks, cut short) or stalls for longer
+/// than `client_body_timeout` between two frames (nginx's per-read
+/// `client_body_timeout`) fails the upstream exchange; `fault` then says
+/// it was the client's doing, which is answered 400 or 408, not 502.
+pub struct ClientBody {
+    inner: Incoming,
+    timeout: Duration,
+    timer: Option<Pin<Box<Sleep>>>,
+    fault: Arc<AtomicU8>,
+}
+
+/// `ClientBody::fault` values.
+const BODY_BROKE: u8 = 1;
+const BODY_STALLED: u8 = 2;
+
+impl ClientBody {
+    fn new(inner: Incoming, timeout: Duration) -> (Self, Arc<AtomicU8>) {
+        let fault = Arc::new(AtomicU8::new(0));
+        let body = Self {
+            inner,
+            timeout,
+            timer: None,
+            fault: fault.clone(),
+        };
+        (body, fault)
+    }
+}
+
+impl http_body::Body for ClientBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Err(e))) => {
+                this.fault.store(BODY_BROKE, Ordering::Relaxed);
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(frame) => {
+                this.timer = None;
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                let timeout = this.timeout;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        this.fault.store(BODY_STALLED, Ordering::Relaxed);
+                        Poll::Ready(Some(Err("the request body stalled".into())))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 impl Gateway {
-    /// Handles one proxied request.
+    /// Handles one request on hyper's path.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let live = self.live();
+        let (mut parts, body) = req.into_parts();
+        if let Err(e) = edge_check(&parts) {
+            return e.answer();
+        }
+        if !live.config.underscores_in_headers {
+            strip_underscores(&mut parts.headers);
+        }
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let path = match forward::rule_path(&parts.method, target) {
+            Ok(p) => p,
+            Err(e) => return e.answer(),
+        };
         let admitted = match self
-            .admit(
-                &live,
-                req.method(),
-                req.uri().path(),
-                req.headers(),
-                peer.ip(),
-            )
+            .admit(&live, &parts.method, &path, &parts.headers, peer.ip())
             .await
         {
             Ok(a) => a,
@@ -65,11 +203,20 @@ impl Gateway {
             }
             Err(Refusal::Answer(answer)) => return answer,
         };
+        drop(path);
         let mut resp = match &live.config.upstream {
-            Upstream::Echo => echo(&req, &admitted.identity),
+            Upstream::Echo => echo(&parts, &admitted.identity),
             Upstream::Url(base) => {
                 let pool = live.pool.as_ref().expect("a URL upstream has a pool");
-                self.forward(req, base, pool, peer, live.config.upstream_timeout)
+                let (body, fault) = ClientBody::new(body, live.config.client_body_timeout);
+                let to = Upstreamed {
+                    base,
+                    pool,
+                    peer,
+                    timeout: live.config.upstream_timeout,
+                    how: live.config.upstream_path,
+                };
+                self.forward(Request::from_parts(parts, body), &to, &fault)
                     .await
             }
         };
@@ -81,70 +228,95 @@ impl Gateway {
     /// Forwards an admitted request to the upstream and its answer back.
     async fn forward(
         &self,
-        req: Request<Incoming>,
-        base: &Uri,
-        pool: &Arc<Pool>,
-        peer: SocketAddr,
-        timeout: Duration,
+        req: Request<ClientBody>,
+        to: &Upstreamed<'_>,
+        fault: &AtomicU8,
     ) -> Response<Body> {
-        if base.scheme_str() == Some("https") {
-            return problem_response(
-                StatusCode::BAD_GATEWAY,
-                "https upstreams are not supported by this build",
+        if to.base.scheme_str() == Some("https") {
+            return upstream_failed(
+                to.pool.addr(),
+                UpstreamFailure::Broken {
+                    why: "https upstreams are not supported by this build",
+                    error: "no TLS client".into(),
+                },
             );
         }
         let (mut parts, body) = req.into_parts();
         // Origin form (`/path?query`) on the upstream connection, under the
         // upstream's path prefix if it has one.
-        let prefix = base.path().trim_end_matches('/');
-        let target: Result<Uri, _> = match parts.uri.path_and_query() {
-            Some(pq) if prefix.is_empty() => Ok(Uri::from(pq.clone())),
-            pq => format!("{prefix}{}", pq.map_or("/", |p| p.as_str())).parse(),
+        let prefix = to.base.path().trim_end_matches('/');
+        let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let target = match forward::upstream_target(sent, to.how) {
+            Ok(t) if prefix.is_empty() => t.parse::<Uri>(),
+            Ok(t) => format!("{prefix}{t}").parse(),
+            Err(e) => return e.answer(),
         };
         parts.uri = match target {
             Ok(u) => u,
             Err(_) => {
-                return problem_response(
+                return crate::gateway::problem_response(
                     StatusCode::BAD_REQUEST,
                     "request target cannot be forwarded",
                 );
             }
         };
-        parts.version = http::Version::HTTP_11;
+        parts.version = Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
-        // X-Forwarded-For: one field, every incoming field's chain in order,
-        // then the peer (as the HTTP/1.1 path writes it).
         let mut xff = Vec::new();
-        for prev in parts.headers.get_all(X_FORWARDED_FOR) {
-            xff.extend_from_slice(prev.as_bytes());
-            xff.extend_from_slice(b", ");
-        }
-        xff.extend_from_slice(ratewarden_tower::identity::ip_text(peer.ip()).as_bytes());
+        push_forwarded_for(
+            &mut xff,
+            parts
+                .headers
+                .get_all(X_FORWARDED_FOR)
+                .iter()
+                .map(HeaderValue::as_bytes),
+            to.peer.ip(),
+        );
         if let Ok(v) = HeaderValue::from_bytes(&xff) {
             parts.headers.insert(X_FORWARDED_FOR, v);
         }
-        if let Some(host) = pool.host() {
+        if let Some(host) = to.pool.host() {
             parts.headers.insert(header::HOST, host.clone());
         }
         let started = Instant::now();
-        let res = pool.send(Request::from_parts(parts, body), timeout).await;
+        let res = to
+            .pool
+            .send(Request::from_parts(parts, body), to.timeout)
+            .await;
         self.metrics.upstream_time(started.elapsed());
-        match res {
-            Ok(resp) => {
+        match (res, fault.load(Ordering::Relaxed)) {
+            (Ok(resp), _) => {
                 let (mut parts, body) = resp.into_parts();
+                if drops_length(parts.headers.contains_key(header::TRANSFER_ENCODING)) {
+                    parts.headers.remove(header::CONTENT_LENGTH);
+                }
                 strip_hop_by_hop(&mut parts.headers);
                 Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync())
             }
-            Err(UpstreamError::Timeout(_)) => problem_response(
-                StatusCode::GATEWAY_TIMEOUT,
-                &format!("the upstream did not answer within {timeout:?}"),
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "upstream failed");
-                problem_response(StatusCode::BAD_GATEWAY, "the upstream could not be reached")
+            (Err(_), BODY_BROKE) => Edge::BadBody.answer(),
+            (Err(_), BODY_STALLED) => Edge::BodyTimeout.answer(),
+            (Err(UpstreamError::Timeout(t)), _) => {
+                upstream_failed(to.pool.addr(), UpstreamFailure::Timeout(t))
+            }
+            (Err(e), _) => {
+                let why = match &e {
+                    UpstreamError::Connect { .. } => "could not connect",
+                    _ => "the exchange broke before an answer",
+                };
+                let error = e.to_string();
+                upstream_failed(to.pool.addr(), UpstreamFailure::Broken { why, error })
             }
         }
     }
+}
+
+/// Where and how an admitted request goes upstream.
+struct Upstreamed<'a> {
+    base: &'a Uri,
+    pool: &'a Arc<Pool>,
+    peer: SocketAddr,
+    timeout: Duration,
+    how: forward::UpstreamPath,
 }
 
 /// The response to a rejected request.
@@ -157,11 +329,10 @@ pub fn rejection(
 }
 
 /// The built-in upstream: says what it received.
-fn echo<B>(req: &Request<B>, identity: &str) -> Response<Body> {
+fn echo(req: &Parts, identity: &str) -> Response<Body> {
     let text = format!(
         "ratewarden echo: {} {} from {identity}\n",
-        req.method(),
-        req.uri()
+        req.method, req.uri
     );
     respond(StatusCode::OK, "text/plain; charset=utf-8", text)
 }

@@ -20,8 +20,14 @@ use super::chunked::Chunks;
 use super::request::Head;
 use super::response::{Framing, MAX_UPSTREAM_HEAD, UpHead, parse_response};
 use super::write::{http_date, push_field, status_line, write_answer};
-use crate::gateway::{Admitted, Gateway, Live, problem_response};
-use crate::proxy::forward::is_hop_by_hop;
+use smallvec::SmallVec;
+
+use super::request::BodyLen;
+use crate::gateway::{Admitted, Gateway, Live};
+use crate::proxy::forward::{
+    UpstreamFailure, dropped_request_field, drops_length, is_hop_by_hop, push_forwarded_for,
+    upstream_failed,
+};
 use crate::upstream::Pool;
 
 /// Bytes read from the upstream at a time while relaying a body.
@@ -40,8 +46,8 @@ pub(crate) async fn within<F: Future>(timer: &mut Pin<Box<Sleep>>, fut: F) -> Op
 pub(crate) enum Failed {
     /// No head within `upstream_timeout`: 504.
     Timeout,
-    /// Connect or exchange error: 502.
-    Broken(String),
+    /// Connect or exchange error: 502, saying `.0` (and logging `.1`).
+    Broken(&'static str, String),
 }
 
 /// Everything one exchange with the upstream needs besides the buffers.
@@ -49,7 +55,11 @@ pub(crate) struct Forward<'a> {
     pub(crate) gw: &'a Gateway,
     pub(crate) live: &'a Live,
     pub(crate) pool: &'a Arc<Pool>,
+    /// The upstream URL's path prefix, without its trailing `/`.
     pub(crate) prefix: &'a str,
+    /// The target sent after `prefix` when it is not the client's as it
+    /// came (see [`crate::proxy::forward::upstream_target`]).
+    pub(crate) rewritten: Option<&'a str>,
     pub(crate) peer: SocketAddr,
     pub(crate) head: &'a Head,
     pub(crate) admitted: &'a Admitted,
@@ -68,16 +78,7 @@ impl Conn {
         self.request_head(&to);
         let timeout = to.live.config.upstream_timeout;
         let started = Instant::now();
-        let deadline = tokio::time::Instant::from_std(started) + timeout;
-        let timer = match &mut self.timer {
-            Some(t) => {
-                t.as_mut().reset(deadline);
-                t
-            }
-            None => self
-                .timer
-                .insert(Box::pin(tokio::time::sleep_until(deadline))),
-        };
+        let timer = super::arm(&mut self.timer, timeout);
         let answered = exchange_head(
             to.pool,
             timer,
@@ -91,19 +92,11 @@ impl Conn {
         let (mut up, resp) = match answered {
             Ok(a) => a,
             Err(failed) => {
-                let mut answer = match failed {
-                    Failed::Timeout => problem_response(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        &format!("the upstream did not answer within {timeout:?}"),
-                    ),
-                    Failed::Broken(e) => {
-                        tracing::warn!(error = %e, "upstream failed");
-                        problem_response(
-                            StatusCode::BAD_GATEWAY,
-                            "the upstream could not be reached",
-                        )
-                    }
+                let failure = match failed {
+                    Failed::Timeout => UpstreamFailure::Timeout(timeout),
+                    Failed::Broken(why, error) => UpstreamFailure::Broken { why, error },
                 };
+                let mut answer = upstream_failed(to.pool.addr(), failure);
                 to.gw
                     .settle(to.live, to.admitted, answer.status().as_u16())
                     .await;
@@ -156,41 +149,54 @@ impl Conn {
         Ok(!close)
     }
 
-    /// The request to the upstream, in `out`: origin form under the
-    /// upstream's path prefix, hop-by-hop fields dropped, `Host` set to the
-    /// upstream's, the peer appended to `X-Forwarded-For`, then the body.
+    /// The request to the upstream, in `out`: the target under the
+    /// upstream's path prefix,
+    /// dropped fields left out (hop-by-hop, and `_` names unless kept),
+    /// `Host` set to the upstream's, the peer appended to
+    /// `X-Forwarded-For`, then the body: as read, or decoded from chunks and
+    /// sent with its length.
     pub(crate) fn request_head(&mut self, to: &Forward<'_>) {
         let (input, out, head) = (&self.input, &mut self.out, to.head);
+        let keep_underscores = to.live.config.underscores_in_headers;
         out.clear();
         out.extend_from_slice(head.method.as_str().as_bytes());
         out.push(b' ');
         out.extend_from_slice(to.prefix.as_bytes());
-        out.extend_from_slice(&input[head.target.clone()]);
+        match to.rewritten {
+            Some(t) => out.extend_from_slice(t.as_bytes()),
+            None => out.extend_from_slice(&input[head.target.clone()]),
+        }
         out.extend_from_slice(b" HTTP/1.1\r\n");
         let host = to.pool.host();
         if let Some(h) = host {
             push_field(out, b"host", h.as_bytes());
         }
-        let mut chain: Vec<&[u8]> = vec![];
+        let mut chain: SmallVec<[&[u8]; 2]> = SmallVec::new();
         for (name, value) in &self.fields {
             let (name, value) = (&input[name.clone()], &input[value.clone()]);
             if name.eq_ignore_ascii_case(b"x-forwarded-for") {
                 chain.push(value);
             } else {
                 let replaced = host.is_some() && name.eq_ignore_ascii_case(b"host");
-                if !is_hop_by_hop(name) && !replaced {
+                if !dropped_request_field(name, keep_underscores) && !replaced {
                     push_field(out, name, value);
                 }
             }
         }
-        out.extend_from_slice(b"x-forwarded-for: ");
-        for hop in chain {
-            out.extend_from_slice(hop);
-            out.extend_from_slice(b", ");
+        if head.body == BodyLen::Chunked {
+            let n: usize = self.body.iter().map(ExactSizeIterator::len).sum();
+            push_field(
+                out,
+                b"content-length",
+                itoa::Buffer::new().format(n).as_bytes(),
+            );
         }
-        out.extend_from_slice(ratewarden_tower::identity::ip_text(to.peer.ip()).as_bytes());
+        out.extend_from_slice(b"x-forwarded-for: ");
+        push_forwarded_for(out, chain, to.peer.ip());
         out.extend_from_slice(b"\r\n\r\n");
-        out.extend_from_slice(&input[head.len..head.len + head.body]);
+        for span in &self.body {
+            out.extend_from_slice(&input[span.clone()]);
+        }
     }
 
     /// The response head to the client, in `out`: the upstream's status and
@@ -210,7 +216,7 @@ impl Conn {
                     .iter()
                     .any(|l| up[l.clone()].eq_ignore_ascii_case(name_bytes))
                 || rate.sets(name_bytes)
-                || (resp.framing == Framing::Chunked
+                || (drops_length(resp.transfer_encoding)
                     && name_bytes.eq_ignore_ascii_case(b"content-length"));
             if !dropped {
                 push_field(out, name_bytes, &up[value.clone()]);
@@ -254,7 +260,7 @@ pub(crate) async fn exchange_head(
             // Boxed: connecting is rare and its future large.
             None => match within(timer, Box::pin(pool.connect_stream())).await {
                 None => return Err(Failed::Timeout),
-                Some(Err(e)) => return Err(Failed::Broken(e.to_string())),
+                Some(Err(e)) => return Err(Failed::Broken("could not connect", e.to_string())),
                 Some(Ok(s)) => s,
             },
         };
@@ -271,7 +277,14 @@ pub(crate) async fn exchange_head(
                 pooled = None;
                 continue;
             }
-            Some(Err(e)) => return Err(Failed::Broken(e.to_string())),
+            Some(Err(e)) => {
+                let why = if e.kind() == io::ErrorKind::InvalidData {
+                    "the answer was not valid HTTP"
+                } else {
+                    "the exchange broke before an answer"
+                };
+                return Err(Failed::Broken(why, e.to_string()));
+            }
         }
     }
 }
@@ -352,7 +365,7 @@ pub(crate) async fn relay_chunked<S: AsyncWrite + Unpin>(
     let mut chunks = Chunks::default();
     loop {
         let bad = || io::Error::new(io::ErrorKind::InvalidData, "bad chunked framing");
-        match chunks.feed(buf).map_err(|()| bad())? {
+        match chunks.feed(buf).map_err(|_| bad())? {
             Some(end) => {
                 io.write_all(&buf[..end]).await?;
                 return Ok(end == buf.len());

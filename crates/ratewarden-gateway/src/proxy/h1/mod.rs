@@ -11,11 +11,18 @@
 //! two protocol state machines and a task hand-off per request: about 2 µs
 //! more CPU per proxied request (BENCHMARKS.md).
 //!
+//! Chunked request bodies are read whole (up to [`MAX_BODY`] of data),
+//! checked, and forwarded with a length, as nginx does with request
+//! buffering on: a malformed one is answered 400 and none of it reaches the
+//! upstream. A head must arrive within `client_header_timeout` of its
+//! first bytes, a body within `client_body_timeout` of its head, or the
+//! answer is 408.
+//!
 //! Anything else on a connection (HTTP/1.0, HTTP/2, `Expect`, `Upgrade`,
-//! chunked or large request bodies, absolute-form targets, heads over
-//! [`MAX_HEAD`] or that do not parse, the echo or an https upstream) hands
-//! the connection, with the bytes already read, to hyper for the rest of
-//! its life: hyper's behaviour there is unchanged, including its errors.
+//! larger request bodies, absolute-form targets, heads over [`MAX_HEAD`]
+//! or that do not parse, the echo or an https upstream) hands the
+//! connection, with the bytes already read, to hyper for the rest of its
+//! life: hyper's behaviour there is unchanged, including its errors.
 
 use std::future::Future;
 use std::io;
@@ -23,6 +30,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use http::header::HeaderMap;
@@ -42,11 +50,13 @@ mod write;
 use crate::config::Upstream;
 use crate::gateway::{Gateway, Refusal};
 use crate::idle::Watched;
+use crate::proxy::forward::{self, Edge};
 
-use exchange::Forward;
+use chunked::{Chunks, valid_trailers};
+use exchange::{Forward, within};
 use reject_cache::write_rejection;
+use request::{BodyLen, Head, Parsed, header_map, parse_request};
 pub use request::{MAX_BODY, MAX_HEAD};
-use request::{Parsed, header_map, parse_request};
 use write::{RateFields, write_answer};
 
 /// One client connection's buffers, reused from request to request.
@@ -60,13 +70,182 @@ struct Conn {
     up: BytesMut,
     /// Header offsets of the request in `input`.
     fields: Vec<(Range<usize>, Range<usize>)>,
+    /// Where the request's body data is in `input` (one span, or a chunked
+    /// body's chunks).
+    body: Vec<Range<usize>>,
     /// Header offsets of the response in `up`.
     up_fields: Vec<(Range<usize>, Range<usize>)>,
     /// The decision's header lines.
     rate: RateFields,
-    /// The upstream deadline, reset per request (a new tokio timer per
-    /// request measured 4.5% of forwarding throughput; see upstream.rs).
+    /// The deadline of a slow client read, or of the upstream's answer;
+    /// reset per use (a new tokio timer per request measured 4.5% of
+    /// forwarding throughput; see upstream.rs). Never armed for a request
+    /// whose head and body come in one read, the common case.
     timer: Option<Pin<Box<Sleep>>>,
+}
+
+/// `timer`, set to fire `after` from now (created on first use).
+fn arm(timer: &mut Option<Pin<Box<Sleep>>>, after: Duration) -> &mut Pin<Box<Sleep>> {
+    let deadline = tokio::time::Instant::now() + after;
+    match timer {
+        Some(t) => t.as_mut().reset(deadline),
+        None => *timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+    }
+    timer.as_mut().expect("just set")
+}
+
+/// What reading a request gave.
+enum Next {
+    /// A whole request head.
+    Serve(Head),
+    /// The client is gone, or the gateway is stopping between requests.
+    Close,
+    /// Not for this path: hyper takes the connection.
+    Hyper,
+    /// Refused at the edge: answered, then the connection closes.
+    Refuse(Edge),
+}
+
+impl Conn {
+    /// Reads until `input` starts with a whole request head. The head's
+    /// first bytes start `client_header_timeout` (the wait before them is
+    /// `client_idle_timeout`'s).
+    async fn read_head<F: Future<Output = ()>>(
+        &mut self,
+        io: &mut Watched<TcpStream>,
+        stopping: &mut Pin<&mut F>,
+        gw: &Gateway,
+    ) -> io::Result<Next> {
+        let mut armed = false;
+        loop {
+            if !self.input.is_empty() {
+                match parse_request(&self.input, &mut self.fields) {
+                    Parsed::Complete(h) => return Ok(Next::Serve(h)),
+                    Parsed::Partial if self.input.len() < MAX_HEAD => {}
+                    Parsed::Refused(e) => return Ok(Next::Refuse(e)),
+                    _ => return Ok(Next::Hyper),
+                }
+            }
+            // A head ends with a line feed: bytes without one (a client
+            // trickling its head) are not worth parsing again.
+            loop {
+                if self.input.is_empty() {
+                    // Between requests: wait holding no buffers (an idle
+                    // kept-alive connection costs its task and socket only).
+                    self.release();
+                    tokio::select! {
+                        biased;
+                        ready = io.readable() => ready?,
+                        // Shutting down: a connection between requests closes.
+                        () = stopping.as_mut() => return Ok(Next::Close),
+                    }
+                    self.acquire();
+                } else if !armed {
+                    arm(&mut self.timer, gw.live().config.client_header_timeout);
+                    armed = true;
+                }
+                self.input.reserve(4096);
+                let n = match (&mut self.timer, armed) {
+                    (Some(timer), true) => {
+                        match within(timer, io.read_buf(&mut self.input)).await {
+                            Some(n) => n?,
+                            None => return Ok(Next::Refuse(Edge::HeadTimeout)),
+                        }
+                    }
+                    _ => io.read_buf(&mut self.input).await?,
+                };
+                if n == 0 {
+                    return Ok(Next::Close);
+                }
+                let fresh = &self.input[self.input.len() - n..];
+                if fresh.contains(&b'\n') || self.input.len() >= MAX_HEAD {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Reads the body of `head` into `input`, its data spans into `body`:
+    /// `Ok(Ok(n))` when the request is the first `n` bytes of `input`. The
+    /// body must arrive within `client_body_timeout` of the head.
+    async fn read_body(
+        &mut self,
+        io: &mut Watched<TcpStream>,
+        head: &Head,
+        gw: &Gateway,
+    ) -> io::Result<Result<usize, Next>> {
+        self.body.clear();
+        let mut armed = false;
+        match head.body {
+            BodyLen::Length(n) => {
+                let whole = head.len + n;
+                while self.input.len() < whole {
+                    if !armed {
+                        arm(&mut self.timer, gw.live().config.client_body_timeout);
+                        armed = true;
+                    }
+                    self.input.reserve(whole - self.input.len());
+                    let timer = self.timer.as_mut().expect("armed");
+                    match within(timer, io.read_buf(&mut self.input)).await {
+                        None => return Ok(Err(Next::Refuse(Edge::BodyTimeout))),
+                        Some(Ok(0)) | Some(Err(_)) => return Ok(Err(Next::Close)),
+                        Some(_) => {}
+                    }
+                }
+                if n > 0 {
+                    self.body.push(head.len..whole);
+                }
+                Ok(Ok(whole))
+            }
+            BodyLen::Chunked => {
+                let mut chunks = Chunks::default();
+                let mut trailer = vec![];
+                let mut pos = head.len;
+                loop {
+                    if pos < self.input.len() {
+                        let (data_from, trailer_from) = (self.body.len(), trailer.len());
+                        let ended = chunks.decode(&self.input[pos..], &mut self.body, &mut trailer);
+                        for r in self.body[data_from..]
+                            .iter_mut()
+                            .chain(&mut trailer[trailer_from..])
+                        {
+                            *r = r.start + pos..r.end + pos;
+                        }
+                        match ended {
+                            Err(_) => return Ok(Err(Next::Refuse(Edge::BadBody))),
+                            Ok(Some(n)) => {
+                                let section: Vec<u8> = trailer
+                                    .iter()
+                                    .flat_map(|r| self.input[r.clone()].iter().copied())
+                                    .collect();
+                                if !valid_trailers(&section) {
+                                    return Ok(Err(Next::Refuse(Edge::BadBody)));
+                                }
+                                return Ok(Ok(pos + n));
+                            }
+                            Ok(None) => pos = self.input.len(),
+                        }
+                        // Too large to hold: hyper streams it (from the head).
+                        let data: usize = self.body.iter().map(ExactSizeIterator::len).sum();
+                        if data > MAX_BODY || pos - head.len > MAX_BODY + MAX_HEAD {
+                            return Ok(Err(Next::Hyper));
+                        }
+                    }
+                    if !armed {
+                        arm(&mut self.timer, gw.live().config.client_body_timeout);
+                        armed = true;
+                    }
+                    self.input.reserve(4096);
+                    let timer = self.timer.as_mut().expect("armed");
+                    match within(timer, io.read_buf(&mut self.input)).await {
+                        None => return Ok(Err(Next::Refuse(Edge::BodyTimeout))),
+                        Some(Ok(0)) | Some(Err(_)) => return Ok(Err(Next::Close)),
+                        Some(_) => {}
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Serves one client connection: HTTP/1.1 here, anything else through
@@ -89,46 +268,18 @@ where
         let _ = stop.wait_for(|s| *s).await;
     });
     loop {
-        let head = loop {
-            if !c.input.is_empty() {
-                match parse_request(&c.input, &mut c.fields) {
-                    Parsed::Complete(h) => break h,
-                    Parsed::Partial if c.input.len() < MAX_HEAD => {}
-                    _ => return hand_over(io, c.input, hyper).await,
-                }
-            }
-            // A head ends with a line feed: bytes without one (a client
-            // trickling its head) are not worth parsing again.
-            loop {
-                if c.input.is_empty() {
-                    // Between requests: wait holding no buffers (an idle
-                    // kept-alive connection costs its task and socket only).
-                    c.release();
-                    tokio::select! {
-                        biased;
-                        ready = io.readable() => ready?,
-                        // Shutting down: a connection between requests closes.
-                        () = &mut stopping => return Ok(()),
-                    }
-                    c.acquire();
-                }
-                c.input.reserve(4096);
-                let n = io.read_buf(&mut c.input).await?;
-                if n == 0 {
-                    return Ok(());
-                }
-                if c.input[c.input.len() - n..].contains(&b'\n') || c.input.len() >= MAX_HEAD {
-                    break;
-                }
-            }
+        let head = match c.read_head(&mut io, &mut stopping, &gw).await? {
+            Next::Serve(h) => h,
+            Next::Close => return Ok(()),
+            Next::Hyper => return hand_over(io, c.input, hyper).await,
+            Next::Refuse(e) => return Ok(refuse(&mut io, &mut c.out, e).await?),
         };
-        let whole = head.len + head.body;
-        while c.input.len() < whole {
-            c.input.reserve(whole - c.input.len());
-            if io.read_buf(&mut c.input).await? == 0 {
-                return Ok(());
-            }
-        }
+        let whole = match c.read_body(&mut io, &head, &gw).await? {
+            Ok(n) => n,
+            Err(Next::Hyper) => return hand_over(io, c.input, hyper).await,
+            Err(Next::Refuse(e)) => return Ok(refuse(&mut io, &mut c.out, e).await?),
+            Err(_) => return Ok(()),
+        };
         let live = gw.live();
         let (Upstream::Url(base), Some(pool)) = (&live.config.upstream, &live.pool) else {
             return hand_over(io, c.input, hyper).await;
@@ -137,36 +288,57 @@ where
             return hand_over(io, c.input, hyper).await;
         }
         let answering = io.activity().answering();
-        let headers = if live.reads_headers {
-            header_map(&c.input, &c.fields)
-        } else {
-            HeaderMap::new()
-        };
+        // The target is visible ASCII (`parse_request` checked it).
         let target = std::str::from_utf8(&c.input[head.target.clone()]).unwrap_or("/");
-        let path = target.split('?').next().unwrap_or(target);
-        let keep = match gw
-            .admit(&live, &head.method, path, &headers, peer.ip())
-            .await
-        {
-            Err(Refusal::Limited(d)) => {
+        let admitted = match forward::rule_path(&head.method, target) {
+            Err(e) => Err(Refusal::Answer(e.answer())),
+            Ok(path) => {
+                let headers = if live.reads_headers {
+                    header_map(&c.input, &c.fields, live.config.underscores_in_headers)
+                } else {
+                    HeaderMap::new()
+                };
+                gw.admit(&live, &head.method, &path, &headers, peer.ip())
+                    .await
+            }
+        };
+        let rewritten = match (
+            &admitted,
+            forward::upstream_target(target, live.config.upstream_path),
+        ) {
+            (Ok(_), Ok(t)) => Ok(match t {
+                std::borrow::Cow::Owned(t) => Some(t),
+                std::borrow::Cow::Borrowed(_) => None,
+            }),
+            (_, Err(e)) => Err(e),
+            (Err(_), _) => Ok(None),
+        };
+        let keep = match (admitted, rewritten) {
+            (Err(Refusal::Limited(d)), _) => {
                 let how = (live.config.status, live.config.headers);
                 write_rejection(&mut c.out, &mut c.rate, &d, how, head.close);
                 io.write_all(&c.out).await?;
                 drop(answering);
                 !head.close
             }
-            Err(Refusal::Answer(answer)) => {
+            (Err(Refusal::Answer(answer)), _) => {
                 write_answer(&mut io, &mut c.out, answer, head.close).await?;
                 drop(answering);
                 !head.close
             }
-            Ok(admitted) => {
+            (Ok(_), Err(e)) => {
+                write_answer(&mut io, &mut c.out, e.answer(), head.close).await?;
+                drop(answering);
+                !head.close
+            }
+            (Ok(admitted), Ok(rewritten)) => {
                 let prefix = base.path().trim_end_matches('/');
                 let to = Forward {
                     gw: &gw,
                     live: &live,
                     pool,
                     prefix,
+                    rewritten: rewritten.as_deref(),
                     peer,
                     head: &head,
                     admitted: &admitted,
@@ -180,6 +352,14 @@ where
         }
         c.trim();
     }
+}
+
+/// Answers a request the edge refused; the connection then closes (where
+/// the request ends is unknown, or the client cannot be trusted to frame
+/// the next one).
+async fn refuse(io: &mut Watched<TcpStream>, out: &mut Vec<u8>, e: Edge) -> io::Result<()> {
+    tracing::debug!(status = e.status().as_u16(), reason = %e.detail(), "refused at the edge");
+    write_answer(io, out, e.answer(), true).await
 }
 
 /// Gives the connection to hyper, the bytes already read to be read again.

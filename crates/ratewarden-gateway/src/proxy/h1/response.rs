@@ -32,6 +32,9 @@ pub(crate) struct UpHead {
     pub(crate) listed: Vec<Range<usize>>,
     /// The upstream sent a `Date`.
     pub(crate) dated: bool,
+    /// The upstream sent a `Transfer-Encoding` (its `Content-Length`, if
+    /// any, is then not forwarded).
+    pub(crate) transfer_encoding: bool,
 }
 
 /// Parses a response head at the start of `buf`: `Ok(None)` when more bytes
@@ -105,6 +108,7 @@ pub(crate) fn parse_response(
         framing,
         listed,
         dated,
+        transfer_encoding: chunked.is_some(),
     }))
 }
 

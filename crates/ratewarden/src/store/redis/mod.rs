@@ -175,6 +175,21 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 
+/// Checks that `url` is a Redis URL this build can connect to, without
+/// connecting: for config validation.
+///
+/// ```
+/// use ratewarden::store::redis::check_url;
+/// assert!(check_url("redis://:secret@127.0.0.1:6379/0").is_ok());
+/// assert!(check_url("redis://127.0.0.1:notaport").is_err());
+/// assert!(check_url("http://127.0.0.1:6379").is_err());
+/// ```
+pub fn check_url(url: &str) -> Result<(), String> {
+    redis::Client::open(url)
+        .map(drop)
+        .map_err(|e| format!("`{url}` is not a usable Redis URL: {e}"))
+}
+
 impl RedisStore {
     /// A store for `config`. Checks the configuration (URLs parse) but does not
     /// wait for Redis: the first decision connects.

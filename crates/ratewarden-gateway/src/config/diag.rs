@@ -1,0 +1,267 @@
+//! Configuration errors: located in their file, collected rather than
+//! stopping at the first, and phrased with a suggestion where one helps.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::time::Duration;
+
+use serde_saphyr::Location;
+
+/// A configuration error, located in its file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}:{column}: `{key}`: {message}")]
+pub struct ConfigError {
+    /// The file (or `<built-in>`, `--listen`...).
+    pub file: String,
+    /// 1-based line; 0 when unknown.
+    pub line: u64,
+    /// 1-based column; 0 when unknown.
+    pub column: u64,
+    /// The offending key.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Every error found in a configuration, in file order (at least one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(Vec<ConfigError>);
+
+impl ConfigErrors {
+    /// The first error.
+    pub fn first(&self) -> &ConfigError {
+        &self.0[0]
+    }
+
+    /// Every error.
+    pub fn all(&self) -> &[ConfigError] {
+        &self.0
+    }
+}
+
+impl From<ConfigError> for ConfigErrors {
+    fn from(e: ConfigError) -> Self {
+        Self(vec![e])
+    }
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Collects the errors of one file while it is validated: each check
+/// records what it finds and validation goes on, so `validate` reports
+/// every error at once.
+pub(crate) struct Diag<'a> {
+    pub(crate) file: &'a str,
+    errors: RefCell<Vec<ConfigError>>,
+}
+
+impl<'a> Diag<'a> {
+    pub(crate) fn new(file: &'a str) -> Self {
+        Self {
+            file,
+            errors: RefCell::new(vec![]),
+        }
+    }
+
+    /// Records an error at `at`.
+    pub(crate) fn error(&self, key: &str, at: Option<&Location>, message: impl Into<String>) {
+        self.errors.borrow_mut().push(ConfigError {
+            file: self.file.to_owned(),
+            line: at.map_or(0, |l| l.line()),
+            column: at.map_or(0, |l| l.column()),
+            key: key.to_owned(),
+            message: message.into(),
+        });
+    }
+
+    /// Records an error from somewhere other than the file (a flag).
+    pub(crate) fn error_in(&self, source: &str, key: &str, message: impl Into<String>) {
+        self.errors.borrow_mut().push(ConfigError {
+            file: source.to_owned(),
+            line: 0,
+            column: 0,
+            key: key.to_owned(),
+            message: message.into(),
+        });
+    }
+
+    /// `r`'s value, or `None` with its error recorded at `at`.
+    pub(crate) fn check<T>(
+        &self,
+        key: &str,
+        at: Option<&Location>,
+        r: Result<T, String>,
+    ) -> Option<T> {
+        r.map_err(|m| self.error(key, at, m)).ok()
+    }
+
+    /// The value built, or every error, in file order.
+    pub(crate) fn finish<T>(self, value: Option<T>) -> Result<T, ConfigErrors> {
+        let mut errors = self.errors.into_inner();
+        match value {
+            Some(v) if errors.is_empty() => Ok(v),
+            _ => {
+                if errors.is_empty() {
+                    errors.push(ConfigError {
+                        file: self.file.to_owned(),
+                        line: 0,
+                        column: 0,
+                        key: "(document)".into(),
+                        message: "invalid configuration".into(),
+                    });
+                }
+                // Flags first (no line), then by position.
+                errors.sort_by_key(|e| (e.line, e.column));
+                Err(ConfigErrors(errors))
+            }
+        }
+    }
+}
+
+/// Parses a duration with a unit: `500ms`, `3s`, `5m`, `1h`, `1d`.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratewarden_gateway::config::parse_duration;
+/// assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+/// assert!(parse_duration("5").unwrap_err().contains("no unit"));
+/// ```
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("`{s}` has no unit: write e.g. `{s}s` (units: ms, s, m, h, d)"))?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration like `500ms`, `3s`, `5m`, `1h`, `1d`"))?;
+    let secs = |per: u64| {
+        n.checked_mul(per)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("`{s}` is too long"))
+    };
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => secs(1),
+        "m" => secs(60),
+        "h" => secs(3600),
+        "d" => secs(86_400),
+        _ => Err(format!(
+            "`{s}`: unknown unit `{unit}` (units: ms, s, m, h, d)"
+        )),
+    }
+}
+
+/// The closest of `candidates` to `word`, if reasonably close.
+pub fn suggest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    fn distance(a: &str, b: &str) -> usize {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut prev = row[0];
+            row[0] = i + 1;
+            for (j, &cb) in b.iter().enumerate() {
+                let cur = row[j + 1];
+                row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+                prev = cur;
+            }
+        }
+        row[b.len()]
+    }
+    candidates
+        .into_iter()
+        .map(|c| (distance(word, c), c))
+        .filter(|(d, c)| *d <= (c.len() / 3).max(2))
+        .min()
+        .map(|(_, c)| c)
+}
+
+/// The key written on line `line` (1-based) of `text`, if the line is a
+/// `key: value` or `- key: value` entry.
+fn key_on_line(text: &str, line: u64) -> Option<&str> {
+    let l = text
+        .lines()
+        .nth(usize::try_from(line).ok()?.checked_sub(1)?)?;
+    let l = l.trim_start().trim_start_matches("- ").trim_start();
+    let (key, _) = l.split_once(':')?;
+    let ok = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    ok.then_some(key)
+}
+
+/// Turns a serde-saphyr error into ours: with a suggestion for unknown
+/// keys, and the key at fault read from the line for type errors.
+pub(crate) fn parse_error(file: &str, text: &str, e: &serde_saphyr::Error) -> ConfigError {
+    let loc = e.location();
+    let rendered = e.to_string();
+    // The first line is the message ("error: line L column C: ..."); the rest
+    // is a rendered snippet, which our own `file:line:column` replaces.
+    let first = rendered.lines().next().unwrap_or("invalid YAML");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    let first = match first.split_once(": ") {
+        Some((pos, rest)) if pos.starts_with("line ") => rest,
+        _ => first,
+    };
+    let mut message = first.to_owned();
+    let mut key = loc
+        .and_then(|l| key_on_line(text, l.line()))
+        .unwrap_or("(document)")
+        .to_owned();
+    if let Some(rest) = first.strip_prefix("unknown field `") {
+        let (unknown, tail) = rest.split_once('`').unwrap_or((rest, ""));
+        let expected: Vec<&str> = tail
+            .trim_start_matches(", expected one of ")
+            .trim_start_matches(", expected ")
+            .split(", ")
+            .map(|k| k.trim_matches('`'))
+            .filter(|k| !k.is_empty())
+            .collect();
+        message = match suggest(unknown, expected.iter().copied()) {
+            Some(s) => format!("unknown key `{unknown}`; did you mean `{s}`?"),
+            None => format!(
+                "unknown key `{unknown}`; valid keys here: {}",
+                expected.join(", ")
+            ),
+        };
+        key = unknown.to_owned();
+    } else if let Some(rest) = first.strip_prefix("missing field `") {
+        key = rest.split('`').next().unwrap_or_default().to_owned();
+        message = format!("`{key}` is required here");
+    }
+    ConfigError {
+        file: file.to_owned(),
+        line: loc.map_or(0, |l| l.line()),
+        column: loc.map_or(0, |l| l.column()),
+        key,
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_of_a_line_is_found() {
+        let text = "a: 1\nrules:\n  - name: r\n    limit: x\n  # comment\n";
+        assert_eq!(key_on_line(text, 1), Some("a"));
+        assert_eq!(key_on_line(text, 3), Some("name"));
+        assert_eq!(key_on_line(text, 4), Some("limit"));
+        assert_eq!(key_on_line(text, 5), None);
+        assert_eq!(key_on_line(text, 9), None);
+    }
+}

@@ -1,0 +1,132 @@
+//! The file as written: what serde reads, every value with its location
+//! (`Sp`), unknown keys refused. Nothing here is checked beyond its type;
+//! [`super::validate`] turns it into a [`super::Config`].
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+pub(crate) type Sp<T> = Spanned<T>;
+
+/// A value made up by the gateway (a translated seed-002 file), located
+/// nowhere.
+pub(crate) fn nowhere<T>(value: T) -> Sp<T> {
+    Sp::new(
+        value,
+        serde_saphyr::Location::UNKNOWN,
+        serde_saphyr::Location::UNKNOWN,
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct File {
+    pub listen: Option<Sp<String>>,
+    pub workers: Option<Sp<i64>>,
+    #[serde(alias = "target")]
+    pub upstream: Option<Sp<String>>,
+    pub upstream_timeout: Option<Sp<String>>,
+    pub upstream_path: Option<Sp<String>>,
+    pub client_idle_timeout: Option<Sp<String>>,
+    pub client_header_timeout: Option<Sp<String>>,
+    pub client_body_timeout: Option<Sp<String>>,
+    pub underscores_in_headers: Option<Sp<bool>>,
+    #[serde(default = "default_admin")]
+    pub admin: Option<AdminFile>,
+    pub store: Option<StoreFile>,
+    pub identity: Option<IdentityFile>,
+    #[serde(default)]
+    pub allow: Vec<Sp<String>>,
+    #[serde(default)]
+    pub deny: Vec<Sp<String>>,
+    pub headers: Option<Vec<Sp<String>>>,
+    pub status: Option<Sp<i64>>,
+    #[serde(default)]
+    pub rules: Vec<RuleFile>,
+}
+
+pub(crate) fn default_admin() -> Option<AdminFile> {
+    Some(AdminFile {
+        listen: None,
+        token: None,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AdminFile {
+    pub listen: Option<Sp<String>>,
+    pub token: Option<Sp<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StoreFile {
+    #[serde(rename = "type")]
+    pub kind: Sp<String>,
+    pub max_keys: Option<Sp<i64>>,
+    pub url: Option<Sp<String>>,
+    pub cluster: Option<Vec<Sp<String>>>,
+    pub key_prefix: Option<Sp<String>>,
+    pub timeout: Option<Sp<String>>,
+    pub on_error: Option<Sp<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct IdentityFile {
+    pub from: Option<Sp<String>>,
+    pub header: Option<Sp<String>>,
+    pub missing: Option<Sp<String>>,
+    #[serde(default)]
+    pub trusted_proxies: Vec<Sp<String>>,
+    pub ipv6_prefix: Option<Sp<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RuleFile {
+    pub name: Sp<String>,
+    #[serde(rename = "match")]
+    pub matcher: Option<Sp<MatchFile>>,
+    pub key: Option<Vec<Sp<String>>>,
+    pub algorithm: Option<Sp<String>>,
+    pub limit: Sp<i64>,
+    pub window: Sp<String>,
+    pub burst: Option<Sp<i64>>,
+    pub mode: Option<Sp<String>>,
+    pub max_delay: Option<Sp<String>>,
+    pub min_interval: Option<Sp<String>>,
+    pub penalty: Option<Sp<PenaltyFile>>,
+    pub count: Option<Sp<String>>,
+    pub reset_on_success: Option<Sp<bool>>,
+    pub failure_status: Option<Vec<Sp<i64>>>,
+    pub count_rejected: Option<Sp<bool>>,
+    pub cost: Option<Sp<i64>>,
+    pub shadow: Option<Sp<bool>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum PenaltyFile {
+    Plain(String),
+    Full(PenaltyFull),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PenaltyFull {
+    pub duration: String,
+    pub multiplier: Option<u32>,
+    pub max: Option<String>,
+    pub memory: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MatchFile {
+    pub methods: Option<Vec<Sp<String>>>,
+    pub path: Option<Sp<String>>,
+    pub path_prefix: Option<Sp<String>>,
+    pub path_regex: Option<Sp<String>>,
+    pub case_insensitive: Option<Sp<bool>>,
+}
