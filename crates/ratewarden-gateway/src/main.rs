@@ -68,8 +68,10 @@ fn load(path: Option<&PathBuf>, overrides: &Overrides) -> Result<Loaded, ExitCod
     };
     match config::load(&text, &name, overrides) {
         Ok(c) => Ok((c, path, text)),
-        Err(e) => {
-            eprintln!("error: {e}");
+        Err(errors) => {
+            for e in errors.all() {
+                eprintln!("error: {e}");
+            }
             Err(ExitCode::from(2))
         }
     }

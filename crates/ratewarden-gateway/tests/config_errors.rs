@@ -198,3 +198,109 @@ fn every_example_config_validates() {
     }
     assert!(n >= 6, "{n} examples");
 }
+
+fn errors(yaml: &str) -> Vec<ConfigError> {
+    config::load(yaml, "bad.yaml", &Overrides::default())
+        .expect_err("must be rejected")
+        .all()
+        .to_vec()
+}
+
+/// Configs that used to validate and then do nothing: each is an error at
+/// its key's line, and one run reports them all.
+#[test]
+fn configs_that_would_do_nothing_are_refused_all_at_once() {
+    let yaml = "\
+listen: 127.0.0.1:8080
+upstream: http://127.0.0.1:9000
+upstream_timeout: 0s
+admin:
+  listen: 127.0.0.1:8080
+  token: \"\"
+deny: [127.0.0.1/33]
+store:
+  type: redis
+  url: redis://127.0.0.1:notaport
+rules:
+  - name: a
+    limit: 5
+    window: 1m
+    match: {methods: [\"GE T\"], path: api/x}
+  - name: b
+    limit: 5
+    window: 1m
+    match: {path_prefix: /api//x/}
+";
+    let got: Vec<(u64, String)> = errors(yaml)
+        .into_iter()
+        .map(|e| (e.line, e.key))
+        .collect();
+    let want: Vec<(u64, String)> = [
+        (3, "upstream_timeout"),
+        (5, "admin.listen"),
+        (6, "admin.token"),
+        (7, "deny"),
+        (10, "url"),
+        (15, "methods"),
+        (15, "path"),
+        (19, "path_prefix"),
+    ]
+    .into_iter()
+    .map(|(l, k)| (l, k.to_owned()))
+    .collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn allow_and_deny_entries_are_addresses_unless_identities_come_from_a_header() {
+    let e = error("deny: [user-42]\n");
+    assert_eq!((e.line, e.key.as_str()), (1, "deny"), "{e}");
+    assert!(e.message.contains("addresses or CIDRs"), "{e}");
+    let by_header = "identity: {from: header, header: X-User}\n";
+    let c = config::load(
+        &format!("{by_header}deny: [user-42, 10.0.0.0/8]\nallow: [2001:db8::/32]\n"),
+        "ok.yaml",
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.deny.len(), 2);
+    // Even then, what is written like an address must be one.
+    let e = error(&format!("{by_header}allow: [10.0.0.256]\n"));
+    assert_eq!((e.line, e.key.as_str()), (2, "allow"), "{e}");
+}
+
+#[test]
+fn type_errors_and_rule_errors_name_the_key_at_fault() {
+    let e = error(&format!("{HEAD}  - name: r\n    limit: abc\n    window: 1m\n"));
+    assert_eq!((e.line, e.key.as_str()), (4, "limit"), "{e}");
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: 5\n    window: 1m\n    algorithm: fixed_window\n    burst: 3\n"
+    ));
+    assert_eq!((e.line, e.key.as_str()), (7, "burst"), "{e}");
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    algorithm: gcra\n    limit: 5000\n    window: 1ms\n"
+    ));
+    assert_eq!((e.line, e.key.as_str()), (5, "limit"), "{e}");
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: 5\n    window: 1m\n    match: {{case_insensitive: true}}\n"
+    ));
+    assert_eq!(e.key, "case_insensitive", "{e}");
+}
+
+#[test]
+fn validate_prints_every_error() {
+    let dir = std::env::temp_dir().join(format!("rw-cfg-all-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "upstream_timeout: 0s\nclient_header_timeout: 0s\nrules: []\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
+        .arg("validate")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.yaml:1:19: `upstream_timeout`"), "{err}");
+    assert!(err.contains("bad.yaml:2:24: `client_header_timeout`"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

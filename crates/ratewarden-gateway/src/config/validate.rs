@@ -839,6 +839,10 @@ fn matcher(d: &Diag<'_>, m: &Sp<MatchFile>) -> Option<Matcher> {
     // path: one written otherwise could never match.
     let literal = |key: &str, p: &Sp<String>| -> Option<String> {
         let v = &p.value;
+        if key == "path" && v == "*" {
+            // `OPTIONS *` (asterisk form) is seen as the path `*`.
+            return Some(v.clone());
+        }
         if !v.starts_with('/') {
             d.error(
                 key,
