@@ -4,6 +4,8 @@
 
 pub mod admin;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gateway;
 pub mod idle;
 pub mod metrics;

@@ -231,10 +231,7 @@ rules:
     window: 1m
     match: {path_prefix: /api//x/}
 ";
-    let got: Vec<(u64, String)> = errors(yaml)
-        .into_iter()
-        .map(|e| (e.line, e.key))
-        .collect();
+    let got: Vec<(u64, String)> = errors(yaml).into_iter().map(|e| (e.line, e.key)).collect();
     let want: Vec<(u64, String)> = [
         (3, "upstream_timeout"),
         (5, "admin.listen"),
@@ -271,7 +268,9 @@ fn allow_and_deny_entries_are_addresses_unless_identities_come_from_a_header() {
 
 #[test]
 fn type_errors_and_rule_errors_name_the_key_at_fault() {
-    let e = error(&format!("{HEAD}  - name: r\n    limit: abc\n    window: 1m\n"));
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: abc\n    window: 1m\n"
+    ));
     assert_eq!((e.line, e.key.as_str()), (4, "limit"), "{e}");
     let e = error(&format!(
         "{HEAD}  - name: r\n    limit: 5\n    window: 1m\n    algorithm: fixed_window\n    burst: 3\n"
@@ -292,7 +291,11 @@ fn validate_prints_every_error() {
     let dir = std::env::temp_dir().join(format!("rw-cfg-all-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("bad.yaml");
-    std::fs::write(&bad, "upstream_timeout: 0s\nclient_header_timeout: 0s\nrules: []\n").unwrap();
+    std::fs::write(
+        &bad,
+        "upstream_timeout: 0s\nclient_header_timeout: 0s\nrules: []\n",
+    )
+    .unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
         .arg("validate")
         .arg(&bad)
@@ -301,6 +304,9 @@ fn validate_prints_every_error() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.yaml:1:19: `upstream_timeout`"), "{err}");
-    assert!(err.contains("bad.yaml:2:24: `client_header_timeout`"), "{err}");
+    assert!(
+        err.contains("bad.yaml:2:24: `client_header_timeout`"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -20,7 +20,10 @@
 //! A path that cannot be normalised is an error, answered 400: an invalid
 //! `%` escape, `%00`, or a `..` above the root. Bytes that are not UTF-8
 //! after decoding are replaced by U+FFFD (a rule's ASCII prefix still
-//! matches).
+//! matches). A decoded `%` stays written `%25`: the one escape that cannot
+//! be decoded without changing what a second decoding would see, and what
+//! keeps normalising idempotent (`/%2541` is `/%2541`, not `/%41`, which
+//! would read as `/A` the next time).
 //!
 //! [`normalize_for_upstream`] is the form sent upstream with
 //! `upstream_path: normalized`: RFC 3986 §6.2.2 normalisation, which changes
@@ -166,18 +169,21 @@ pub fn normalize(raw: &str) -> Result<Cow<'_, str>, PathError> {
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let b = match bytes[i] {
+        let (b, escaped) = match bytes[i] {
             b'%' => {
-                let b = escape_at(bytes, i)?;
                 i += 3;
-                b
+                (escape_at(bytes, i - 3)?, true)
             }
             b => {
                 i += 1;
-                b
+                (b, false)
             }
         };
-        decoded.push(if b == b'\\' { b'/' } else { b });
+        match b {
+            b'\\' => decoded.push(b'/'),
+            b'%' if escaped => decoded.extend_from_slice(b"%25"),
+            b => decoded.push(b),
+        }
     }
     // Segments, each without its `;` parameters.
     let segments: Vec<&[u8]> = decoded[1..]
@@ -276,6 +282,9 @@ mod tests {
             ("/a%3bx/b", "/a/b"),
             ("/a%5C..%5Cb", "/b"),
             ("/a\\b", "/a/b"),
+            ("/%25", "/%25"),
+            ("/%2541", "/%2541"),
+            ("/100%25/x", "/100%25/x"),
         ];
         for (raw, want) in cases {
             assert_eq!(normalize(raw).unwrap(), want, "{raw}");

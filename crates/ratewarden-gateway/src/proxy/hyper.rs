@@ -73,7 +73,7 @@ fn strip_underscores(h: &mut HeaderMap) {
 /// What the edge refuses of a request hyper parsed: `CONNECT`, a missing,
 /// repeated or invalid `Host` on HTTP/1.1 (a repeated or invalid one on
 /// HTTP/1.0), and an HTTP/2 `:authority` that disagrees with `Host`.
-fn edge_check(parts: &Parts) -> Result<(), Edge> {
+pub(crate) fn edge_check(parts: &Parts) -> Result<(), Edge> {
     if parts.method == Method::CONNECT {
         return Err(Edge::Connect);
     }

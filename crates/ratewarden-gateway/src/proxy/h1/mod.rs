@@ -40,11 +40,11 @@ use tokio::sync::watch;
 use tokio::time::Sleep;
 
 mod buffers;
-mod chunked;
+pub(crate) mod chunked;
 mod exchange;
 mod reject_cache;
-mod request;
-mod response;
+pub(crate) mod request;
+pub(crate) mod response;
 mod write;
 
 use crate::config::Upstream;

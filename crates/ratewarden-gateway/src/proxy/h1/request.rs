@@ -47,9 +47,17 @@ pub(crate) enum Parsed {
     Refused(Edge),
 }
 
-/// Offsets of `part` inside `buf` (`part` is a slice of `buf`).
+/// Offsets of `part` inside `buf` (`part` is a slice of `buf`). An empty
+/// part is `0..0`: httparse may hand an empty reason phrase or field value
+/// as a string of its own, not a slice of `buf` (a fuzzed answer found it).
 pub(crate) fn span(buf: &[u8], part: &[u8]) -> Range<usize> {
-    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    if part.is_empty() {
+        return 0..0;
+    }
+    let start = (part.as_ptr() as usize)
+        .checked_sub(buf.as_ptr() as usize)
+        .filter(|s| s + part.len() <= buf.len())
+        .expect("a slice of the buffer");
     start..start + part.len()
 }
 

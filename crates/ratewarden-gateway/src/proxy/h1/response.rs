@@ -123,6 +123,17 @@ mod tests {
     }
 
     #[test]
+    fn a_status_line_without_a_reason_phrase_parses() {
+        for text in [
+            "HTTP/1.0 200\nconnection: close\r\n\r\nb",
+            "HTTP/1.1 204\r\n\r\n",
+        ] {
+            let h = response(text, false);
+            assert!(h.reason.is_empty(), "{text:?}");
+        }
+    }
+
+    #[test]
     fn response_framing_follows_rfc_9112() {
         let r = |t: &str| response(t, false).framing;
         assert_eq!(

@@ -1,0 +1,330 @@
+//! Checks run by the fuzz targets (`fuzz/`) and, on their saved corpora,
+//! by the ordinary tests (`tests/fuzz_corpus.rs`). Each takes any bytes,
+//! must not panic on its own, and panics when a property fails. Not a
+//! stable API.
+//!
+//! The own parsers are guilty until fuzzed: the HTTP/1.1 path reads
+//! requests and answers with code of ours where hyper would have, so
+//! [`differential`] runs hyper on the same bytes and asserts they agree.
+
+use std::net::IpAddr;
+use std::ops::Range;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use ratewarden_tower::identity::ClientIp;
+use ratewarden_tower::path;
+
+use crate::proxy::forward::{self, Edge};
+use crate::proxy::h1::chunked::{Chunks, valid_trailers};
+use crate::proxy::h1::request::{BodyLen, MAX_BODY, MAX_HEAD, Parsed, parse_request};
+use crate::proxy::h1::response::parse_response;
+
+/// What the HTTP/1.1 path does with the first request in some bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Own {
+    /// A whole request: method, target, body.
+    Accept(Method, String, Vec<u8>),
+    /// Refused at the edge.
+    Refuse(Edge),
+    /// Handed to hyper.
+    Hyper,
+    /// More bytes needed.
+    Partial,
+}
+
+/// How the HTTP/1.1 path reads the first request in `data` (head, body,
+/// and the path a rule would see).
+pub fn own_request(data: &[u8]) -> Own {
+    let mut fields = vec![];
+    let head = match parse_request(data, &mut fields) {
+        Parsed::Complete(h) => h,
+        Parsed::Partial if data.len() < MAX_HEAD => return Own::Partial,
+        Parsed::Partial | Parsed::Elsewhere => return Own::Hyper,
+        Parsed::Refused(e) => return Own::Refuse(e),
+    };
+    for (name, value) in &fields {
+        assert!(name.end <= head.len && value.end <= head.len);
+    }
+    let body = match head.body {
+        BodyLen::Length(n) => match data.get(head.len..head.len + n) {
+            Some(b) => b.to_vec(),
+            None => return Own::Partial,
+        },
+        BodyLen::Chunked => {
+            let rest = &data[head.len..];
+            let (mut spans, mut trailer) = (vec![], vec![]);
+            let end = Chunks::default().decode(rest, &mut spans, &mut trailer);
+            let data_len: usize = spans.iter().map(Range::len).sum();
+            match end {
+                Err(_) => return Own::Refuse(Edge::BadBody),
+                Ok(_) if data_len > MAX_BODY || rest.len() > MAX_BODY + MAX_HEAD => {
+                    return Own::Hyper;
+                }
+                Ok(None) => return Own::Partial,
+                Ok(Some(n)) => {
+                    assert!(n <= rest.len());
+                    let section: Vec<u8> = trailer
+                        .iter()
+                        .flat_map(|r| rest[r.clone()].to_vec())
+                        .collect();
+                    if !valid_trailers(&section) {
+                        return Own::Refuse(Edge::BadBody);
+                    }
+                    spans
+                        .iter()
+                        .flat_map(|r| rest[r.clone()].to_vec())
+                        .collect()
+                }
+            }
+        }
+    };
+    let target = std::str::from_utf8(&data[head.target.clone()]).expect("checked ASCII");
+    if let Err(e) = forward::rule_path(&head.method, target) {
+        return Own::Refuse(e);
+    }
+    Own::Accept(head.method, target.to_owned(), body)
+}
+
+/// Request heads and body framing of the HTTP/1.1 path: never panics, and
+/// what it reads lies within what it was given.
+pub fn h1_request(data: &[u8]) {
+    let _ = own_request(data);
+    // Chunked framing fed in pieces finds the same end as fed whole.
+    let whole = Chunks::default().feed(data);
+    let split = data.len() / 2;
+    let mut c = Chunks::default();
+    let pieces = match c.feed(&data[..split]) {
+        Ok(Some(n)) => Ok(Some(n)),
+        Ok(None) => c.feed(&data[split..]).map(|r| r.map(|n| n + split)),
+        Err(e) => Err(e),
+    };
+    assert_eq!(whole, pieces);
+}
+
+/// Upstream response heads and the chunk scanner of the relay.
+pub fn h1_response(data: &[u8]) {
+    let mut fields = vec![];
+    for head_request in [false, true] {
+        if let Ok(Some(h)) = parse_response(data, head_request, &mut fields) {
+            assert!(h.len <= data.len());
+            for (n, v) in &fields {
+                assert!(n.end <= h.len && v.end <= h.len);
+            }
+            let body = &data[h.len..];
+            let _ = Chunks::default().feed(body);
+        }
+    }
+}
+
+/// The path normaliser: idempotent, never above the root, and the same for
+/// paths that differ only in ways a server reads alike.
+pub fn path_normalizer(data: &[u8]) {
+    let Ok(raw) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(n) = path::normalize(raw) else {
+        return;
+    };
+    assert_eq!(
+        path::normalize(&n).as_deref(),
+        Ok(&*n),
+        "idempotent: {raw:?}"
+    );
+    assert!(n.starts_with('/'), "{raw:?} -> {n:?}");
+    assert!(!n.contains("//"), "{raw:?} -> {n:?}");
+    assert!(
+        !n.split('/').any(|s| s == "." || s == ".."),
+        "dot segments left: {raw:?} -> {n:?}"
+    );
+    // Equivalent spellings: an encoded letter, a `./`, an `x/../`, a
+    // doubled slash, inserted at each slash of the raw path.
+    for (i, _) in raw.match_indices('/') {
+        let (a, b) = raw.split_at(i + 1);
+        for insert in ["./", "x/../", "/", "%2e/", ";p=1/"] {
+            let variant = format!("{a}{insert}{b}");
+            assert_eq!(
+                path::normalize(&variant).as_deref(),
+                Ok(&*n),
+                "{raw:?} vs {variant:?}"
+            );
+        }
+        if let Some(c) = b.chars().next().filter(char::is_ascii_alphanumeric) {
+            let variant = format!("{a}%{:02x}{}", c as u32, &b[1..]);
+            assert_eq!(
+                path::normalize(&variant).as_deref(),
+                Ok(&*n),
+                "{raw:?} vs {variant:?}"
+            );
+        }
+    }
+    let _ = path::normalize_for_upstream(raw);
+}
+
+/// `Forwarded` / `X-Forwarded-For`: the client found is the peer or an
+/// address written in the headers, and its key is well formed.
+pub fn forwarded(data: &[u8]) {
+    let mut headers = HeaderMap::new();
+    for line in data.split(|b| *b == b'\n') {
+        let Some(colon) = line.iter().position(|b| *b == b':') else {
+            continue;
+        };
+        let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(&line[..colon]),
+            HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
+        ) else {
+            continue;
+        };
+        headers.append(n, v);
+    }
+    let peer: IpAddr = "10.1.2.3".parse().expect("literal");
+    let c = ClientIp {
+        forwarded: true,
+        trusted_proxies: vec![
+            "10.0.0.0/8".parse().expect("literal"),
+            "::/0".parse().expect("literal"),
+        ],
+        ipv6_prefix: 48,
+    };
+    let ip = c.resolve(peer, &headers);
+    if ip != peer {
+        let text: String = headers
+            .values()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).to_ascii_lowercase())
+            .collect();
+        let written = match ip {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => v6.to_string(),
+        };
+        // IPv6 may be written in another (equivalent) form; IPv4 as is.
+        assert!(
+            ip.is_ipv6() || text.contains(&written),
+            "{ip} not in {text:?}"
+        );
+    }
+    let key = c.key(ip);
+    assert!(
+        key.parse::<IpAddr>().is_ok() || key.ends_with("/48"),
+        "{key}"
+    );
+}
+
+/// The config loader: any text loads or is refused with located errors.
+pub fn config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let overrides = crate::config::Overrides {
+        upstream: Some("echo".into()),
+        ..Default::default()
+    };
+    if let Err(errors) = crate::config::load(text, "fuzz.yaml", &overrides) {
+        for e in errors.all() {
+            assert!(!e.key.is_empty() && !e.message.is_empty(), "{e}");
+        }
+    }
+}
+
+/// What hyper (as the gateway runs it, with the edge checks of hyper's
+/// path after its parse) does with the first request in some bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hyper {
+    /// A whole request: method, target, body.
+    Accept(Method, String, Vec<u8>),
+    /// Refused: by hyper's parser, by a broken body, or by the edge.
+    Refuse,
+}
+
+/// Runs hyper's HTTP/1 server on `data` followed by end of input.
+pub fn hyper_request(data: &[u8]) -> Hyper {
+    use std::sync::{Arc, Mutex};
+    thread_local! {
+        static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+    }
+    let got: Arc<Mutex<Option<Hyper>>> = Arc::default();
+    let slot = got.clone();
+    let data = data.to_vec();
+    RT.with(|rt| {
+        rt.block_on(async move {
+            use http_body_util::BodyExt;
+            use tokio::io::AsyncWriteExt;
+            let (mut client, server) = tokio::io::duplex(data.len() + 1024);
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let slot = slot.clone();
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let target = parts
+                            .uri
+                            .path_and_query()
+                            .map_or("/", |p| p.as_str())
+                            .to_owned();
+                        let seen = match body.collect().await {
+                            Err(_) => Hyper::Refuse,
+                            Ok(b) => match crate::proxy::hyper::edge_check(&parts)
+                                .and_then(|()| forward::rule_path(&parts.method, &target).map(drop))
+                            {
+                                Ok(()) => {
+                                    Hyper::Accept(parts.method, target, b.to_bytes().to_vec())
+                                }
+                                Err(_) => Hyper::Refuse,
+                            },
+                        };
+                        let mut slot = slot.lock().expect("not poisoned");
+                        if slot.is_none() {
+                            *slot = Some(seen);
+                        }
+                        Ok::<_, std::convert::Infallible>(http::Response::new(
+                            http_body_util::Empty::<bytes::Bytes>::new(),
+                        ))
+                    }
+                });
+            // half_close: the end of input must not drop a request hyper
+            // has read but not yet handed over.
+            let conn = hyper::server::conn::http1::Builder::new()
+                .half_close(true)
+                .serve_connection(hyper_util::rt::TokioIo::new(server), svc);
+            let write = async move {
+                let _ = client.write_all(&data).await;
+                let _ = client.shutdown().await;
+                // Keep reading so hyper's answers never fill the pipe.
+                let mut sink = vec![];
+                let _ = tokio::io::AsyncReadExt::read_to_end(&mut client, &mut sink).await;
+            };
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+                tokio::join!(conn, write)
+            })
+            .await;
+        })
+    });
+    let seen = got.lock().expect("not poisoned").take();
+    seen.unwrap_or(Hyper::Refuse)
+}
+
+/// The HTTP/1.1 path and hyper agree on the first request in `data`: both
+/// accept it with the same method, target and body, or both refuse it, or
+/// the HTTP/1.1 path hands the connection to hyper.
+pub fn differential(data: &[u8]) {
+    let own = own_request(data);
+    if matches!(own, Own::Hyper | Own::Partial) {
+        return;
+    }
+    let hyper = hyper_request(data);
+    match (&own, &hyper) {
+        (Own::Accept(m, t, b), Hyper::Accept(hm, ht, hb)) => {
+            assert_eq!(
+                (m, t, b),
+                (hm, ht, hb),
+                "{:?}",
+                String::from_utf8_lossy(data)
+            );
+        }
+        (Own::Refuse(_), Hyper::Refuse) => {}
+        _ => panic!(
+            "the HTTP/1.1 path says {own:?}, hyper {hyper:?}: {:?}",
+            String::from_utf8_lossy(data)
+        ),
+    }
+}
