@@ -138,6 +138,37 @@ pub fn valid_host(v: &[u8]) -> bool {
     host_ok && port_ok
 }
 
+/// The bytes of a reg-name or IPv4 address: unreserved, `%` (of an
+/// escape) and sub-delims. A table: this runs on every request.
+const REG_NAME: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            );
+        b += 1;
+    }
+    t
+};
+
 /// The `Host` check of RFC 9112 §3.2 on an HTTP/1.1 request's `Host` values.
 pub fn check_host<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Result<(), Edge> {
     match (values.next(), values.next()) {
