@@ -1,17 +1,23 @@
 //! The admin API: health, readiness, metrics, and decisions for applications
 //! that are not behind the gateway (`/v1/check`, `/v1/report`), plus key
-//! inspection and `explain`.
+//! inspection and `explain`. Every decision here goes through the one
+//! admission path the proxy uses ([`ratewarden_tower::admission`]), so
+//! `explain` and `check` answer what the proxy would.
 
-use http::header::{self, HeaderValue};
+use std::collections::HashMap;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use ratewarden::{Op, Store};
+use ratewarden::{Decision, Mode, Op, Store};
+use ratewarden_tower::admission::{Facts, Identity, Matched, NamedError, Refusal};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::config::KeyPart;
-use crate::gateway::{Body, Gateway, problem_response, respond};
+use crate::answer::{Body, problem_response, respond};
+use crate::gateway::{Gateway, Live};
+use crate::proxy::forward::rule_path;
 
 /// Largest admin request body read.
 const MAX_BODY: usize = 64 * 1024;
@@ -24,19 +30,44 @@ fn secs(d: std::time::Duration) -> f64 {
     d.as_secs_f64()
 }
 
+/// `POST /v1/check`: a named rule on a key, or a whole request as the proxy
+/// would see it.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CheckBody {
-    rule: String,
-    key: String,
+    rule: Option<String>,
+    key: Option<String>,
     /// The client's identity, when the rule's key has more parts than it.
     identity: Option<String>,
+    request: Option<RequestFacts>,
     #[serde(default = "one")]
     cost: u64,
 }
 
+/// A request described to `/v1/check`: decided for every rule it matches,
+/// all-or-nothing, as the proxy decides it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequestFacts {
+    #[serde(default = "get")]
+    method: String,
+    #[serde(default = "root")]
+    path: String,
+    /// The identity; without it, the one `peer` and `headers` give.
+    identity: Option<String>,
+    peer: Option<std::net::IpAddr>,
+    #[serde(default)]
+    headers: HashMap<String, String>,
+}
+
 fn one() -> u64 {
     1
+}
+fn get() -> String {
+    "GET".into()
+}
+fn root() -> String {
+    "/".into()
 }
 
 #[derive(Deserialize)]
@@ -45,7 +76,12 @@ struct ReportBody {
     rule: String,
     key: String,
     identity: Option<String>,
-    outcome: String,
+    /// `failure` or `success`: settles a `count: failures` rule.
+    outcome: Option<String>,
+    /// A `concurrency` lease `/v1/check` gave: released.
+    lease: Option<u64>,
+    #[serde(default = "one")]
+    cost: u64,
 }
 
 async fn read_json<T: for<'de> Deserialize<'de>>(
@@ -65,11 +101,21 @@ async fn read_json<T: for<'de> Deserialize<'de>>(
         .map_err(|e| problem_response(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}")))
 }
 
-fn query(req: &Request<Incoming>, name: &str) -> Option<String> {
-    req.uri().query()?.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        (k == name).then(|| percent_decode(v))
-    })
+/// The query's parameters, percent-decoded.
+fn query(req: &Request<Incoming>) -> Vec<(String, String)> {
+    req.uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|pair| {
+            let (k, v) = pair.split_once('=')?;
+            Some((percent_decode(k), percent_decode(v)))
+        })
+        .collect()
+}
+
+fn param<'q>(q: &'q [(String, String)], name: &str) -> Option<&'q str> {
+    q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
 fn percent_decode(s: &str) -> String {
@@ -99,6 +145,70 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Header fields given as pairs, the invalid ones left out (as a proxied
+/// request would not carry them).
+fn header_map<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (k, v) in pairs {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(v),
+        ) {
+            map.append(n, v);
+        }
+    }
+    map
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Response<Body> {
+    problem_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!("store unavailable: {e}"),
+    )
+}
+
+fn named_error(e: NamedError) -> Response<Body> {
+    match e {
+        NamedError::NoRule(_) => problem_response(StatusCode::NOT_FOUND, &e.to_string()),
+        NamedError::Group(m) => problem_response(StatusCode::BAD_REQUEST, &m),
+    }
+}
+
+/// A decision as JSON: the request's verdict, each rule's part, and the
+/// rate-limit headers the proxy would send with it.
+fn decision_json(d: &Decision, live: &Live) -> Value {
+    let rules: Vec<Value> = d
+        .rules
+        .iter()
+        .map(|r| {
+            json!({
+                "rule": r.rule.name(),
+                "key": r.key,
+                "allowed": r.allowed(),
+                "shadow": r.rule.is_shadow(),
+                "limit": r.rule.limit(),
+                "remaining": r.remaining,
+                "reset_after": secs(r.reset_after),
+                "retry_after": r.retry_after.map(secs),
+                "reason": r.reason.map(|x| x.as_str()),
+                "lease": r.lease,
+            })
+        })
+        .collect();
+    let headers: serde_json::Map<String, Value> = d
+        .headers(live.config.headers)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), Value::String(v)))
+        .collect();
+    json!({
+        "allowed": d.allowed,
+        "retry_after": d.retry_after_secs(),
+        "delay": secs(d.delay),
+        "rules": rules,
+        "headers": headers,
+    })
+}
+
 /// Handles one admin request.
 pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
     let live = gw.live();
@@ -121,7 +231,6 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
     }
     let path = req.uri().path().to_owned();
     let store = live.limiter.store();
-    let find = |name: &str| live.config.rules.iter().find(|r| r.rule.name() == name);
     match (req.method().clone(), path.as_str()) {
         (Method::GET, "/healthz") => respond(StatusCode::OK, "text/plain", "ok\n"),
         (Method::GET, "/readyz") => match store.ping().await {
@@ -137,74 +246,157 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
             "text/plain; version=0.0.4",
             gw.metrics.render(store.errors()),
         ),
-        (Method::POST, "/v1/check") => {
-            let body: CheckBody = match read_json(req).await {
-                Ok(b) => b,
-                Err(r) => return r,
+        (Method::POST, "/v1/check") => match read_json::<CheckBody>(req).await {
+            Ok(body) => check(gw, &live, body).await,
+            Err(r) => r,
+        },
+        (Method::POST, "/v1/report") => match read_json::<ReportBody>(req).await {
+            Ok(body) => report(&live, body).await,
+            Err(r) => r,
+        },
+        (Method::GET, "/v1/explain") => explain(&live, &query(&req)).await,
+        (m, p) if p.starts_with("/v1/keys/") && (m == Method::GET || m == Method::DELETE) => {
+            let rest = &p["/v1/keys/".len()..];
+            let Some((rule, key)) = rest.split_once('/') else {
+                return problem_response(StatusCode::NOT_FOUND, "use /v1/keys/{rule}/{key}");
             };
-            let Some(rule) = find(&body.rule) else {
-                return problem_response(
-                    StatusCode::NOT_FOUND,
-                    &format!("no rule named `{}`", body.rule),
-                );
-            };
-            if body.cost == 0 || body.cost > u32::MAX as u64 {
-                return problem_response(
-                    StatusCode::BAD_REQUEST,
-                    "`cost` must be between 1 and 4294967295",
-                );
-            }
-            let group = match rule.group(&body.key, body.identity.as_deref()) {
-                Ok(g) => g,
-                Err(m) => return problem_response(StatusCode::BAD_REQUEST, &m),
-            };
-            let op = [Op::grouped(&rule.rule, &body.key, &group)];
-            match live.limiter.acquire(&op, body.cost).await {
-                Ok(a) => {
-                    let d = &a.decision;
-                    let r = &d.rules[0];
-                    gw.metrics.request(
-                        r.rule.name(),
-                        if r.allowed() { "allowed" } else { "rejected" },
-                    );
-                    json_response(
-                        StatusCode::OK,
-                        &json!({
-                            "allowed": d.allowed,
-                            "rule": r.rule.name(),
-                            "limit": r.rule.limit(),
-                            "remaining": r.remaining,
-                            "reset_after": secs(r.reset_after),
-                            "retry_after": d.retry_after_secs(),
-                            "reason": r.reason.map(|x| x.as_str()),
-                            "delay": secs(d.delay),
-                        }),
-                    )
-                }
-                Err(e) => problem_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &format!("store unavailable: {e}"),
-                ),
-            }
+            let (rule, key) = (percent_decode(rule), percent_decode(key));
+            let q = query(&req);
+            keys(&live, m, &rule, &key, param(&q, "identity")).await
         }
-        (Method::POST, "/v1/report") => {
-            let body: ReportBody = match read_json(req).await {
-                Ok(b) => b,
-                Err(r) => return r,
+        _ => problem_response(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}")),
+    }
+}
+
+async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Response<Body> {
+    if body.cost == 0 || body.cost > u64::from(u32::MAX) {
+        return problem_response(
+            StatusCode::BAD_REQUEST,
+            "`cost` must be between 1 and 4294967295",
+        );
+    }
+    let policy = &live.config.policy;
+    let matched: Matched<'_>;
+    let facts_store;
+    match (&body.request, &body.rule, &body.key) {
+        (Some(r), None, None) => {
+            let Ok(method) = Method::from_bytes(r.method.to_ascii_uppercase().as_bytes()) else {
+                return problem_response(StatusCode::BAD_REQUEST, "bad `method`");
             };
-            let Some(rule) = find(&body.rule) else {
-                return problem_response(
-                    StatusCode::NOT_FOUND,
-                    &format!("no rule named `{}`", body.rule),
-                );
+            let path = match rule_path(&method, &r.path) {
+                Ok(p) => p.into_owned(),
+                Err(e) => return e.answer(),
             };
-            if !rule.rule.counts_failures() {
+            let headers = header_map(r.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            facts_store = (method, path, headers);
+            let facts = Facts {
+                method: &facts_store.0,
+                path: &facts_store.1,
+                headers: &facts_store.2,
+                peer: r.peer,
+                identity: match &r.identity {
+                    Some(id) => Identity::Given(Some(id)),
+                    None => Identity::Resolve,
+                },
+            };
+            let who = match policy.identify(&facts) {
+                Ok(w) => w,
+                Err(refusal) => return refused(gw, live, refusal),
+            };
+            matched = policy.matching(&facts, who);
+        }
+        (None, Some(rule), Some(key)) => {
+            matched = match policy.named(rule, key, body.identity.as_deref()) {
+                Ok(m) => m,
+                Err(e) => return named_error(e),
+            };
+        }
+        _ => {
+            return problem_response(
+                StatusCode::BAD_REQUEST,
+                "give either `rule` and `key`, or `request`",
+            );
+        }
+    }
+    match matched.decide(&live.limiter, body.cost, Mode::Apply).await {
+        Ok(a) => match &a.decision {
+            Some(d) => {
+                gw.record(live, d);
+                json_response(StatusCode::OK, &check_json(d, live, body.rule.is_some()))
+            }
+            None => json_response(
+                StatusCode::OK,
+                &json!({"allowed": true, "rules": [], "headers": {}}),
+            ),
+        },
+        Err(Refusal::Limited(d)) => {
+            gw.record(live, &d);
+            json_response(StatusCode::OK, &check_json(&d, live, body.rule.is_some()))
+        }
+        Err(refusal) => refused(gw, live, refusal),
+    }
+}
+
+/// A check's answer: the decision, and for a named rule its numbers at the
+/// top (the spec's `allowed`, `limit`, `remaining`, `reset_after`,
+/// `retry_after`).
+fn check_json(d: &Decision, live: &Live, named: bool) -> Value {
+    let mut v = decision_json(d, live);
+    if named && let Some(r) = d.rules.first() {
+        let top = json!({
+            "rule": r.rule.name(),
+            "limit": r.rule.limit(),
+            "remaining": r.remaining,
+            "reset_after": secs(r.reset_after),
+            "reason": r.reason.map(|x| x.as_str()),
+            "lease": r.lease,
+        });
+        if let (Value::Object(v), Value::Object(top)) = (&mut v, top) {
+            v.extend(top);
+        }
+    }
+    v
+}
+
+/// A refusal other than a limit, as `/v1/check` answers it: the verdict a
+/// proxied request would get (403 denied, 400 no identity), or 503.
+fn refused(gw: &Gateway, live: &Live, refusal: Refusal) -> Response<Body> {
+    match refusal {
+        Refusal::Limited(d) => {
+            gw.record(live, &d);
+            json_response(StatusCode::OK, &decision_json(&d, live))
+        }
+        Refusal::Unavailable(e) => unavailable(e),
+        other => json_response(
+            StatusCode::OK,
+            &json!({
+                "allowed": false,
+                "status": other.status(live.config.status).as_u16(),
+                "problem": serde_json::from_str::<Value>(&other.problem(live.config.status)).unwrap_or(Value::Null),
+                "rules": [],
+                "headers": {},
+            }),
+        ),
+    }
+}
+
+async fn report(live: &Live, body: ReportBody) -> Response<Body> {
+    let policy = &live.config.policy;
+    let matched = match policy.named(&body.rule, &body.key, body.identity.as_deref()) {
+        Ok(m) => m,
+        Err(e) => return named_error(e),
+    };
+    let ops = matched.ops();
+    let op: Op<'_> = ops[0];
+    match (&body.outcome, body.lease) {
+        (Some(outcome), None) => {
+            if !op.rule.counts_failures() {
                 return problem_response(
                     StatusCode::CONFLICT,
                     &format!("rule `{}` does not use `count: failures`", body.rule),
                 );
             }
-            let failure = match body.outcome.as_str() {
+            let failure = match outcome.as_str() {
                 "failure" => true,
                 "success" => false,
                 other => {
@@ -214,135 +406,170 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
                     );
                 }
             };
-            let group = match rule.group(&body.key, body.identity.as_deref()) {
-                Ok(g) => g,
-                Err(m) => return problem_response(StatusCode::BAD_REQUEST, &m),
-            };
-            match store
-                .settle(&[Op::grouped(&rule.rule, &body.key, &group)], 1, failure)
-                .await
-            {
+            match live.limiter.store().settle(&[op], 1, failure).await {
                 Ok(()) => json_response(
                     StatusCode::OK,
-                    &json!({"rule": body.rule, "key": body.key, "outcome": body.outcome}),
+                    &json!({"rule": body.rule, "key": op.key, "outcome": outcome}),
                 ),
-                Err(e) => problem_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &format!("store unavailable: {e}"),
-                ),
+                Err(e) => unavailable(e),
             }
         }
-        (Method::GET, "/v1/explain") => {
-            let method = query(&req, "method").unwrap_or_else(|| "GET".into());
-            let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
-                return problem_response(StatusCode::BAD_REQUEST, "bad `method`");
-            };
-            // The path as a rule would see it on the proxy.
-            let raw = query(&req, "path").unwrap_or_else(|| "/".into());
-            let path = match crate::proxy::forward::rule_path(&method, &raw) {
-                Ok(p) => p.into_owned(),
-                Err(e) => return e.answer(),
-            };
-            let identity = query(&req, "identity").unwrap_or_default();
-            let mut rules = vec![];
-            for r in live
-                .config
-                .rules
-                .iter()
-                .filter(|r| r.matcher.matches(&method, &path))
-            {
-                let key: Vec<String> = r
-                    .key
-                    .iter()
-                    .map(|p| match p {
-                        KeyPart::Identity => identity.clone(),
-                        KeyPart::Method => method.to_string(),
-                        KeyPart::Path => path.clone(),
-                        KeyPart::Global => "global".into(),
-                        KeyPart::Header(h) => {
-                            query(&req, &format!("header:{h}")).unwrap_or_default()
-                        }
-                    })
-                    .collect();
-                let key = key.join(":");
-                let group = r.group(&key, Some(&identity)).expect("identity given");
-                let op = [Op::grouped(&r.rule, &key, &group)];
-                let (peek, info) =
-                    match (live.limiter.peek(&op, 1).await, store.inspect(op[0]).await) {
-                        (Ok(p), Ok(i)) => (p, i),
-                        (Err(e), _) | (_, Err(e)) => {
-                            return problem_response(
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                &format!("store unavailable: {e}"),
-                            );
-                        }
-                    };
-                let d = &peek.rules[0];
-                rules.push(json!({
-                    "rule": r.rule.name(),
-                    "algorithm": r.rule.spec().algorithm.name(),
-                    "limit": r.rule.limit(),
-                    "window": secs(r.rule.window()),
-                    "key": key,
-                    "state": {"exists": info.exists, "remaining": info.remaining, "reset_after": secs(info.reset_after), "ban_left": info.ban_left.map(secs)},
-                    "would_allow": d.allowed(),
-                    "reason": d.reason.map(|x| x.as_str()),
-                    "shadow": r.rule.is_shadow(),
-                }));
-            }
-            let allowed = rules
-                .iter()
-                .all(|r| r["would_allow"] == json!(true) || r["shadow"] == json!(true));
-            json_response(
-                StatusCode::OK,
-                &json!({"method": method.as_str(), "path": path, "identity": identity, "would_allow": allowed, "rules": rules}),
-            )
-        }
-        (m, p) if p.starts_with("/v1/keys/") && (m == Method::GET || m == Method::DELETE) => {
-            let rest = &p["/v1/keys/".len()..];
-            let Some((rule_name, key)) = rest.split_once('/') else {
-                return problem_response(StatusCode::NOT_FOUND, "use /v1/keys/{rule}/{key}");
-            };
-            let (rule_name, key) = (percent_decode(rule_name), percent_decode(key));
-            let Some(rule) = find(&rule_name) else {
+        (None, Some(lease)) => {
+            if !op.rule.spec().algorithm.holds_leases() {
                 return problem_response(
-                    StatusCode::NOT_FOUND,
-                    &format!("no rule named `{rule_name}`"),
+                    StatusCode::CONFLICT,
+                    &format!("rule `{}` is not a concurrency rule", body.rule),
                 );
-            };
-            let identity = query(&req, "identity");
-            let group = match rule.group(&key, identity.as_deref()) {
-                Ok(g) => g,
-                Err(m) => return problem_response(StatusCode::BAD_REQUEST, &m),
-            };
-            let op = Op::grouped(&rule.rule, &key, &group);
-            if m == Method::DELETE {
-                return match store.clear(op).await {
-                    Ok(existed) => json_response(
-                        StatusCode::OK,
-                        &json!({"rule": rule_name, "key": key, "cleared": existed}),
-                    ),
-                    Err(e) => problem_response(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        &format!("store unavailable: {e}"),
-                    ),
-                };
             }
-            match store.inspect(op).await {
-                Ok(i) => json_response(
+            let cost = op.rule.cost(body.cost);
+            match live.limiter.store().release(&[(op, lease, cost)]).await {
+                Ok(()) => json_response(
                     StatusCode::OK,
-                    &json!({
-                        "rule": rule_name, "key": key, "exists": i.exists,
-                        "limit": rule.rule.limit(), "remaining": i.remaining,
-                        "reset_after": secs(i.reset_after), "ban_left": i.ban_left.map(secs), "ban_level": i.ban_level,
-                    }),
+                    &json!({"rule": body.rule, "key": op.key, "released": lease}),
                 ),
-                Err(e) => problem_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &format!("store unavailable: {e}"),
-                ),
+                Err(e) => unavailable(e),
             }
         }
-        _ => problem_response(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}")),
+        _ => problem_response(
+            StatusCode::BAD_REQUEST,
+            "give either `outcome` (count: failures) or `lease` (concurrency)",
+        ),
+    }
+}
+
+async fn explain(live: &Live, q: &[(String, String)]) -> Response<Body> {
+    let policy = &live.config.policy;
+    let Ok(method) = Method::from_bytes(
+        param(q, "method")
+            .unwrap_or("GET")
+            .to_ascii_uppercase()
+            .as_bytes(),
+    ) else {
+        return problem_response(StatusCode::BAD_REQUEST, "bad `method`");
+    };
+    // The path as a rule would see it on the proxy.
+    let path = match rule_path(&method, param(q, "path").unwrap_or("/")) {
+        Ok(p) => p.into_owned(),
+        Err(e) => return e.answer(),
+    };
+    let headers = header_map(
+        q.iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("header:")?, v.as_str()))),
+    );
+    let peer = param(q, "peer").and_then(|p| p.parse().ok());
+    let given = param(q, "identity");
+    let facts = Facts {
+        method: &method,
+        path: &path,
+        headers: &headers,
+        peer,
+        identity: match given {
+            Some(id) => Identity::Given(Some(id)),
+            None => Identity::Resolve,
+        },
+    };
+    let head = |identity: &str, would: bool| json!({"method": method.as_str(), "path": path, "identity": identity, "would_allow": would});
+    let who = match policy.identify(&facts) {
+        Ok(w) => w,
+        Err(refusal) => {
+            let mut v = head(given.unwrap_or(""), false);
+            v["status"] = json!(refusal.status(live.config.status).as_u16());
+            v["refused"] = json!(match &refusal {
+                Refusal::Denied(_) => "denied",
+                Refusal::NoIdentity(_) => "no_identity",
+                _ => "unavailable",
+            });
+            v["rules"] = json!([]);
+            return json_response(StatusCode::OK, &v);
+        }
+    };
+    let limited = who.limited;
+    let identity = who.identity.clone();
+    let matched = policy.matching(&facts, who);
+    // Each key's state as the store holds it.
+    let mut states = vec![];
+    for op in matched.ops() {
+        match live.limiter.store().inspect(op).await {
+            Ok(i) => states.push(json!({
+                "exists": i.exists, "remaining": i.remaining,
+                "reset_after": secs(i.reset_after), "ban_left": i.ban_left.map(secs),
+            })),
+            Err(e) => return unavailable(e),
+        }
+    }
+    let described: Vec<(String, String, String, f64)> = matched
+        .keys()
+        .map(|(r, k)| {
+            (
+                r.rule.name().to_owned(),
+                r.rule.spec().algorithm.name().to_owned(),
+                k.to_owned(),
+                secs(r.rule.window()),
+            )
+        })
+        .collect();
+    let decision = match matched.decide(&live.limiter, 1, Mode::Peek).await {
+        Ok(a) => a.decision,
+        Err(Refusal::Limited(d)) => Some(d),
+        Err(Refusal::Unavailable(e)) => return unavailable(e),
+        Err(_) => None,
+    };
+    let mut rules = vec![];
+    for (i, (name, algorithm, key, window)) in described.into_iter().enumerate() {
+        let r = decision.as_ref().map(|d| &d.rules[i]);
+        rules.push(json!({
+            "rule": name,
+            "algorithm": algorithm,
+            "limit": r.map(|r| r.rule.limit()),
+            "window": window,
+            "key": key,
+            "state": states[i],
+            "would_allow": r.is_none_or(|r| r.allowed()),
+            "reason": r.and_then(|r| r.reason.map(|x| x.as_str())),
+            "shadow": r.is_some_and(|r| r.rule.is_shadow()),
+        }));
+    }
+    let mut v = head(&identity, decision.as_ref().is_none_or(|d| d.allowed));
+    v["limited"] = json!(limited);
+    v["rules"] = json!(rules);
+    if let Some(d) = &decision {
+        v["headers"] = decision_json(d, live)["headers"].clone();
+    }
+    json_response(StatusCode::OK, &v)
+}
+
+async fn keys(
+    live: &Live,
+    method: Method,
+    rule: &str,
+    key: &str,
+    identity: Option<&str>,
+) -> Response<Body> {
+    let matched = match live.config.policy.named(rule, key, identity) {
+        Ok(m) => m,
+        Err(e) => return named_error(e),
+    };
+    let ops = matched.ops();
+    let op = ops[0];
+    let store = live.limiter.store();
+    if method == Method::DELETE {
+        return match store.clear(op).await {
+            Ok(existed) => json_response(
+                StatusCode::OK,
+                &json!({"rule": rule, "key": op.key, "cleared": existed}),
+            ),
+            Err(e) => unavailable(e),
+        };
+    }
+    match store.inspect(op).await {
+        Ok(i) => json_response(
+            StatusCode::OK,
+            &json!({
+                "rule": rule, "key": op.key, "exists": i.exists,
+                "limit": op.rule.limit(), "remaining": i.remaining,
+                "reset_after": secs(i.reset_after), "ban_left": i.ban_left.map(secs), "ban_level": i.ban_level,
+            }),
+        ),
+        Err(e) => unavailable(e),
     }
 }

@@ -3,6 +3,7 @@
 //! API that also answers decisions for applications in other languages.
 
 pub mod admin;
+pub mod answer;
 pub mod config;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -85,7 +85,7 @@ fn main() -> ExitCode {
                 println!(
                     "{}: valid ({} rules, upstream {})",
                     file.display(),
-                    c.rules.len(),
+                    c.policy.rules.len(),
                     c.upstream
                 );
                 ExitCode::SUCCESS

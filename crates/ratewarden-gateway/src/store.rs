@@ -56,11 +56,13 @@ impl AnyStore {
         }
     }
 
-    /// Drops expired in-memory states (the memory store, or Redis's local fallback).
+    /// Drops expired in-memory states: the memory store's, or those of the
+    /// Redis store's local fallback (`on_error: local`).
     pub fn purge(&self) {
-        if let AnyStore::Memory(m) = self {
-            m.purge_expired();
-        }
+        match self {
+            AnyStore::Memory(m) => m.purge_expired(),
+            AnyStore::Redis(f) => f.local().purge_expired(),
+        };
     }
 }
 
@@ -81,6 +83,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(s) => s.settle(ops, weight, failure).await,
             AnyStore::Redis(s) => s.settle(ops, weight, failure).await,
+        }
+    }
+
+    async fn release(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.release(leases).await,
+            AnyStore::Redis(s) => s.release(leases).await,
         }
     }
 

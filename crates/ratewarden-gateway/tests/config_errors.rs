@@ -102,7 +102,7 @@ fn defaults_fill_what_is_not_written() {
     .unwrap();
     assert!(c.admin.is_none(), "`admin: null` turns it off");
     let c = config::load(config::EMBEDDED, "<built-in>", &Overrides::default()).unwrap();
-    assert_eq!(c.rules[0].rule.limit(), 100);
+    assert_eq!(c.policy.rules[0].rule.limit(), 100);
 }
 
 #[test]
@@ -113,22 +113,22 @@ fn the_seed_002_file_loads_unchanged() {
     ))
     .unwrap();
     let c = config::load(&yaml, "seed.yaml", &Overrides::default()).unwrap();
-    let names: Vec<&str> = c.rules.iter().map(|r| r.rule.name()).collect();
+    let names: Vec<&str> = c.policy.rules.iter().map(|r| r.rule.name()).collect();
     assert_eq!(names, ["client", "comment_write"]);
-    assert_eq!(c.rules[0].rule.limit(), 50);
-    assert_eq!(c.rules[1].rule.limit(), 5);
+    assert_eq!(c.policy.rules[0].rule.limit(), 50);
+    assert_eq!(c.policy.rules[1].rule.limit(), 5);
     assert!(
-        c.rules[1]
+        c.policy.rules[1]
             .matcher
             .matches(&http::Method::POST, "/api/item/42/comment")
     );
     assert!(
-        !c.rules[1]
+        !c.policy.rules[1]
             .matcher
             .matches(&http::Method::GET, "/api/item/42/comment")
     );
     assert!(
-        !c.rules[1]
+        !c.policy.rules[1]
             .matcher
             .matches(&http::Method::POST, "/api/item/x/comment")
     );
@@ -260,7 +260,7 @@ fn allow_and_deny_entries_are_addresses_unless_identities_come_from_a_header() {
         &Overrides::default(),
     )
     .unwrap();
-    assert_eq!(c.deny.len(), 2);
+    assert_eq!(c.policy.deny.len(), 2);
     // Even then, what is written like an address must be one.
     let e = error(&format!("{by_header}allow: [10.0.0.256]\n"));
     assert_eq!((e.line, e.key.as_str()), (2, "allow"), "{e}");

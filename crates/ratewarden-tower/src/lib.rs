@@ -27,9 +27,11 @@
 //!
 //! [tower]: https://docs.rs/tower
 
+pub mod admission;
 pub mod identity;
 pub mod key;
 pub mod path;
+pub mod policy;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,13 +40,54 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body::{Frame, SizeHint};
 use http_body_util::{Either, Full};
-use ratewarden::{Decision, HeaderField, HeaderStyle, Limiter, Op, Rule, Store, decision::problem};
+use ratewarden::{
+    Decision, HeaderField, HeaderStyle, Limiter, Mode, Rule, Store, decision::problem,
+};
 
+use admission::{Facts, Held, Identity, Refusal};
 pub use key::KeyExtractor;
+pub use policy::Missing;
+use policy::Policy;
 
-/// The response body: the inner service's, or the layer's own problem body.
-pub type Body<B> = Either<B, Full<Bytes>>;
+/// The response body: the inner service's (holding the request's
+/// `concurrency` leases until it is dropped), or the layer's own problem
+/// body.
+pub type Body<B> = Either<Guarded<B>, Full<Bytes>>;
+
+/// An inner service's response body, holding the request's `concurrency`
+/// leases (if any) until it is dropped: sent whole, or abandoned.
+pub struct Guarded<B> {
+    inner: B,
+    _held: Option<Held>,
+}
+
+impl<B> Guarded<B> {
+    fn new(inner: B, held: Option<Held>) -> Self {
+        Self { inner, _held: held }
+    }
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// Decides whether a response counts as a failure for `count: failures`
 /// rules: `Some(true)` charges it, `Some(false)` is a success (clears the
@@ -57,26 +100,19 @@ pub fn default_classifier(status: StatusCode) -> Option<bool> {
     Some(status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS)
 }
 
-/// What to do with a request the key extractor finds no key in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MissingKey {
-    /// Let it through unlimited (nginx's behaviour for an empty key).
-    #[default]
-    Skip,
-    /// Answer 400 with a problem body.
-    Reject,
-    /// Limit all key-less requests together, under the key `anonymous`.
-    Anonymous,
-}
+/// What to do with a request the key extractor finds no key in: the one
+/// [`Missing`] policy the gateway uses too (`Skip` by default here).
+pub type MissingKey = Missing;
 
 struct Shared<S, K> {
-    limiter: Limiter<S>,
-    rules: Vec<Rule>,
+    /// Shared with the guards that release `concurrency` leases.
+    limiter: Arc<Limiter<S>>,
+    policy: Policy,
     key: K,
     headers: HeaderStyle,
     status: StatusCode,
-    classify: Classifier,
-    missing: MissingKey,
+    /// `None`: each rule's `failure_status` (the spec's default).
+    classify: Option<Classifier>,
 }
 
 /// Builds a [`RateLimitLayer`].
@@ -96,17 +132,17 @@ impl<S, K> RateLimitLayerBuilder<S, K> {
         self
     }
     /// How responses settle `count: failures` rules (default
-    /// [`default_classifier`]).
+    /// [`default_classifier`], the spec's `failure_status`).
     pub fn classify(
         mut self,
         f: impl Fn(StatusCode) -> Option<bool> + Send + Sync + 'static,
     ) -> Self {
-        self.shared.classify = Arc::new(f);
+        self.shared.classify = Some(Arc::new(f));
         self
     }
-    /// What to do when the extractor finds no key (default [`MissingKey::Skip`]).
-    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        self.shared.missing = missing;
+    /// What to do when the extractor finds no key (default [`Missing::Skip`]).
+    pub fn on_missing_key(mut self, missing: Missing) -> Self {
+        self.shared.policy.identity = policy::IdentitySource::Given { missing };
         self
     }
     /// The layer.
@@ -141,13 +177,12 @@ impl<S: Store, K: KeyExtractor> RateLimitLayer<S, K> {
     ) -> RateLimitLayerBuilder<S, K> {
         RateLimitLayerBuilder {
             shared: Shared {
-                limiter: Limiter::new(store),
-                rules: rules.into_iter().collect(),
+                limiter: Arc::new(Limiter::new(store)),
+                policy: Policy::given(rules, Missing::Skip),
                 key,
                 headers: HeaderStyle::default(),
                 status: StatusCode::TOO_MANY_REQUESTS,
-                classify: Arc::new(default_classifier),
-                missing: MissingKey::Skip,
+                classify: None,
             },
         }
     }
@@ -319,6 +354,20 @@ pub fn rejection_response(
     resp
 }
 
+/// The peer's address, as a server put it in the request's extensions.
+fn peer_ip(parts: &http::request::Parts) -> Option<std::net::IpAddr> {
+    parts
+        .extensions
+        .get::<key::PeerAddr>()
+        .map(|p| p.0.ip())
+        .or_else(|| {
+            parts
+                .extensions
+                .get::<std::net::SocketAddr>()
+                .map(|a| a.ip())
+        })
+}
+
 impl<S, K, I, ReqB, ResB> tower_service::Service<Request<ReqB>> for RateLimit<S, K, I>
 where
     S: Store,
@@ -343,48 +392,58 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let fut = async move {
             let (parts, body) = req.into_parts();
-            let key = shared.key.extract(&parts);
-            let req = Request::from_parts(parts, body);
-            let key = match (key, shared.missing) {
-                (Some(k), _) => k,
-                (None, MissingKey::Anonymous) => "anonymous".to_owned(),
-                (None, MissingKey::Skip) => return Ok(inner.call(req).await?.map(Either::Left)),
-                (None, MissingKey::Reject) => {
-                    let body = problem(400, Some("the request carries no rate-limit key"));
+            let given = shared.key.extract(&parts);
+            // Rules see the normalised path, as the gateway's do.
+            let path = match path::normalize(parts.uri.path()) {
+                Ok(p) => p.into_owned(),
+                Err(e) => {
+                    let body = problem(400, Some(&e.to_string()));
                     return Ok(problem_response(StatusCode::BAD_REQUEST, body));
                 }
             };
-            let ops: Vec<Op<'_>> = shared
-                .rules
-                .iter()
-                .map(|r| Op::grouped(r, &key, &key))
-                .collect();
-            let admission = match shared.limiter.acquire(&ops, 1).await {
+            let facts = Facts {
+                method: &parts.method,
+                path: &path,
+                headers: &parts.headers,
+                peer: peer_ip(&parts),
+                identity: Identity::Given(given.as_deref()),
+            };
+            let mut admitted = match shared
+                .policy
+                .admit(&shared.limiter, &facts, 1, Mode::Apply)
+                .await
+            {
                 Ok(a) => a,
-                Err(e) => {
-                    // Only reached under `on_error: deny` (a `Fallback` store
-                    // answers otherwise): say why, never a bare 500.
-                    let body = problem(503, Some(&format!("rate limiter unavailable: {e}")));
-                    return Ok(problem_response(StatusCode::SERVICE_UNAVAILABLE, body));
+                Err(Refusal::Limited(d)) => {
+                    return Ok(rejection(&d, shared.status, shared.headers));
+                }
+                // Denied, no key under `Reject`, or the store down under
+                // `on_error: deny`: say why, never a bare 500.
+                Err(refusal) => {
+                    let status = refusal.status(shared.status);
+                    return Ok(problem_response(status, refusal.problem(shared.status)));
                 }
             };
-            let decision = admission.decision;
-            if !decision.allowed {
-                return Ok(rejection(&decision, shared.status, shared.headers));
-            }
-            if !decision.delay.is_zero() {
-                tokio::time::sleep(decision.delay).await;
-            }
-            let resp = inner.call(req).await?;
-            if let Some(pending) = &admission.pending
-                && let Some(failure) = (shared.classify)(resp.status())
+            let decision = admitted.decision.take();
+            if let Some(d) = &decision
+                && !d.delay.is_zero()
             {
-                // A settle that fails (store down) loses one count; the
-                // response the handler produced still goes out.
-                let _ = shared.limiter.report(pending, failure).await;
+                tokio::time::sleep(d.delay).await;
             }
-            let mut resp = resp.map(Either::Left);
-            insert_headers(resp.headers_mut(), decision.header_fields(shared.headers));
+            // Leases are held from here: given back when the response body
+            // is dropped, or this future (the client went away).
+            let held = Held::take(&mut admitted, &shared.limiter);
+            let req = Request::from_parts(parts, body);
+            let resp = inner.call(req).await?;
+            // A settle that fails (store down) loses one count; the
+            // response the handler produced still goes out.
+            let _ = admitted
+                .settle(&shared.limiter, resp.status(), shared.classify.as_deref())
+                .await;
+            let mut resp = resp.map(|b| Either::Left(Guarded::new(b, held)));
+            if let Some(d) = &decision {
+                insert_headers(resp.headers_mut(), d.header_fields(shared.headers));
+            }
             Ok(resp)
         };
         ResponseFuture { fut: Box::pin(fut) }

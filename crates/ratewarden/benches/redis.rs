@@ -61,7 +61,7 @@ fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// `redis-benchmark` EVALSHA of decide.lua for one gcra op; returns requests/s.
+/// `redis-benchmark` EVALSHA of the store's script for one gcra op; returns requests/s.
 fn reference(port: u16, sha: &str, random_keys: bool) -> f64 {
     let key = if random_keys {
         "rw:{__rand_int__}:k"
@@ -92,7 +92,7 @@ fn reference(port: u16, sha: &str, random_keys: bool) -> f64 {
     args.extend(
         [
             "EVALSHA", sha, "2", key, log, "0", "1", "0", "6", "1000", "1000000", "1000", "0", "0",
-            "0", "1", "0", "0", "0", "0", "0", "0", "1",
+            "0", "1", "0", "0", "0", "0", "0", "0", "1", "0",
         ]
         .iter()
         .map(|s| s.to_string()),
@@ -182,11 +182,7 @@ fn main() {
     let server = start_redis();
     let sha = cli(
         server.1,
-        &[
-            "script",
-            "load",
-            include_str!("../src/store/redis/decide.lua"),
-        ],
+        &["script", "load", ratewarden::store::redis::script::SCRIPT],
     );
     println!(
         "{CALLERS} concurrent callers, {DECISIONS} gcra decisions each run, one redis-server on loopback"

@@ -26,12 +26,35 @@ pub struct RuleDecision {
     /// Until a request of this cost would fit; `None` when admitted, or when the
     /// cost can never fit.
     pub retry_after: Option<Duration>,
+    /// The `concurrency` lease the admitted request holds (release it when
+    /// the request ends).
+    pub lease: Option<u64>,
 }
 
 impl RuleDecision {
     /// Whether this rule admitted the request.
     pub fn allowed(&self) -> bool {
         self.reason.is_none()
+    }
+
+    /// How metrics count this rule's part: `allowed`, `rejected`, or
+    /// `shadow_rejected` (a shadow rule that would have rejected: the
+    /// request was not rejected for it).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ratewarden::{Reason, Rule, RuleDecision};
+    /// let rule = Rule::builder("r").limit(1, Duration::from_secs(1)).shadow(true).build().unwrap();
+    /// let d = RuleDecision { rule, key: "k".into(), reason: Some(Reason::Limit), remaining: 0,
+    ///     reset_after: Duration::ZERO, retry_after: None, lease: None };
+    /// assert_eq!(d.label(), "shadow_rejected");
+    /// ```
+    pub fn label(&self) -> &'static str {
+        match (self.allowed(), self.rule.is_shadow()) {
+            (true, _) => "allowed",
+            (false, true) => "shadow_rejected",
+            (false, false) => "rejected",
+        }
     }
 }
 
@@ -115,7 +138,7 @@ impl Decision {
     ///     delay: Duration::ZERO,
     ///     rules: vec![RuleDecision {
     ///         rule, key: "1.2.3.4".into(), reason: None, remaining: 49,
-    ///         reset_after: Duration::from_secs(60), retry_after: None,
+    ///         reset_after: Duration::from_secs(60), retry_after: None, lease: None,
     ///     }],
     /// };
     /// let h = d.headers(HeaderStyle::default());
@@ -140,7 +163,7 @@ impl Decision {
     /// # let rule = Rule::builder("per-client").limit(50, Duration::from_secs(60)).build().unwrap();
     /// # let d = Decision { allowed: true, delay: Duration::ZERO, rules: vec![RuleDecision {
     /// #     rule, key: "1.2.3.4".into(), reason: None, remaining: 49,
-    /// #     reset_after: Duration::from_secs(60), retry_after: None }] };
+    /// #     reset_after: Duration::from_secs(60), retry_after: None, lease: None }] };
     /// let h = d.header_fields(HeaderStyle::default());
     /// assert_eq!(h[1], ("X-RateLimit-Remaining", HeaderField::Number(49)));
     /// assert_eq!(h[4].1.to_string(), "\"per-client\";r=49;t=60");
@@ -164,7 +187,7 @@ impl Decision {
     /// # let rule = Rule::builder("api").limit(5, Duration::from_secs(10)).build().unwrap();
     /// # let d = Decision { allowed: true, delay: Duration::ZERO, rules: vec![RuleDecision {
     /// #     rule, key: "k".into(), reason: None, remaining: 4,
-    /// #     reset_after: Duration::from_secs(2), retry_after: None }] };
+    /// #     reset_after: Duration::from_secs(2), retry_after: None, lease: None }] };
     /// let mut lines = String::new();
     /// d.visit_header_fields(HeaderStyle::default(), &mut String::new(), |name, value| {
     ///     lines.push_str(&format!("{name}: {value}\n"));
@@ -207,8 +230,12 @@ impl Decision {
                 scratch.push_str(r.rule.name());
                 scratch.push_str("\";q=");
                 push_u64(scratch, r.rule.limit());
-                scratch.push_str(";w=");
-                push_u64(scratch, whole_secs(r.rule.window()));
+                // A concurrency quota is slots in flight, not requests per
+                // window: it has no `w`.
+                if !r.rule.spec().algorithm.holds_leases() {
+                    scratch.push_str(";w=");
+                    push_u64(scratch, whole_secs(r.rule.window()));
+                }
             }
             field("RateLimit-Policy", FieldRef::Text(scratch));
             scratch.clear();
@@ -248,7 +275,7 @@ impl Decision {
     /// # let rule = Rule::builder("api").limit(5, Duration::from_secs(10)).build().unwrap();
     /// # let d = Decision { allowed: false, delay: Duration::ZERO, rules: vec![RuleDecision {
     /// #     rule, key: "k".into(), reason: Some(Reason::Limit), remaining: 0,
-    /// #     reset_after: Duration::from_secs(2), retry_after: Some(Duration::from_millis(1500)) }] };
+    /// #     reset_after: Duration::from_secs(2), retry_after: Some(Duration::from_millis(1500)), lease: None }] };
     /// let mut body = String::from("kept:");
     /// d.push_rejection_body(429, &mut body);
     /// assert_eq!(body, format!("kept:{}", d.rejection_body(429)));

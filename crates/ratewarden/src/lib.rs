@@ -1,9 +1,10 @@
 //! # ratewarden
 //!
-//! Exact rate limiting: six algorithms (`fixed_window`, `sliding_window_log`,
-//! `sliding_window_counter`, `token_bucket`, `leaky_bucket`, `gcra`), bans with
-//! escalation, minimum intervals, failure-only counting with reset on success,
-//! and stores that make every decision atomic.
+//! Exact rate limiting: seven algorithms (`fixed_window`, `sliding_window_log`,
+//! `sliding_window_counter`, `token_bucket`, `leaky_bucket`, `gcra`, and
+//! `concurrency`, which limits requests in flight), bans with escalation,
+//! minimum intervals, failure-only counting with reset on success, and
+//! stores that make every decision atomic.
 //!
 //! The pieces, from the bottom up:
 //!
@@ -47,7 +48,7 @@ pub mod rule;
 pub mod store;
 
 pub use decision::{Decision, FieldRef, HeaderField, HeaderStyle, RuleDecision};
-pub use limiter::{Admission, Limiter, Pending, assemble};
+pub use limiter::{Admission, Limiter, Pending, assemble, pending};
 pub use rule::{Counting, KeyState, Marks, Penalty, Reason, Rule, RuleError, RuleSpec, Verdict};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]

@@ -42,13 +42,41 @@ pub struct Limiter<S> {
     store: S,
 }
 
-/// An admitted request whose `count: failures` rules wait for its outcome.
+/// An admitted request whose `count: failures` rules wait for its outcome,
+/// or whose `concurrency` rules hold leases until it ends.
 #[derive(Debug, Clone)]
-#[must_use = "report the outcome, or the failure is never counted"]
+#[must_use = "report the outcome and release the leases, or failures are never counted and slots stay held until they lapse"]
 pub struct Pending {
     /// (rule, key, group) of each `count: failures` op.
     ops: Vec<(Rule, String, String)>,
+    /// (rule, key, group, lease, cost) of each lease held.
+    leases: Vec<(Rule, String, String, u64, u64)>,
     weight: u64,
+}
+
+impl Pending {
+    /// Whether some rule waits for the outcome (`count: failures`).
+    pub fn awaits_outcome(&self) -> bool {
+        !self.ops.is_empty()
+    }
+
+    /// Takes the leases out into a pending of their own (to release when
+    /// the request ends), leaving the `count: failures` ops (to settle
+    /// when its answer is known).
+    pub fn take_leases(&mut self) -> Option<Pending> {
+        (!self.leases.is_empty()).then(|| Pending {
+            ops: vec![],
+            leases: std::mem::take(&mut self.leases),
+            weight: self.weight,
+        })
+    }
+
+    /// The leases held: (rule name, key, lease).
+    pub fn leases(&self) -> impl Iterator<Item = (&str, &str, u64)> {
+        self.leases
+            .iter()
+            .map(|(r, k, _, lease, _)| (r.name(), k.as_str(), *lease))
+    }
 }
 
 /// The answer to [`Limiter::acquire`].
@@ -56,8 +84,9 @@ pub struct Pending {
 pub struct Admission {
     /// The decision.
     pub decision: Decision,
-    /// Set when the request was admitted and some rule counts failures:
-    /// pass it to [`Limiter::report`] with the outcome.
+    /// Set when the request was admitted and some rule counts failures or
+    /// holds a lease: pass it to [`Limiter::report`] with the outcome, and
+    /// to [`Limiter::release`] when the request has ended.
     pub pending: Option<Pending>,
 }
 
@@ -81,15 +110,10 @@ impl<S: Store> Limiter<S> {
     pub async fn acquire(&self, ops: &[Op<'_>], weight: u64) -> Result<Admission, StoreError> {
         let verdicts = self.store.decide(ops, weight, Mode::Apply).await?;
         let decision = assemble(ops, &verdicts);
-        let pending =
-            (decision.allowed && ops.iter().any(|op| op.rule.counts_failures())).then(|| Pending {
-                ops: ops
-                    .iter()
-                    .filter(|op| op.rule.counts_failures())
-                    .map(|op| (op.rule.clone(), op.key.to_owned(), op.group.to_owned()))
-                    .collect(),
-                weight,
-            });
+        let pending = decision
+            .allowed
+            .then(|| pending(ops, &verdicts, weight))
+            .flatten();
         Ok(Admission { decision, pending })
     }
 
@@ -102,6 +126,9 @@ impl<S: Store> Limiter<S> {
     /// Settles a request's `count: failures` rules: `failure` charges them,
     /// a success clears their history (with `reset_on_success`).
     pub async fn report(&self, pending: &Pending, failure: bool) -> Result<(), StoreError> {
+        if pending.ops.is_empty() {
+            return Ok(());
+        }
         let ops: Vec<Op<'_>> = pending
             .ops
             .iter()
@@ -109,6 +136,44 @@ impl<S: Store> Limiter<S> {
             .collect();
         self.store.settle(&ops, pending.weight, failure).await
     }
+
+    /// Gives back the `concurrency` leases a request held: it has ended.
+    pub async fn release(&self, pending: &Pending) -> Result<(), StoreError> {
+        if pending.leases.is_empty() {
+            return Ok(());
+        }
+        let leases: Vec<(Op<'_>, u64, u64)> = pending
+            .leases
+            .iter()
+            .map(|(rule, key, group, lease, cost)| (Op::grouped(rule, key, group), *lease, *cost))
+            .collect();
+        self.store.release(&leases).await
+    }
+}
+
+/// What an admitted request leaves to settle: its `count: failures` ops and
+/// the leases its `concurrency` ops took; `None` when there is nothing.
+pub fn pending(ops: &[Op<'_>], verdicts: &[Verdict], weight: u64) -> Option<Pending> {
+    let failures: Vec<_> = ops
+        .iter()
+        .filter(|op| op.rule.counts_failures())
+        .map(|op| (op.rule.clone(), op.key.to_owned(), op.group.to_owned()))
+        .collect();
+    let leases: Vec<_> = ops
+        .iter()
+        .zip(verdicts)
+        .filter_map(|(op, v)| {
+            v.lease.map(|lease| {
+                let (r, k, g) = (op.rule.clone(), op.key.to_owned(), op.group.to_owned());
+                (r, k, g, lease, op.rule.cost(weight))
+            })
+        })
+        .collect();
+    (!failures.is_empty() || !leases.is_empty()).then_some(Pending {
+        ops: failures,
+        leases,
+        weight,
+    })
 }
 
 /// Builds the decision a store's verdicts amount to.
@@ -136,6 +201,7 @@ pub fn assemble(ops: &[Op<'_>], verdicts: &[Verdict]) -> Decision {
                 } else {
                     finite(v.check.retry_after).map(Duration::from_micros)
                 },
+                lease: v.lease,
             })
             .collect(),
     }

@@ -79,9 +79,11 @@ proptest! {
                     let mode = if peek { Mode::Peek } else { Mode::Apply };
                     let got = store.decide_now(&[Op::new(rule, &k)], cost, mode);
                     let state = model.live(key, now);
-                    let want = rule.verdict(state, now, rule.cost(cost));
+                    let mut want = rule.verdict(state, now, rule.cost(cost));
                     if !peek {
-                        rule.commit(state, now, rule.cost(cost), &want, want.allowed() || rule.is_shadow());
+                        let admitted = want.allowed() || rule.is_shadow();
+                        rule.commit(state, now, rule.cost(cost), &want, admitted);
+                        want.lease = rule.lease_taken(state, &want, admitted);
                     }
                     model.keep(rule, key, now);
                     prop_assert_eq!(got, vec![want], "key {} at {}", key, now);

@@ -142,7 +142,7 @@ fn compat_rule(
         key: None,
         algorithm: Some(nowhere(kind.name().into())),
         limit,
-        window,
+        window: Some(window),
         burst: None,
         mode: None,
         max_delay: None,
@@ -154,6 +154,7 @@ fn compat_rule(
         count_rejected: None,
         cost: None,
         shadow: None,
+        max_hold: None,
     }
 }
 

@@ -91,7 +91,8 @@ pub(crate) struct RuleFile {
     pub key: Option<Vec<Sp<String>>>,
     pub algorithm: Option<Sp<String>>,
     pub limit: Sp<i64>,
-    pub window: Sp<String>,
+    /// Required, but for `concurrency` (which has `max_hold` instead).
+    pub window: Option<Sp<String>>,
     pub burst: Option<Sp<i64>>,
     pub mode: Option<Sp<String>>,
     pub max_delay: Option<Sp<String>>,
@@ -103,6 +104,7 @@ pub(crate) struct RuleFile {
     pub count_rejected: Option<Sp<bool>>,
     pub cost: Option<Sp<i64>>,
     pub shadow: Option<Sp<bool>>,
+    pub max_hold: Option<Sp<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -12,7 +12,6 @@ use http::{HeaderName, Method, StatusCode, Uri};
 use ipnet::IpNet;
 use ratewarden::algorithm::Kind;
 use ratewarden::{Counting, HeaderStyle, OnError, Penalty, Rule, RuleSpec};
-use ratewarden_tower::identity::ClientIp;
 use ratewarden_tower::path;
 use serde_saphyr::Location;
 
@@ -177,13 +176,7 @@ pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
         Some(s) => store_spec(d, s),
     };
     let identity = identity(d, f.identity);
-    let by_header = matches!(
-        identity,
-        Some(Identity {
-            from: IdentityFrom::Header(_),
-            ..
-        })
-    );
+    let by_header = matches!(identity, Some(IdentitySource::Header { .. }));
     let allow = patterns(d, "allow", &f.allow, by_header);
     let deny = patterns(d, "deny", &f.deny, by_header);
     let headers = match &f.headers {
@@ -221,7 +214,7 @@ pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
             }
         },
     };
-    let mut rules: Vec<GatewayRule> = vec![];
+    let mut rules: Vec<PolicyRule> = vec![];
     let mut names: Vec<String> = vec![];
     let mut rules_ok = true;
     for r in f.rules {
@@ -251,12 +244,14 @@ pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
         underscores_in_headers: f.underscores_in_headers.is_some_and(|u| u.value),
         admin: admin?,
         store: store?,
-        identity: identity?,
-        allow: allow?,
-        deny: deny?,
+        policy: Policy {
+            identity: identity?,
+            allow: allow?,
+            deny: deny?,
+            rules: rules_ok.then_some(rules)?,
+        },
         headers: headers?,
         status: status?,
-        rules: rules_ok.then_some(rules)?,
     })
 }
 
@@ -416,13 +411,9 @@ fn store_spec(d: &Diag<'_>, s: StoreFile) -> Option<StoreSpec> {
     })
 }
 
-fn identity(d: &Diag<'_>, f: Option<IdentityFile>) -> Option<Identity> {
+fn identity(d: &Diag<'_>, f: Option<IdentityFile>) -> Option<IdentitySource> {
     let Some(f) = f else {
-        return Some(Identity {
-            from: IdentityFrom::Ip,
-            client_ip: ClientIp::default(),
-            missing: Missing::Ip,
-        });
+        return Some(IdentitySource::Address(ClientIp::default()));
     };
     let mut trusted = Some(vec![]);
     for t in &f.trusted_proxies {
@@ -476,19 +467,6 @@ fn identity(d: &Diag<'_>, f: Option<IdentityFile>) -> Option<Identity> {
             ],
         ),
     };
-    let (from, forwarded) = match (from?, header?) {
-        (From::Ip, _) => (IdentityFrom::Ip, false),
-        (From::Forwarded, _) => (IdentityFrom::Ip, true),
-        (From::Header, Some(h)) => (IdentityFrom::Header(h), false),
-        (From::Header, None) => {
-            d.error(
-                "header",
-                f.from.as_ref().map(|v| &v.referenced),
-                "`from: header` needs `header: NAME`",
-            );
-            return None;
-        }
-    };
     let missing = match &f.missing {
         None => Some(Missing::Ip),
         Some(v) => d.choice(
@@ -498,18 +476,34 @@ fn identity(d: &Diag<'_>, f: Option<IdentityFile>) -> Option<Identity> {
                 ("ip", Missing::Ip),
                 ("reject", Missing::Reject),
                 ("anonymous", Missing::Anonymous),
+                ("skip", Missing::Skip),
             ],
         ),
     };
-    Some(Identity {
-        from,
-        client_ip: ClientIp {
+    let client_ip = |forwarded| {
+        Some(ClientIp {
             forwarded,
-            trusted_proxies: trusted?,
+            trusted_proxies: trusted.clone()?,
             ipv6_prefix: ipv6_prefix?,
-        },
-        missing: missing?,
-    })
+        })
+    };
+    match (from?, header?) {
+        (From::Ip, _) => Some(IdentitySource::Address(client_ip(false)?)),
+        (From::Forwarded, _) => Some(IdentitySource::Address(client_ip(true)?)),
+        (From::Header, Some(name)) => Some(IdentitySource::Header {
+            name,
+            client_ip: client_ip(false)?,
+            missing: missing?,
+        }),
+        (From::Header, None) => {
+            d.error(
+                "header",
+                f.from.as_ref().map(|v| &v.referenced),
+                "`from: header` needs `header: NAME`",
+            );
+            None
+        }
+    }
 }
 
 /// A CIDR or a single address.
@@ -574,7 +568,7 @@ fn is_token(m: &str) -> bool {
 /// Where a rule's key is written (for errors the rule builder finds).
 fn rule_location<'r>(r: &'r RuleFile, key: &str) -> &'r Location {
     let at = match key {
-        "window" => Some(&r.window.referenced),
+        "window" => r.window.as_ref().map(|w| &w.referenced),
         "limit" => Some(&r.limit.referenced),
         "burst" => r.burst.as_ref().map(|b| &b.referenced),
         "mode" => r.mode.as_ref().map(|m| &m.referenced),
@@ -582,12 +576,15 @@ fn rule_location<'r>(r: &'r RuleFile, key: &str) -> &'r Location {
         "min_interval" => r.min_interval.as_ref().map(|m| &m.referenced),
         "penalty" => r.penalty.as_ref().map(|p| &p.referenced),
         "cost" => r.cost.as_ref().map(|c| &c.referenced),
+        "max_hold" => r.max_hold.as_ref().map(|m| &m.referenced),
+        "count" => r.count.as_ref().map(|c| &c.referenced),
+        "count_rejected" => r.count_rejected.as_ref().map(|c| &c.referenced),
         _ => None,
     };
     at.unwrap_or(&r.name.referenced)
 }
 
-fn rule(d: &Diag<'_>, r: RuleFile) -> Option<GatewayRule> {
+fn rule(d: &Diag<'_>, r: RuleFile) -> Option<PolicyRule> {
     let kind = match &r.algorithm {
         None => Some(Kind::default()),
         Some(a) => match Kind::from_str(&a.value) {
@@ -608,18 +605,44 @@ fn rule(d: &Diag<'_>, r: RuleFile) -> Option<GatewayRule> {
         },
     };
     let limit = d.positive("limit", &r.limit);
-    let window = d.duration("window", &r.window).and_then(|w| {
-        if w.is_zero() {
+    let concurrency = kind == Some(Kind::Concurrency);
+    let max_hold = opt(&r.max_hold, |m| {
+        let hold = d.duration("max_hold", m)?;
+        if hold.is_zero() {
+            d.error("max_hold", Some(&m.referenced), "must be longer than zero");
+            return None;
+        }
+        Some(hold)
+    });
+    let window = match (&r.window, concurrency) {
+        (Some(w), false) => d.duration("window", w).and_then(|w_| {
+            if w_.is_zero() {
+                d.error("window", Some(&w.referenced), "must be longer than zero");
+                None
+            } else {
+                Some(w_)
+            }
+        }),
+        (None, false) => {
             d.error(
                 "window",
-                Some(&r.window.referenced),
-                "must be longer than zero",
+                Some(&r.name.referenced),
+                "`window` is required here",
             );
             None
-        } else {
-            Some(w)
         }
-    });
+        (Some(w), true) => {
+            d.error(
+                "window",
+                Some(&w.referenced),
+                "a concurrency rule counts requests in flight, not per window: use `max_hold` for how long a lease may be held",
+            );
+            None
+        }
+        // A concurrency rule's window is its lease length (shown by
+        // explain; headers leave it out).
+        (None, true) => max_hold.map(|h| h.unwrap_or(ratewarden::rule::MAX_HOLD)),
+    };
     let burst = opt(&r.burst, |b| {
         d.positive("burst", b).and_then(NonZeroU64::new)
     });
@@ -694,7 +717,7 @@ fn rule(d: &Diag<'_>, r: RuleFile) -> Option<GatewayRule> {
         }
     });
     let failure_status = match &r.failure_status {
-        None => Some(vec![(400, 428), (430, 499)]),
+        None => Some(ratewarden_tower::policy::DEFAULT_FAILURES.to_vec()),
         Some(list) => {
             let mut out = Some(vec![]);
             for s in list {
@@ -773,6 +796,7 @@ fn rule(d: &Diag<'_>, r: RuleFile) -> Option<GatewayRule> {
         count_rejected: r.count_rejected.as_ref().is_some_and(|c| c.value),
         cost: cost?,
         shadow: r.shadow.as_ref().is_some_and(|s| s.value),
+        max_hold: max_hold?,
     };
     // Only a rule whose every part is valid gets here, so a mistake is not
     // reported twice.
@@ -787,7 +811,7 @@ fn rule(d: &Diag<'_>, r: RuleFile) -> Option<GatewayRule> {
             return None;
         }
     };
-    Some(GatewayRule {
+    Some(PolicyRule {
         rule,
         matcher: matcher?,
         key: key?,

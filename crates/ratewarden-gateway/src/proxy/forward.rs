@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use http::{Method, StatusCode};
 use ratewarden_tower::path::{self, PathError};
 
-use crate::gateway::{Body, problem_response};
+use crate::answer::{Body, problem_response};
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [&str; 8] = [
@@ -133,8 +133,8 @@ pub fn valid_host(v: &[u8]) -> bool {
         [b':', digits @ ..] => digits.len() <= 5 && digits.iter().all(u8::is_ascii_digit),
         _ => false,
     };
-    let reg_name = |b: &u8| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=".contains(b);
-    let host_ok = host.first() == Some(&b'[') || (!host.is_empty() && host.iter().all(reg_name));
+    let host_ok = host.first() == Some(&b'[')
+        || (!host.is_empty() && host.iter().all(|&b| REG_NAME[usize::from(b)]));
     host_ok && port_ok
 }
 

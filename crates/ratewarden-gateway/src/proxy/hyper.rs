@@ -20,13 +20,15 @@ use hyper::body::Incoming;
 use ratewarden::Decision;
 use tokio::time::Sleep;
 
+use crate::answer::{Body, boxed, respond};
 use crate::config::Upstream;
-use crate::gateway::{Body, Gateway, Refusal, boxed, respond};
+use crate::gateway::{Gateway, add_rate_headers, refusal_answer};
 use crate::proxy::forward::{
     self, Edge, UpstreamFailure, check_host, drops_length, is_hop_by_hop, push_forwarded_for,
     upstream_failed,
 };
 use crate::upstream::{Pool, UpstreamError};
+use ratewarden_tower::admission::{Facts, Held, Identity};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
@@ -190,22 +192,25 @@ impl Gateway {
         }
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let path = match forward::rule_path(&parts.method, target) {
-            Ok(p) => p,
+            Ok(p) => p.into_owned(),
             Err(e) => return e.answer(),
         };
-        let admitted = match self
-            .admit(&live, &parts.method, &path, &parts.headers, peer.ip())
-            .await
-        {
-            Ok(a) => a,
-            Err(Refusal::Limited(d)) => {
-                return rejection(&d, live.config.status, live.config.headers);
-            }
-            Err(Refusal::Answer(answer)) => return answer,
+        let facts = Facts {
+            method: &parts.method,
+            path: &path,
+            headers: &parts.headers,
+            peer: Some(peer.ip()),
+            identity: Identity::Resolve,
         };
-        drop(path);
+        let mut admitted = match self.admit(&live, &facts).await {
+            Ok(a) => a,
+            Err(refusal) => return refusal_answer(&refusal, &live.config),
+        };
+        // Leases are held until the answer's body is dropped (sent whole,
+        // or the client gone).
+        let held = Held::take(&mut admitted, &live.limiter);
         let mut resp = match &live.config.upstream {
-            Upstream::Echo => echo(&parts, &admitted.identity),
+            Upstream::Echo => echo(&parts, &admitted.who().identity),
             Upstream::Url(base) => {
                 let pool = live.pool.as_ref().expect("a URL upstream has a pool");
                 let (body, fault) = ClientBody::new(body, live.config.client_body_timeout);
@@ -221,7 +226,14 @@ impl Gateway {
             }
         };
         self.settle(&live, &admitted, resp.status().as_u16()).await;
-        admitted.add_headers(resp.headers_mut(), live.config.headers);
+        add_rate_headers(
+            admitted.decision.as_ref(),
+            resp.headers_mut(),
+            live.config.headers,
+        );
+        if let Some(held) = held {
+            resp = resp.map(|body| body.with_held(held));
+        }
         resp
     }
 
@@ -254,7 +266,7 @@ impl Gateway {
         parts.uri = match target {
             Ok(u) => u,
             Err(_) => {
-                return crate::gateway::problem_response(
+                return crate::answer::problem_response(
                     StatusCode::BAD_REQUEST,
                     "request target cannot be forwarded",
                 );
@@ -317,6 +329,48 @@ struct Upstreamed<'a> {
     peer: SocketAddr,
     timeout: Duration,
     how: forward::UpstreamPath,
+}
+
+/// A response body holding a request's `concurrency` leases until it is
+/// dropped.
+struct Guarded {
+    inner: Body,
+    _held: Held,
+}
+
+impl http_body::Body for Guarded {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A body that holds `held` until it is dropped.
+trait WithHeld {
+    fn with_held(self, held: Held) -> Body;
+}
+
+impl WithHeld for Body {
+    fn with_held(self, held: Held) -> Body {
+        Guarded {
+            inner: self,
+            _held: held,
+        }
+        .boxed_unsync()
+    }
 }
 
 /// The response to a rejected request.

@@ -5,7 +5,7 @@
 //! end of its window and nothing pushes it back (seed 004's bug: an `EXPIRE`
 //! refreshed by every request locks a hammering client out forever).
 
-use super::{Check, NEVER};
+use super::{Algorithm, Check, NEVER, ScriptState};
 use crate::clock::Micros;
 
 /// Parameters: `limit` per `window`.
@@ -26,11 +26,6 @@ pub struct State {
 }
 
 impl FixedWindow {
-    /// The parameters as the Lua port reads them.
-    pub(crate) fn script_params(&self) -> [u64; 4] {
-        [self.limit, self.window, 0, 0]
-    }
-
     /// `limit` (>= 1) per `window` (>= 1 µs).
     ///
     /// ```
@@ -91,6 +86,43 @@ impl FixedWindow {
     /// See the [module](super) docs.
     pub fn idle_at(&self, s: &State) -> Micros {
         s.start + self.window
+    }
+}
+
+impl Algorithm for FixedWindow {
+    type State = State;
+    fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
+        FixedWindow::check(self, s, now, cost)
+    }
+    fn charge(&self, s: &mut State, now: Micros, cost: u64) {
+        FixedWindow::charge(self, s, now, cost)
+    }
+    fn idle_at(&self, s: &State) -> Micros {
+        FixedWindow::idle_at(self, s)
+    }
+    fn script_params(&self) -> [u64; 4] {
+        [self.limit, self.window, 0, 0]
+    }
+    fn to_script(s: &State) -> ScriptState {
+        ScriptState {
+            words: [s.start, u64::from(s.count), 0],
+            log: vec![],
+        }
+    }
+    fn from_script(s: &ScriptState) -> State {
+        State {
+            start: s.words[0],
+            count: s.words[1] as u32,
+        }
+    }
+    fn to_mirror(s: &State) -> Option<[u64; 2]> {
+        Some([s.start, u64::from(s.count)])
+    }
+    fn from_mirror(w: [u64; 2]) -> State {
+        State {
+            start: w[0],
+            count: w[1] as u32,
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 //! nanosecond), so `burst` requests always fit at once and the long-run rate
 //! errs, by at most 1 µs per request, towards admitting.
 
-use super::{Check, NEVER};
+use super::{Algorithm, Check, NEVER, ScriptState};
 use crate::clock::Micros;
 
 /// Parameters: emission interval and tolerance.
@@ -28,11 +28,6 @@ pub struct State {
 }
 
 impl Gcra {
-    /// The parameters as the Lua port reads them.
-    pub(crate) fn script_params(&self) -> [u64; 4] {
-        [self.interval, self.tolerance, self.burst, 0]
-    }
-
     /// `limit` per `window` µs, `burst` at once; `window / limit` must be >= 1 µs.
     ///
     /// ```
@@ -88,6 +83,37 @@ impl Gcra {
     /// See the [module](super) docs.
     pub fn idle_at(&self, s: &State) -> Micros {
         s.tat
+    }
+}
+
+impl Algorithm for Gcra {
+    type State = State;
+    fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
+        Gcra::check(self, s, now, cost)
+    }
+    fn charge(&self, s: &mut State, now: Micros, cost: u64) {
+        Gcra::charge(self, s, now, cost)
+    }
+    fn idle_at(&self, s: &State) -> Micros {
+        Gcra::idle_at(self, s)
+    }
+    fn script_params(&self) -> [u64; 4] {
+        [self.interval, self.tolerance, self.burst, 0]
+    }
+    fn to_script(s: &State) -> ScriptState {
+        ScriptState {
+            words: [s.tat, 0, 0],
+            log: vec![],
+        }
+    }
+    fn from_script(s: &ScriptState) -> State {
+        State { tat: s.words[0] }
+    }
+    fn to_mirror(s: &State) -> Option<[u64; 2]> {
+        Some([s.tat, 0])
+    }
+    fn from_mirror(w: [u64; 2]) -> State {
+        State { tat: w[0] }
     }
 }
 

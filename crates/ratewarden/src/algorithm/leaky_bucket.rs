@@ -7,7 +7,7 @@
 //! rejection instead.
 
 use super::fluid::Fluid;
-use super::{Check, NEVER};
+use super::{Algorithm, Check, NEVER, ScriptState};
 use crate::clock::Micros;
 
 /// Parameters: queue of `burst`, drained at `limit` per `window`, optional delay.
@@ -28,18 +28,6 @@ pub struct State {
 }
 
 impl LeakyBucket {
-    /// The parameters as the Lua port reads them; `u64::MAX` = reject mode
-    /// (sent as -1).
-    pub(crate) fn script_params(&self) -> [u64; 4] {
-        let f = &self.fluid;
-        [
-            f.unit,
-            f.rate,
-            f.capacity,
-            self.max_delay.unwrap_or(u64::MAX),
-        ]
-    }
-
     /// Reject mode: a queue of `burst` drained at `limit` per `window` µs.
     pub fn new(limit: u64, window: Micros, burst: u64) -> Self {
         assert!(limit >= 1 && window >= 1 && burst >= 1);
@@ -118,6 +106,50 @@ impl LeakyBucket {
     /// See the [module](super) docs.
     pub fn idle_at(&self, s: &State) -> Micros {
         s.last + self.fluid.time_for(s.level)
+    }
+}
+
+impl Algorithm for LeakyBucket {
+    type State = State;
+    fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
+        LeakyBucket::check(self, s, now, cost)
+    }
+    fn charge(&self, s: &mut State, now: Micros, cost: u64) {
+        LeakyBucket::charge(self, s, now, cost)
+    }
+    fn idle_at(&self, s: &State) -> Micros {
+        LeakyBucket::idle_at(self, s)
+    }
+    /// `p4` is the delay bound, `u64::MAX` in reject mode (sent as -1).
+    fn script_params(&self) -> [u64; 4] {
+        let f = &self.fluid;
+        [
+            f.unit,
+            f.rate,
+            f.capacity,
+            self.max_delay.unwrap_or(u64::MAX),
+        ]
+    }
+    fn to_script(s: &State) -> ScriptState {
+        ScriptState {
+            words: [s.level, s.last, 0],
+            log: vec![],
+        }
+    }
+    fn from_script(s: &ScriptState) -> State {
+        State {
+            level: s.words[0],
+            last: s.words[1],
+        }
+    }
+    fn to_mirror(s: &State) -> Option<[u64; 2]> {
+        Some([s.level, s.last])
+    }
+    fn from_mirror(w: [u64; 2]) -> State {
+        State {
+            level: w[0],
+            last: w[1],
+        }
     }
 }
 

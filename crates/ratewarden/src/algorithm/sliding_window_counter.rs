@@ -10,7 +10,7 @@
 //! products exact in a Lua double (the rule validator checks `limit × window`).
 //! Counts saturate at the limit: a window counted full stays full.
 
-use super::{Check, NEVER};
+use super::{Algorithm, Check, NEVER, ScriptState};
 use crate::clock::Micros;
 
 /// Parameters: `limit` per `window`.
@@ -34,11 +34,6 @@ pub struct State {
 }
 
 impl SlidingWindowCounter {
-    /// The parameters as the Lua port reads them.
-    pub(crate) fn script_params(&self) -> [u64; 4] {
-        [self.limit, self.window, self.tick, 0]
-    }
-
     /// `limit` per `window` µs.
     ///
     /// ```
@@ -122,6 +117,45 @@ impl SlidingWindowCounter {
     /// See the [module](super) docs.
     pub fn idle_at(&self, s: &State) -> Micros {
         s.start + 2 * self.window
+    }
+}
+
+impl Algorithm for SlidingWindowCounter {
+    type State = State;
+    fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
+        SlidingWindowCounter::check(self, s, now, cost)
+    }
+    fn charge(&self, s: &mut State, now: Micros, cost: u64) {
+        SlidingWindowCounter::charge(self, s, now, cost)
+    }
+    fn idle_at(&self, s: &State) -> Micros {
+        SlidingWindowCounter::idle_at(self, s)
+    }
+    fn script_params(&self) -> [u64; 4] {
+        [self.limit, self.window, self.tick, 0]
+    }
+    fn to_script(s: &State) -> ScriptState {
+        ScriptState {
+            words: [s.start, u64::from(s.prev), u64::from(s.cur)],
+            log: vec![],
+        }
+    }
+    fn from_script(s: &ScriptState) -> State {
+        State {
+            start: s.words[0],
+            prev: s.words[1] as u32,
+            cur: s.words[2] as u32,
+        }
+    }
+    fn to_mirror(s: &State) -> Option<[u64; 2]> {
+        Some([s.start, u64::from(s.prev) << 32 | u64::from(s.cur)])
+    }
+    fn from_mirror(w: [u64; 2]) -> State {
+        State {
+            start: w[0],
+            prev: (w[1] >> 32) as u32,
+            cur: w[1] as u32,
+        }
     }
 }
 

@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Check, NEVER};
+use super::{Algorithm, Check, NEVER, ScriptState};
 use crate::clock::Micros;
 
 /// Parameters: `limit` per rolling `window`.
@@ -34,11 +34,6 @@ pub struct State {
 }
 
 impl SlidingWindowLog {
-    /// The parameters as the Lua port reads them.
-    pub(crate) fn script_params(&self) -> [u64; 4] {
-        [self.limit, self.window, 0, 0]
-    }
-
     /// `limit` per rolling `window` µs.
     ///
     /// ```
@@ -123,6 +118,39 @@ impl SlidingWindowLog {
     /// See the [module](super) docs.
     pub fn idle_at(&self, s: &State) -> Micros {
         s.entries.back().map_or(0, |(t, _)| t + self.window)
+    }
+}
+
+impl Algorithm for SlidingWindowLog {
+    type State = State;
+    fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
+        SlidingWindowLog::check(self, s, now, cost)
+    }
+    fn charge(&self, s: &mut State, now: Micros, cost: u64) {
+        SlidingWindowLog::charge(self, s, now, cost)
+    }
+    fn idle_at(&self, s: &State) -> Micros {
+        SlidingWindowLog::idle_at(self, s)
+    }
+    fn script_params(&self) -> [u64; 4] {
+        [self.limit, self.window, 0, 0]
+    }
+    /// `s1` the summed cost, `s2` the last entry's number; one zset member
+    /// per entry.
+    fn to_script(s: &State) -> ScriptState {
+        ScriptState {
+            words: [s.total, s.entries.len() as u64, 0],
+            log: (1..)
+                .zip(&s.entries)
+                .map(|(seq, &(t, c))| (t, seq, c))
+                .collect(),
+        }
+    }
+    fn from_script(s: &ScriptState) -> State {
+        State {
+            entries: s.log.iter().map(|&(t, _, c)| (t, c)).collect(),
+            total: s.words[0],
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 //! bucket, so a forgotten key and a new key read the same.
 
 use super::fluid::Fluid;
-use super::{Check, NEVER};
+use super::{Algorithm, Check, NEVER, ScriptState};
 use crate::clock::Micros;
 
 /// Parameters: `burst` tokens, `limit` tokens added per `window`.
@@ -25,12 +25,6 @@ pub struct State {
 }
 
 impl TokenBucket {
-    /// The parameters as the Lua port reads them.
-    pub(crate) fn script_params(&self) -> [u64; 4] {
-        let f = &self.fluid;
-        [f.unit, f.rate, f.capacity, 0]
-    }
-
     /// A bucket of `burst` tokens refilled at `limit` per `window` µs.
     ///
     /// ```
@@ -83,6 +77,44 @@ impl TokenBucket {
     /// See the [module](super) docs.
     pub fn idle_at(&self, s: &State) -> Micros {
         s.last + self.fluid.time_for(s.deficit)
+    }
+}
+
+impl Algorithm for TokenBucket {
+    type State = State;
+    fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
+        TokenBucket::check(self, s, now, cost)
+    }
+    fn charge(&self, s: &mut State, now: Micros, cost: u64) {
+        TokenBucket::charge(self, s, now, cost)
+    }
+    fn idle_at(&self, s: &State) -> Micros {
+        TokenBucket::idle_at(self, s)
+    }
+    fn script_params(&self) -> [u64; 4] {
+        let f = &self.fluid;
+        [f.unit, f.rate, f.capacity, 0]
+    }
+    fn to_script(s: &State) -> ScriptState {
+        ScriptState {
+            words: [s.deficit, s.last, 0],
+            log: vec![],
+        }
+    }
+    fn from_script(s: &ScriptState) -> State {
+        State {
+            deficit: s.words[0],
+            last: s.words[1],
+        }
+    }
+    fn to_mirror(s: &State) -> Option<[u64; 2]> {
+        Some([s.deficit, s.last])
+    }
+    fn from_mirror(w: [u64; 2]) -> State {
+        State {
+            deficit: w[0],
+            last: w[1],
+        }
     }
 }
 

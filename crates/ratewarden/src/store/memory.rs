@@ -285,13 +285,15 @@ impl MemoryStore {
             })
             .collect();
 
+        let mut verdicts = verdicts;
         if mode == Mode::Apply {
             let ok = admitted(ops, &verdicts);
-            for ((op, &h), v) in ops.iter().zip(&hashes).zip(&verdicts) {
+            for ((op, &h), v) in ops.iter().zip(&hashes).zip(&mut verdicts) {
                 let shard = &mut guards[guard_of(h)];
                 let mirror = &self.inner.shards[self.shard_of(h)].mirror;
                 self.update(shard, mirror, h, now, |state| {
                     op.rule.commit(state, now, op.rule.cost(weight), v, ok);
+                    v.lease = op.rule.lease_taken(state, v, ok);
                     op.rule.idle_at(state)
                 });
             }
@@ -334,8 +336,10 @@ impl MemoryStore {
         let mut shard = lock(cell);
         let mut verdict = None;
         self.update(&mut shard, &cell.mirror, h, now, |state| {
-            let v = rule.verdict(state, now, cost);
-            rule.commit(state, now, cost, &v, v.allowed() || rule.is_shadow());
+            let mut v = rule.verdict(state, now, cost);
+            let admitted = v.allowed() || rule.is_shadow();
+            rule.commit(state, now, cost, &v, admitted);
+            v.lease = rule.lease_taken(state, &v, admitted);
             verdict = Some(v);
             rule.idle_at(state)
         });
@@ -431,6 +435,22 @@ impl Store for MemoryStore {
                 op.rule.settle(state, now, op.rule.cost(weight), failure);
                 op.rule.idle_at(state)
             });
+        }
+        Ok(())
+    }
+
+    async fn release(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
+        let now = self.now();
+        for (op, lease, cost) in leases {
+            let h = self.hash(op);
+            let cell = &self.inner.shards[self.shard_of(h)];
+            let mut shard = lock(cell);
+            if shard.map.get(&h).is_some_and(|s| s.expires > now) {
+                self.update(&mut shard, &cell.mirror, h, now, |state| {
+                    op.rule.release(state, *lease, *cost);
+                    op.rule.idle_at(state)
+                });
+            }
         }
         Ok(())
     }

@@ -18,9 +18,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
-use crate::algorithm::{
-    State, fixed_window, gcra, leaky_bucket, sliding_window_counter, token_bucket,
-};
+use crate::algorithm::State;
+#[cfg(test)]
+use crate::algorithm::{fixed_window, gcra, leaky_bucket, sliding_window_counter, token_bucket};
 use crate::clock::Micros;
 use crate::rule::{KeyState, Marks};
 
@@ -33,7 +33,8 @@ const ENTRIES: usize = 8;
 struct Entry {
     seq: AtomicU64,
     key: AtomicU64,
-    /// Bits 0..8: the state's kind (0 = empty); bits 32..64: the ban level.
+    /// Bits 0..8: the state's code (0 = empty entry, else the algorithm's
+    /// id in the table, or `FRESH_CODE`); bits 32..64: the ban level.
     kind: AtomicU64,
     w1: AtomicU64,
     w2: AtomicU64,
@@ -61,40 +62,12 @@ fn slot(h: u64) -> usize {
 }
 
 fn encode(algo: &State) -> Option<(u64, u64, u64)> {
-    Some(match algo {
-        State::Fresh => (1, 0, 0),
-        State::FixedWindow(s) => (2, s.start, u64::from(s.count)),
-        State::SlidingWindowCounter(s) => (3, s.start, u64::from(s.prev) << 32 | u64::from(s.cur)),
-        State::TokenBucket(s) => (4, s.deficit, s.last),
-        State::LeakyBucket(s) => (5, s.level, s.last),
-        State::Gcra(s) => (6, s.tat, 0),
-        State::SlidingWindowLog(_) => return None,
-    })
+    algo.to_mirror()
+        .map(|(code, [w1, w2])| (u64::from(code), w1, w2))
 }
 
 fn decode(kind: u64, w1: u64, w2: u64) -> Option<State> {
-    Some(match kind {
-        1 => State::Fresh,
-        2 => State::FixedWindow(fixed_window::State {
-            start: w1,
-            count: w2 as u32,
-        }),
-        3 => State::SlidingWindowCounter(sliding_window_counter::State {
-            start: w1,
-            prev: (w2 >> 32) as u32,
-            cur: w2 as u32,
-        }),
-        4 => State::TokenBucket(token_bucket::State {
-            deficit: w1,
-            last: w2,
-        }),
-        5 => State::LeakyBucket(leaky_bucket::State {
-            level: w1,
-            last: w2,
-        }),
-        6 => State::Gcra(gcra::State { tat: w1 }),
-        _ => return None,
-    })
+    State::from_mirror(u8::try_from(kind).ok()?, [w1, w2])
 }
 
 impl Mirror {
@@ -230,12 +203,16 @@ mod tests {
     }
 
     #[test]
-    fn a_log_is_never_mirrored() {
+    fn a_log_or_leases_are_never_mirrored() {
         let m = Mirror::default();
         let gcra = state(State::Gcra(gcra::State { tat: 1 }), Marks::default());
         m.write(42, Some((&gcra, 10)));
         let log = state(State::SlidingWindowLog(Box::default()), Marks::default());
         m.write(42, Some((&log, 10)));
         assert!(m.read(42).is_none(), "the stale copy must be gone");
+        m.write(42, Some((&gcra, 10)));
+        let leases = state(State::Concurrency(Box::default()), Marks::default());
+        m.write(42, Some((&leases, 10)));
+        assert!(m.read(42).is_none(), "leases are never mirrored either");
     }
 }

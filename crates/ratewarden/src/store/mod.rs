@@ -72,11 +72,38 @@ pub struct KeyInfo {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The backend did not answer in time, or not at all.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
+    #[error("store unavailable: {message}")]
+    Unavailable {
+        /// What happened.
+        message: String,
+        /// The error underneath, if any (a connection error, say).
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// The backend answered something this version does not understand.
     #[error("store protocol error: {0}")]
     Protocol(String),
+    /// The store's configuration cannot work (a bad URL, say).
+    #[error("invalid store configuration: {0}")]
+    Config(String),
+}
+
+impl StoreError {
+    /// Unavailable, for `message`.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        StoreError::Unavailable {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Unavailable because of `e`, which is kept as the source.
+    pub fn unavailable_from(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreError::Unavailable {
+            message: e.to_string(),
+            source: Some(Box::new(e)),
+        }
+    }
 }
 
 /// A place to keep key states, atomic per decision.
@@ -102,6 +129,14 @@ pub trait Store: Send + Sync + 'static {
         ops: &[Op<'_>],
         weight: u64,
         failure: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Gives back `concurrency` leases: `(op, lease, cost)` for each, the
+    /// lease as [`Verdict::lease`] named it. A lease already lapsed or
+    /// released is left alone.
+    fn release(
+        &self,
+        leases: &[(Op<'_>, u64, u64)],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The state of one key.
@@ -153,6 +188,11 @@ impl<P: Store> Fallback<P> {
     pub fn primary(&self) -> &P {
         &self.primary
     }
+
+    /// The in-process store decisions fall back to under [`OnError::Local`].
+    pub fn local(&self) -> &memory::MemoryStore {
+        &self.local
+    }
 }
 
 impl<P: Store> Store for Fallback<P> {
@@ -177,6 +217,7 @@ impl<P: Store> Store for Fallback<P> {
                             delay: 0,
                         },
                         reason: None,
+                        lease: None,
                     })
                     .collect()),
                 OnError::Deny => Err(e),
@@ -189,6 +230,16 @@ impl<P: Store> Store for Fallback<P> {
             Err(_) if self.policy == OnError::Local => {
                 self.local.settle(ops, weight, failure).await
             }
+            other => other,
+        }
+    }
+
+    async fn release(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
+        // Leases taken locally (during an outage) are released locally; the
+        // primary's may or may not exist: both are asked.
+        let local = self.local.release(leases).await;
+        match self.primary.release(leases).await {
+            Err(_) if self.policy == OnError::Local => local,
             other => other,
         }
     }

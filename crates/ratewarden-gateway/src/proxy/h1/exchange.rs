@@ -23,12 +23,13 @@ use super::write::{http_date, push_field, status_line, write_answer};
 use smallvec::SmallVec;
 
 use super::request::BodyLen;
-use crate::gateway::{Admitted, Gateway, Live};
+use crate::gateway::{Gateway, Live, add_rate_headers};
 use crate::proxy::forward::{
     UpstreamFailure, dropped_request_field, drops_length, is_hop_by_hop, push_forwarded_for,
     upstream_failed,
 };
 use crate::upstream::Pool;
+use ratewarden_tower::admission::Admitted;
 
 /// Bytes read from the upstream at a time while relaying a body.
 pub(crate) const RELAY: usize = 64 * 1024;
@@ -62,7 +63,7 @@ pub(crate) struct Forward<'a> {
     pub(crate) rewritten: Option<&'a str>,
     pub(crate) peer: SocketAddr,
     pub(crate) head: &'a Head,
-    pub(crate) admitted: &'a Admitted,
+    pub(crate) admitted: &'a Admitted<'a>,
 }
 
 impl Conn {
@@ -100,8 +101,11 @@ impl Conn {
                 to.gw
                     .settle(to.live, to.admitted, answer.status().as_u16())
                     .await;
-                to.admitted
-                    .add_headers(answer.headers_mut(), to.live.config.headers);
+                add_rate_headers(
+                    to.admitted.decision.as_ref(),
+                    answer.headers_mut(),
+                    to.live.config.headers,
+                );
                 write_answer(io, &mut self.out, answer, head.close).await?;
                 return Ok(!head.close);
             }

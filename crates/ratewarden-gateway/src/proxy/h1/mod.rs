@@ -48,9 +48,10 @@ pub(crate) mod response;
 mod write;
 
 use crate::config::Upstream;
-use crate::gateway::{Gateway, Refusal};
+use crate::gateway::{Gateway, refusal_answer};
 use crate::idle::Watched;
 use crate::proxy::forward::{self, Edge};
+use ratewarden_tower::admission::{Facts, Held, Identity, Refusal};
 
 use chunked::{Chunks, valid_trailers};
 use exchange::{Forward, within};
@@ -290,28 +291,36 @@ where
         let answering = io.activity().answering();
         // The target is visible ASCII (`parse_request` checked it).
         let target = std::str::from_utf8(&c.input[head.target.clone()]).unwrap_or("/");
-        let admitted = match forward::rule_path(&head.method, target) {
-            Err(e) => Err(Refusal::Answer(e.answer())),
-            Ok(path) => {
-                let headers = if live.reads_headers {
-                    header_map(&c.input, &c.fields, live.config.underscores_in_headers)
-                } else {
-                    HeaderMap::new()
-                };
-                gw.admit(&live, &head.method, &path, &headers, peer.ip())
-                    .await
+        let path = match forward::rule_path(&head.method, target) {
+            Ok(p) => p,
+            Err(e) => {
+                write_answer(&mut io, &mut c.out, e.answer(), head.close).await?;
+                drop(answering);
+                c.input.advance(whole);
+                if head.close {
+                    return Ok(());
+                }
+                continue;
             }
         };
-        let rewritten = match (
-            &admitted,
-            forward::upstream_target(target, live.config.upstream_path),
-        ) {
-            (Ok(_), Ok(t)) => Ok(match t {
-                std::borrow::Cow::Owned(t) => Some(t),
-                std::borrow::Cow::Borrowed(_) => None,
-            }),
-            (_, Err(e)) => Err(e),
-            (Err(_), _) => Ok(None),
+        let headers = if live.reads_headers {
+            header_map(&c.input, &c.fields, live.config.underscores_in_headers)
+        } else {
+            HeaderMap::new()
+        };
+        let facts = Facts {
+            method: &head.method,
+            path: &path,
+            headers: &headers,
+            peer: Some(peer.ip()),
+            identity: Identity::Resolve,
+        };
+        let admitted = gw.admit(&live, &facts).await;
+        drop(path);
+        let rewritten = match forward::upstream_target(target, live.config.upstream_path) {
+            Ok(std::borrow::Cow::Owned(t)) => Ok(Some(t)),
+            Ok(std::borrow::Cow::Borrowed(_)) => Ok(None),
+            Err(e) => Err(e),
         };
         let keep = match (admitted, rewritten) {
             (Err(Refusal::Limited(d)), _) => {
@@ -321,7 +330,8 @@ where
                 drop(answering);
                 !head.close
             }
-            (Err(Refusal::Answer(answer)), _) => {
+            (Err(refusal), _) => {
+                let answer = refusal_answer(&refusal, &live.config);
                 write_answer(&mut io, &mut c.out, answer, head.close).await?;
                 drop(answering);
                 !head.close
@@ -331,7 +341,10 @@ where
                 drop(answering);
                 !head.close
             }
-            (Ok(admitted), Ok(rewritten)) => {
+            (Ok(mut admitted), Ok(rewritten)) => {
+                // Leases are held for the exchange; if the client goes
+                // away meanwhile, dropping the guard gives them back.
+                let held = Held::take(&mut admitted, &live.limiter);
                 let prefix = base.path().trim_end_matches('/');
                 let to = Forward {
                     gw: &gw,
@@ -343,7 +356,11 @@ where
                     head: &head,
                     admitted: &admitted,
                 };
-                c.exchange(&mut io, to, answering).await?
+                let keep = c.exchange(&mut io, to, answering).await?;
+                if let Some(held) = held {
+                    held.release().await;
+                }
+                keep
             }
         };
         c.input.advance(whole);

@@ -152,6 +152,7 @@ mod tests {
                 remaining: 0,
                 reset_after: Duration::from_millis(reset_ms),
                 retry_after: Some(Duration::from_millis(retry_ms)),
+                lease: None,
             }],
         };
         let how = (StatusCode::TOO_MANY_REQUESTS, HeaderStyle::default());

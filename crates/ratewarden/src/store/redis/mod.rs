@@ -1,37 +1,38 @@
 //! The Redis and Redis Cluster store: one atomic script call per decision,
 //! time from Redis, exact across any number of gateways.
 //!
-//! Every decision is one `EVALSHA` of `decide.lua` (reloaded by the client on
-//! `NOSCRIPT`). The script reads the state of every key of the request, runs
+//! Every decision is one `EVALSHA` of the script (reloaded by the client on
+//! `NOSCRIPT`), assembled from `lua/` ([`script`]). The script reads the state of every key of the request, runs
 //! the same algorithms as the Rust code, and writes back only if the request
 //! is admitted (or a rejection must be recorded), in one step that no other
 //! client can interleave with: no check-then-increment race (seed 001), no
 //! `MULTI` that cannot read its own writes (seed 003).
 //!
-//! Keys are `<prefix>{<group>}:<rule id>:<key>`: the `{group}` hash tag (the
-//! client's identity by default) puts all keys of one request on one cluster
-//! slot, while different clients spread over the cluster.
+//! Keys are `<prefix>{<group>}:<rule id>:<key>` ([`keys`]): the `{group}`
+//! hash tag (the client's identity by default) puts all keys of one request
+//! on one cluster slot, while different clients spread over the cluster.
 //!
 //! Failures are bounded: each call has a timeout, and after repeated failures
 //! a circuit breaker answers at once without touching the network, letting one
 //! probe through at growing intervals (100 ms doubling to 5 s) until Redis
-//! answers again. Errors are counted for the gateway's metrics.
+//! answers again ([`breaker`]). Errors are counted for the gateway's metrics.
+
+mod breaker;
+pub mod keys;
+pub mod script;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 
-use crate::algorithm::{Check, NEVER};
-use crate::clock::{Clock, micros};
-use crate::rule::{Counting, Reason, Verdict};
+use crate::clock::{Clock, SystemClock};
+use crate::rule::Verdict;
 use crate::store::{KeyInfo, Mode, Op, Store, StoreError};
-
-const SCRIPT: &str = include_str!("decide.lua");
-/// Values per op in ARGV; see the contract at the top of decide.lua.
-const FIELDS: usize = 15;
+use breaker::Breaker;
+use script::{Call, SCRIPT, argv};
 
 /// Where the store connects, and how patiently.
 #[derive(Clone)]
@@ -81,72 +82,6 @@ enum Conn {
     Cluster(ClusterConnection),
 }
 
-/// Stops hammering a dead server: after `THRESHOLD` consecutive failures the
-/// circuit opens; while open, calls fail at once; when the backoff has passed,
-/// one call is let through as a probe.
-struct Breaker {
-    state: parking_lot::Mutex<BreakerState>,
-}
-
-struct BreakerState {
-    failures: u32,
-    open_until: Option<Instant>,
-    backoff: Duration,
-    probing: bool,
-}
-
-const THRESHOLD: u32 = 3;
-const MIN_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
-impl Breaker {
-    fn new() -> Self {
-        Self {
-            state: parking_lot::Mutex::new(BreakerState {
-                failures: 0,
-                open_until: None,
-                backoff: MIN_BACKOFF,
-                probing: false,
-            }),
-        }
-    }
-
-    /// Whether a call may go to the network now.
-    fn admit(&self) -> bool {
-        let mut s = self.state.lock();
-        match s.open_until {
-            None => true,
-            Some(until) if Instant::now() < until || s.probing => false,
-            Some(_) => {
-                s.probing = true;
-                true
-            }
-        }
-    }
-
-    fn success(&self) {
-        let mut s = self.state.lock();
-        s.failures = 0;
-        s.open_until = None;
-        s.backoff = MIN_BACKOFF;
-        s.probing = false;
-    }
-
-    fn failure(&self) {
-        let mut s = self.state.lock();
-        s.failures += 1;
-        if s.probing || s.failures >= THRESHOLD {
-            s.open_until = Some(Instant::now() + s.backoff);
-            s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
-            s.probing = false;
-        }
-    }
-
-    fn is_open(&self) -> bool {
-        self.state.lock().open_until.is_some()
-    }
-}
-
 struct Inner {
     config: RedisConfig,
     script: redis::Script,
@@ -155,6 +90,9 @@ struct Inner {
     conn: tokio::sync::Mutex<Option<Conn>>,
     breaker: Breaker,
     errors: AtomicU64,
+    /// The clock of `local_clock`, else the system's: time for the
+    /// breaker (the script's time is Redis's own).
+    clock: Arc<dyn Clock>,
 }
 
 /// The Redis / Redis Cluster store. Cheap to clone; clones share connections.
@@ -171,8 +109,14 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+/// A Redis error as the store's: the connection's failures are
+/// `Unavailable` (with their source kept), anything else a protocol error.
+fn redis_error(e: redis::RedisError) -> StoreError {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        StoreError::unavailable_from(e)
+    } else {
+        StoreError::Protocol(e.to_string())
+    }
 }
 
 /// Checks that `url` is a Redis URL this build can connect to, without
@@ -195,25 +139,31 @@ impl RedisStore {
     /// wait for Redis: the first decision connects.
     pub fn new(config: RedisConfig) -> Result<Self, StoreError> {
         if config.cluster.is_empty() {
-            let url = config.url.as_deref().ok_or_else(|| {
-                StoreError::Protocol("redis store needs `url` or `cluster`".into())
-            })?;
-            redis::Client::open(url).map_err(|e| StoreError::Protocol(format!("{url}: {e}")))?;
+            let url = config
+                .url
+                .as_deref()
+                .ok_or_else(|| StoreError::Config("redis store needs `url` or `cluster`".into()))?;
+            check_url(url).map_err(StoreError::Config)?;
         } else {
             redis::cluster::ClusterClient::new(config.cluster.clone())
-                .map_err(|e| StoreError::Protocol(e.to_string()))?;
+                .map_err(|e| StoreError::Config(e.to_string()))?;
         }
         if config.key_prefix.contains(['{', '}']) {
-            return Err(StoreError::Protocol(
+            return Err(StoreError::Config(
                 "`key_prefix` must not contain `{` or `}` (they are the hash tag's)".into(),
             ));
         }
+        let clock: Arc<dyn Clock> = match &config.local_clock {
+            Some(c) => c.clone(),
+            None => Arc::new(SystemClock::new()),
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 script: redis::Script::new(SCRIPT),
                 conn: tokio::sync::Mutex::new(None),
-                breaker: Breaker::new(),
+                breaker: Breaker::new(clock.clone()),
                 errors: AtomicU64::new(0),
+                clock,
                 config,
             }),
         })
@@ -233,15 +183,15 @@ impl RedisStore {
         let c = &self.inner.config;
         let t = c.timeout.max(Duration::from_millis(10));
         if c.cluster.is_empty() {
-            let client =
-                redis::Client::open(c.url.as_deref().unwrap_or_default()).map_err(unavailable)?;
+            let client = redis::Client::open(c.url.as_deref().unwrap_or_default())
+                .map_err(StoreError::unavailable_from)?;
             let cfg = ConnectionManagerConfig::new()
                 .set_response_timeout(Some(t))
                 .set_connection_timeout(Some(t))
                 .set_number_of_retries(1);
             let m = ConnectionManager::new_with_config(client, cfg)
                 .await
-                .map_err(unavailable)?;
+                .map_err(StoreError::unavailable_from)?;
             Ok(Conn::Single(m))
         } else {
             let client = redis::cluster::ClusterClientBuilder::new(c.cluster.clone())
@@ -249,8 +199,11 @@ impl RedisStore {
                 .response_timeout(t)
                 .retries(1)
                 .build()
-                .map_err(unavailable)?;
-            let conn = client.get_async_connection().await.map_err(unavailable)?;
+                .map_err(StoreError::unavailable_from)?;
+            let conn = client
+                .get_async_connection()
+                .await
+                .map_err(StoreError::unavailable_from)?;
             Ok(Conn::Cluster(conn))
         }
     }
@@ -265,106 +218,60 @@ impl RedisStore {
         Ok(c)
     }
 
-    /// `<prefix>{<group>}:<rule id>:<key>` and its log's name.
-    fn key_names(&self, op: &Op<'_>) -> (String, String) {
-        // The group must not end the hash tag early or leave it empty (an
-        // empty `{}` hashes the whole key, and the keys would scatter).
-        let group: String = op
-            .group
-            .chars()
-            .map(|c| if c == '{' || c == '}' { '_' } else { c })
-            .collect();
-        let group = if group.is_empty() { "_".into() } else { group };
-        let base = format!(
-            "{}{{{group}}}:{:016x}:{}",
-            self.inner.config.key_prefix,
-            op.rule.id(),
-            op.key
-        );
-        let log = format!("{base}:log");
-        (base, log)
+    /// The state key and zset key of `op` (see [`keys`]).
+    #[doc(hidden)]
+    pub fn key_names(&self, op: &Op<'_>) -> (String, String) {
+        keys::names(&self.inner.config.key_prefix, op)
     }
 
-    fn invocation(&self, ops: &[Op<'_>], weight: u64, mode: u8) -> redis::ScriptInvocation<'_> {
+    /// One script call of `ops`, bounded by the timeout and guarded by the
+    /// breaker.
+    async fn run(&self, ops: &[Call<'_>], mode: script::Mode) -> Result<Vec<i64>, StoreError> {
         let mut inv = self.inner.script.prepare_invoke();
+        for (op, _, _) in ops {
+            let (k, log) = self.key_names(op);
+            inv.key(k).key(log);
+        }
         let now = self
             .inner
             .config
             .local_clock
             .as_ref()
             .map_or(0, |c| c.now());
-        inv.arg(mode).arg(ops.len()).arg(now);
-        for op in ops {
-            let (k, log) = self.key_names(op);
-            inv.key(k).key(log);
-            let spec = op.rule.spec();
-            let (kind, p) = op.rule.params().script_params();
-            inv.arg(kind);
-            for v in p {
-                // u64::MAX marks "none" (leaky bucket reject mode).
-                if v == u64::MAX {
-                    inv.arg(-1i64);
-                } else {
-                    inv.arg(v);
-                }
-            }
-            inv.arg(spec.min_interval.map_or(0, micros));
-            match &spec.penalty {
-                Some(pen) => {
-                    inv.arg(micros(pen.duration))
-                        .arg(pen.multiplier)
-                        .arg(micros(pen.max))
-                        .arg(micros(pen.memory));
-                }
-                None => {
-                    inv.arg(0).arg(1).arg(0).arg(0);
-                }
-            }
-            let (failures, reset) = match spec.counting {
-                Counting::All => (0, 0),
-                Counting::Failures { reset_on_success } => (1, u8::from(reset_on_success)),
-            };
-            inv.arg(failures)
-                .arg(reset)
-                .arg(u8::from(spec.count_rejected))
-                .arg(u8::from(spec.shadow))
-                .arg(op.rule.cost(weight));
+        for a in argv(ops, mode, now) {
+            inv.arg(a);
         }
-        debug_assert_eq!(FIELDS, 15);
-        inv
-    }
-
-    /// One script call, bounded by the timeout and guarded by the breaker.
-    async fn call(&self, inv: redis::ScriptInvocation<'_>) -> Result<Vec<i64>, StoreError> {
-        if !self.inner.breaker.admit() {
-            self.inner.errors.fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::Unavailable(
-                "circuit open: redis failing".into(),
-            ));
-        }
-        let attempt = async {
-            let conn = self.conn().await?;
-            let res: redis::RedisResult<Vec<i64>> = match conn {
+        self.guarded(async {
+            match self.conn().await? {
                 Conn::Single(mut c) => inv.invoke_async(&mut c).await,
                 Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
-            };
-            res.map_err(|e| {
-                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
-                    unavailable(e)
-                } else {
-                    StoreError::Protocol(e.to_string())
-                }
-            })
-        };
-        let res = match tokio::time::timeout(self.inner.config.timeout, attempt).await {
+            }
+            .map_err(redis_error)
+        })
+        .await
+    }
+
+    /// Runs `call` unless the breaker is open, within the timeout, and
+    /// tells the breaker how it went.
+    async fn guarded<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if !self.inner.breaker.admit() {
+            self.inner.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::unavailable("circuit open: redis failing"));
+        }
+        let timeout = self.inner.config.timeout;
+        let res = match tokio::time::timeout(timeout, call).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "no answer within {:?}",
-                self.inner.config.timeout
+            Err(_) => Err(StoreError::unavailable(format!(
+                "no answer within {timeout:?}"
             ))),
         };
         match &res {
-            Ok(_) => self.inner.breaker.success(),
+            Ok(_) => {
+                self.inner.breaker.success();
+            }
             Err(_) => {
                 self.inner.errors.fetch_add(1, Ordering::Relaxed);
                 self.inner.breaker.failure();
@@ -375,47 +282,25 @@ impl RedisStore {
 
     /// Groups of ops that can go in one script call: all of them on a
     /// standalone server; ops sharing a group (hash slot) on a cluster.
-    fn batches<'o, 'a>(&self, ops: &'o [Op<'a>]) -> Vec<Vec<Op<'a>>> {
+    fn batches<'a>(&self, ops: &[Call<'a>]) -> Vec<Vec<Call<'a>>> {
         if self.inner.config.cluster.is_empty() {
             return vec![ops.to_vec()];
         }
-        let mut out: Vec<Vec<Op<'a>>> = vec![];
+        let mut out: Vec<Vec<Call<'a>>> = vec![];
         for op in ops {
-            match out.iter_mut().find(|b| b[0].group == op.group) {
+            match out.iter_mut().find(|b| b[0].0.group == op.0.group) {
                 Some(b) => b.push(*op),
                 None => out.push(vec![*op]),
             }
         }
         out
     }
-}
 
-fn verdicts_from(raw: &[i64], n: usize) -> Result<Vec<Verdict>, StoreError> {
-    if raw.len() != n * 6 {
-        return Err(StoreError::Protocol(format!(
-            "script returned {} values for {n} ops",
-            raw.len()
-        )));
+    /// The time the store's breaker reads (tests use a manual one).
+    #[doc(hidden)]
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
     }
-    let u = |v: i64| u64::try_from(v).unwrap_or(0);
-    Ok(raw
-        .chunks(6)
-        .map(|c| Verdict {
-            check: Check {
-                allowed: c[0] == 1,
-                remaining: u(c[2]),
-                reset_after: u(c[3]),
-                retry_after: if c[4] < 0 { NEVER } else { u(c[4]) },
-                delay: u(c[5]),
-            },
-            reason: match c[1] {
-                0 => None,
-                2 => Some(Reason::Banned),
-                3 => Some(Reason::MinInterval),
-                _ => Some(Reason::Limit),
-            },
-        })
-        .collect())
 }
 
 impl Store for RedisStore {
@@ -429,29 +314,36 @@ impl Store for RedisStore {
         weight: u64,
         mode: Mode,
     ) -> Result<Vec<Verdict>, StoreError> {
-        let code = if mode == Mode::Apply { 0 } else { 1 };
+        let ops: Vec<Call<'_>> = ops
+            .iter()
+            .map(|op| (*op, op.rule.cost(weight), 0))
+            .collect();
+        let batches = self.batches(&ops);
         let mut out = Vec::with_capacity(ops.len());
-        let batches = self.batches(ops);
         let mut rejected = false;
         for batch in &batches {
             // A group after a rejecting one is only peeked: the request is
             // rejected already, and must not be charged there.
-            let code = if rejected { 1 } else { code };
-            let raw = self.call(self.invocation(batch, weight, code)).await?;
-            let v = verdicts_from(&raw, batch.len())?;
-            rejected |= !crate::store::admitted(batch, &v);
+            let mode = match mode {
+                Mode::Apply if !rejected => script::Mode::Apply,
+                _ => script::Mode::Peek,
+            };
+            let raw = self.run(batch, mode).await?;
+            let v = script::verdicts(&raw, batch.len()).map_err(StoreError::Protocol)?;
+            let plain: Vec<Op<'_>> = batch.iter().map(|(op, _, _)| *op).collect();
+            rejected |= !crate::store::admitted(&plain, &v);
             out.extend(v);
         }
         if batches.len() > 1 {
             // Restore the caller's order.
             let mut ordered = Vec::with_capacity(ops.len());
-            for op in ops {
+            for (op, _, _) in &ops {
                 let (bi, oi) = batches
                     .iter()
                     .enumerate()
                     .find_map(|(bi, b)| {
                         b.iter()
-                            .position(|o| std::ptr::eq(o.rule, op.rule) && o.key == op.key)
+                            .position(|(o, _, _)| std::ptr::eq(o.rule, op.rule) && o.key == op.key)
                             .map(|oi| (bi, oi))
                     })
                     .expect("every op is in a batch");
@@ -464,20 +356,37 @@ impl Store for RedisStore {
     }
 
     async fn settle(&self, ops: &[Op<'_>], weight: u64, failure: bool) -> Result<(), StoreError> {
-        let ops: Vec<Op<'_>> = ops
+        let ops: Vec<Call<'_>> = ops
             .iter()
             .filter(|op| op.rule.counts_failures())
-            .copied()
+            .map(|op| (*op, op.rule.cost(weight), 0))
             .collect();
+        let mode = if failure {
+            script::Mode::Failure
+        } else {
+            script::Mode::Success
+        };
         for batch in self.batches(&ops) {
-            let mode = if failure { 2 } else { 3 };
-            self.call(self.invocation(&batch, weight, mode)).await?;
+            self.run(&batch, mode).await?;
+        }
+        Ok(())
+    }
+
+    async fn release(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
+        let calls: Vec<Call<'_>> = leases
+            .iter()
+            .map(|(op, lease, cost)| (*op, *cost, *lease))
+            .collect();
+        for batch in self.batches(&calls) {
+            self.run(&batch, script::Mode::Release).await?;
         }
         Ok(())
     }
 
     async fn inspect(&self, op: Op<'_>) -> Result<KeyInfo, StoreError> {
-        let raw = self.call(self.invocation(&[op], 1, 4)).await?;
+        let raw = self
+            .run(&[(op, op.rule.cost(1), 0)], script::Mode::Inspect)
+            .await?;
         if raw.len() != 5 {
             return Err(StoreError::Protocol("inspect: unexpected reply".into()));
         }
@@ -493,41 +402,33 @@ impl Store for RedisStore {
 
     async fn clear(&self, op: Op<'_>) -> Result<bool, StoreError> {
         let (k, log) = self.key_names(&op);
-        if !self.inner.breaker.admit() {
-            return Err(StoreError::Unavailable(
-                "circuit open: redis failing".into(),
-            ));
-        }
         let mut cmd = redis::cmd("DEL");
         cmd.arg(&k).arg(&log);
-        let fut = async {
+        self.guarded(async {
             let n: i64 = match self.conn().await? {
                 Conn::Single(mut c) => cmd.query_async(&mut c).await,
                 Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
             }
-            .map_err(unavailable)?;
-            Ok::<_, StoreError>(n > 0)
-        };
-        tokio::time::timeout(self.inner.config.timeout, fut)
-            .await
-            .map_err(|_| unavailable("timeout"))?
+            .map_err(redis_error)?;
+            Ok(n > 0)
+        })
+        .await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let fut = async {
-            let pong: String = match self.conn().await? {
-                Conn::Single(mut c) => redis::cmd("PING").query_async(&mut c).await,
-                Conn::Cluster(mut c) => redis::cmd("PING").query_async(&mut c).await,
-            }
-            .map_err(unavailable)?;
-            if pong == "PONG" {
-                Ok(())
-            } else {
-                Err(StoreError::Protocol(format!("PING answered {pong}")))
-            }
-        };
-        tokio::time::timeout(self.inner.config.timeout, fut)
-            .await
-            .map_err(|_| unavailable("timeout"))?
+        let pong: String = self
+            .guarded(async {
+                match self.conn().await? {
+                    Conn::Single(mut c) => redis::cmd("PING").query_async(&mut c).await,
+                    Conn::Cluster(mut c) => redis::cmd("PING").query_async(&mut c).await,
+                }
+                .map_err(redis_error)
+            })
+            .await?;
+        if pong == "PONG" {
+            Ok(())
+        } else {
+            Err(StoreError::Protocol(format!("PING answered {pong}")))
+        }
     }
 }

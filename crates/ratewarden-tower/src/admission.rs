@@ -1,0 +1,573 @@
+//! The one admission path: every front end (the tower layer, the
+//! gateway's two HTTP paths, `/v1/check`, `/v1/explain`, `/v1/keys`) hands a
+//! request's facts to a [`Policy`] here and renders what comes back. A
+//! second copy of identity, matching or decision logic would drift from
+//! this one (it did: `explain` once ignored `deny`).
+//!
+//! The stages, each usable alone by a front end that needs to show them
+//! (`explain` shows the keys before it decides):
+//!
+//! 1. [`Policy::identify`]: who the client is. The identity is bounded to
+//!    [`MAX_IDENTITY_BYTES`], an address identity is IPv6-grouped (also when
+//!    the admin API is given one), a missing one follows [`Missing`], `deny`
+//!    refuses and `allow` exempts.
+//! 2. [`Policy::matching`]: the rules the request falls under, each with its
+//!    key and Redis Cluster group.
+//! 3. [`Matched::decide`]: one store call for all of them, all-or-nothing.
+//! 4. [`Admitted::settle`] and [`Admitted::release`] once the answer is known
+//!    and the request has ended: `count: failures` charged or cleared per
+//!    each rule's `failure_status`, `concurrency` leases given back.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, Method, StatusCode};
+use ratewarden::decision::problem;
+use ratewarden::{Decision, Limiter, Mode, Op, Pending, Store, StoreError};
+use smallvec::SmallVec;
+
+use crate::policy::{IdentitySource, KeyPart, Missing, Policy, PolicyRule};
+
+/// Longest identity (and header-taken key part) kept, in bytes, cut at a
+/// character boundary: a client cannot grow the store's key names without
+/// bound.
+pub const MAX_IDENTITY_BYTES: usize = 256;
+
+/// `s` cut to [`MAX_IDENTITY_BYTES`] at a character boundary.
+///
+/// ```
+/// use ratewarden_tower::admission::{bounded, MAX_IDENTITY_BYTES};
+/// let long = "é".repeat(200); // 400 bytes
+/// let cut = bounded(&long);
+/// assert_eq!(cut.len(), MAX_IDENTITY_BYTES);
+/// assert!(cut.chars().all(|c| c == 'é'));
+/// ```
+pub fn bounded(s: &str) -> &str {
+    if s.len() <= MAX_IDENTITY_BYTES {
+        return s;
+    }
+    let mut end = MAX_IDENTITY_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Where a request's identity comes from in this call.
+#[derive(Debug, Clone, Copy)]
+pub enum Identity<'a> {
+    /// As the policy's [`IdentitySource`] says (the proxy).
+    Resolve,
+    /// Given: by a key extractor (the tower layer; `None` when it found
+    /// none), or by an admin API caller. With an address source, an
+    /// identity that is an address is grouped as the proxy would.
+    Given(Option<&'a str>),
+}
+
+/// What a front end knows of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The path as a rule sees it: normalised (see [`crate::path`]).
+    pub path: &'a str,
+    /// The header fields (an empty map when the policy reads none; see
+    /// [`Policy::reads_headers`]).
+    pub headers: &'a HeaderMap,
+    /// The peer's address, when known.
+    pub peer: Option<IpAddr>,
+    /// Where the identity comes from.
+    pub identity: Identity<'a>,
+}
+
+/// Who a client is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Who {
+    /// The identity rules key on (bounded; an address IPv6-grouped).
+    pub identity: String,
+    /// The client's address, when known.
+    pub ip: Option<IpAddr>,
+    /// `false` when no rule applies to it: in `allow`, or without an
+    /// identity under [`Missing::Skip`].
+    pub limited: bool,
+}
+
+/// Why a request does not go on.
+#[derive(Debug)]
+pub enum Refusal {
+    /// Over a limit: answered with the policy's status, rate-limit headers
+    /// and the decision's problem body.
+    Limited(Decision),
+    /// In `deny`: 403.
+    Denied(String),
+    /// No identity, under [`Missing::Reject`]: 400. The header, if one is
+    /// expected.
+    NoIdentity(Option<HeaderName>),
+    /// The store could not decide and `on_error: deny` says so: 503.
+    Unavailable(StoreError),
+}
+
+impl Refusal {
+    /// The status it is answered with; `limited` for [`Refusal::Limited`].
+    pub fn status(&self, limited: StatusCode) -> StatusCode {
+        match self {
+            Refusal::Limited(_) => limited,
+            Refusal::Denied(_) => StatusCode::FORBIDDEN,
+            Refusal::NoIdentity(_) => StatusCode::BAD_REQUEST,
+            Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The problem body it is answered with (RFC 9457); for
+    /// [`Refusal::Limited`], the decision's.
+    pub fn problem(&self, limited: StatusCode) -> String {
+        let status = self.status(limited).as_u16();
+        match self {
+            Refusal::Limited(d) => d.rejection_body(status),
+            Refusal::Denied(id) => problem(status, Some(&format!("client {id} is denied"))),
+            Refusal::NoIdentity(Some(h)) => {
+                problem(status, Some(&format!("header {h} is required")))
+            }
+            Refusal::NoIdentity(None) => {
+                problem(status, Some("the request carries no rate-limit key"))
+            }
+            Refusal::Unavailable(e) => {
+                problem(status, Some(&format!("rate limiter unavailable: {e}")))
+            }
+        }
+    }
+}
+
+impl Policy {
+    /// Stage 1: who the client is.
+    pub fn identify(&self, facts: &Facts<'_>) -> Result<Who, Refusal> {
+        let ip = match (self.identity.client_ip(), facts.peer) {
+            (Some(c), Some(peer)) => Some(c.resolve(peer, facts.headers)),
+            (_, peer) => peer,
+        };
+        let found: Option<String> = match (facts.identity, &self.identity) {
+            (Identity::Given(given), source) => {
+                given.map(|g| self.given_identity(g.trim(), source))
+            }
+            (Identity::Resolve, IdentitySource::Address(c)) => ip.map(|ip| c.key(ip)),
+            (Identity::Resolve, IdentitySource::Header { name, .. }) => facts
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(|v| bounded(v).to_owned()),
+            (Identity::Resolve, IdentitySource::Given { .. }) => None,
+        };
+        let identity = match found {
+            Some(id) => id,
+            None => {
+                let missing = match &self.identity {
+                    IdentitySource::Address(_) => Missing::Ip,
+                    IdentitySource::Header { missing, .. } | IdentitySource::Given { missing } => {
+                        *missing
+                    }
+                };
+                match missing {
+                    Missing::Skip => {
+                        return Ok(Who {
+                            identity: String::new(),
+                            ip,
+                            limited: false,
+                        });
+                    }
+                    Missing::Ip => match (ip, self.identity.client_ip()) {
+                        (Some(ip), Some(c)) => c.key(ip),
+                        (Some(ip), None) => crate::identity::ClientIp::default().key(ip),
+                        (None, _) => "anonymous".to_owned(),
+                    },
+                    Missing::Anonymous => "anonymous".to_owned(),
+                    Missing::Reject => {
+                        let header = match &self.identity {
+                            IdentitySource::Header { name, .. } => Some(name.clone()),
+                            _ => None,
+                        };
+                        return Err(Refusal::NoIdentity(header));
+                    }
+                }
+            }
+        };
+        if self.deny.iter().any(|p| p.matches(ip, &identity)) {
+            return Err(Refusal::Denied(identity));
+        }
+        let limited = !self.allow.iter().any(|p| p.matches(ip, &identity));
+        Ok(Who {
+            identity,
+            ip,
+            limited,
+        })
+    }
+
+    /// An identity given (by an extractor or an admin caller), as the proxy
+    /// would have made it: bounded, and with an address source, an address
+    /// grouped by the IPv6 prefix (`2001:db8::1` is `2001:db8::/64`).
+    fn given_identity(&self, given: &str, source: &IdentitySource) -> String {
+        if let IdentitySource::Address(c) = source
+            && let Ok(ip) = given.parse::<IpAddr>()
+        {
+            return c.key(ip);
+        }
+        bounded(given).to_owned()
+    }
+
+    /// A rule's key given by an admin caller, as the proxy would have made
+    /// it: for a rule keyed by the identity alone, the identity's
+    /// treatment (see [`Policy::identify`]); else bounded.
+    pub fn given_key(&self, rule: &PolicyRule, key: &str) -> String {
+        if rule.key == [KeyPart::Identity] {
+            self.given_identity(key.trim(), &self.identity)
+        } else {
+            key.to_owned()
+        }
+    }
+
+    /// Stage 2: the rules `facts` falls under, with their keys. None for a
+    /// client that is not limited.
+    pub fn matching(&self, facts: &Facts<'_>, who: Who) -> Matched<'_> {
+        let mut keyed = SmallVec::<[Keyed; 4]>::new();
+        if who.limited {
+            for (i, r) in self.rules.iter().enumerate() {
+                if !r.matcher.matches(facts.method, facts.path) {
+                    continue;
+                }
+                let key =
+                    (r.key != [KeyPart::Identity]).then(|| key_of(&r.key, &who.identity, facts));
+                keyed.push(Keyed {
+                    rule: i,
+                    key,
+                    by_identity: r.grouped_by_identity(),
+                });
+            }
+            // Keys shared by clients last: on a cluster they are other slots,
+            // decided after the client's own (see the README).
+            keyed.sort_by_key(|k| !k.by_identity);
+        }
+        Matched {
+            policy: self,
+            who,
+            keyed,
+        }
+    }
+
+    /// Stages 1 to 3 for one request of `weight`.
+    pub async fn admit<S: Store>(
+        &self,
+        limiter: &Limiter<S>,
+        facts: &Facts<'_>,
+        weight: u64,
+        mode: Mode,
+    ) -> Result<Admitted<'_>, Refusal> {
+        let who = self.identify(facts)?;
+        self.matching(facts, who)
+            .decide(limiter, weight, mode)
+            .await
+    }
+
+    /// One named rule on one key, as an admin caller asks (`/v1/check`,
+    /// `/v1/keys`): the key treated as the proxy would make it, grouped as
+    /// the proxy groups it (`identity` names the group of a key with more
+    /// parts than the identity).
+    pub fn named<'p>(
+        &'p self,
+        rule: &str,
+        key: &str,
+        identity: Option<&str>,
+    ) -> Result<Matched<'p>, NamedError> {
+        let (i, r) = self
+            .rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.rule.name() == rule)
+            .ok_or_else(|| NamedError::NoRule(rule.to_owned()))?;
+        let key = self.given_key(r, key);
+        let identity = identity.map(|id| self.given_identity(id.trim(), &self.identity));
+        let group = r
+            .group(&key, identity.as_deref())
+            .map_err(NamedError::Group)?;
+        let mut keyed = SmallVec::new();
+        let identity = match identity {
+            Some(id) => id,
+            None if r.grouped_by_identity() => group.clone(),
+            None => String::new(),
+        };
+        keyed.push(Keyed {
+            rule: i,
+            key: (key != identity).then_some(key),
+            by_identity: r.grouped_by_identity() && group == identity,
+        });
+        Ok(Matched {
+            policy: self,
+            who: Who {
+                identity,
+                ip: None,
+                limited: true,
+            },
+            keyed,
+        })
+    }
+}
+
+/// Why a named rule and key cannot be looked at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NamedError {
+    /// No rule has that name (404).
+    NoRule(String),
+    /// The key's group cannot be told (400).
+    Group(String),
+}
+
+impl std::fmt::Display for NamedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NamedError::NoRule(r) => write!(f, "no rule named `{r}`"),
+            NamedError::Group(m) => f.write_str(m),
+        }
+    }
+}
+
+/// A rule's key: its parts joined by `:`.
+fn key_of(parts: &[KeyPart], identity: &str, facts: &Facts<'_>) -> String {
+    let mut out = String::new();
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push(':');
+        }
+        match p {
+            KeyPart::Identity => out.push_str(identity),
+            KeyPart::Method => out.push_str(facts.method.as_str()),
+            KeyPart::Path => out.push_str(facts.path),
+            KeyPart::Global => out.push_str("global"),
+            KeyPart::Header(h) => {
+                let v = facts
+                    .headers
+                    .get(h)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                out.push_str(bounded(v));
+            }
+        }
+    }
+    out
+}
+
+/// A matched rule's key and group for one request. Most keys are the
+/// identity alone (`key: [identity]`, the default) and most groups are the
+/// identity: those borrow it rather than copy it per rule and request.
+#[derive(Debug, Clone)]
+struct Keyed {
+    rule: usize,
+    /// `None`: the identity itself.
+    key: Option<String>,
+    /// The group is the identity, else the key (see [`PolicyRule::group`]).
+    by_identity: bool,
+}
+
+impl Keyed {
+    fn key<'a>(&'a self, identity: &'a str) -> &'a str {
+        self.key.as_deref().unwrap_or(identity)
+    }
+
+    fn group<'a>(&'a self, identity: &'a str) -> &'a str {
+        if self.by_identity {
+            identity
+        } else {
+            self.key(identity)
+        }
+    }
+}
+
+/// The rules a request falls under, with their keys.
+#[derive(Debug, Clone)]
+pub struct Matched<'p> {
+    policy: &'p Policy,
+    who: Who,
+    /// Inline for up to 4 matching rules: no allocation per request.
+    keyed: SmallVec<[Keyed; 4]>,
+}
+
+impl<'p> Matched<'p> {
+    /// Who the client is.
+    pub fn who(&self) -> &Who {
+        &self.who
+    }
+
+    /// The matching rules with their keys, in decision order.
+    pub fn keys(&self) -> impl Iterator<Item = (&'p PolicyRule, &str)> {
+        let id = &self.who.identity;
+        self.keyed
+            .iter()
+            .map(move |k| (&self.policy.rules[k.rule], k.key(id)))
+    }
+
+    /// The store ops of the matching rules.
+    pub fn ops(&self) -> SmallVec<[Op<'_>; 4]> {
+        let id = &self.who.identity;
+        self.keyed
+            .iter()
+            .map(|k| Op::grouped(&self.policy.rules[k.rule].rule, k.key(id), k.group(id)))
+            .collect()
+    }
+
+    /// Stage 3: decides every matching rule in one store call, for a
+    /// request of `weight`; in [`Mode::Peek`] nothing is recorded. `Err` is
+    /// a rejection or a store that could not decide.
+    pub async fn decide<S: Store>(
+        self,
+        limiter: &Limiter<S>,
+        weight: u64,
+        mode: Mode,
+    ) -> Result<Admitted<'p>, Refusal> {
+        let mut admitted = Admitted {
+            decision: None,
+            matched: self,
+            pending: None,
+        };
+        if admitted.matched.keyed.is_empty() {
+            return Ok(admitted);
+        }
+        let ops = admitted.matched.ops();
+        let verdicts = limiter
+            .store()
+            .decide(&ops, weight, mode)
+            .await
+            .map_err(Refusal::Unavailable)?;
+        let d = ratewarden::assemble(&ops, &verdicts);
+        if !d.allowed {
+            return Err(Refusal::Limited(d));
+        }
+        if mode == Mode::Apply {
+            admitted.pending = ratewarden::pending(&ops, &verdicts, weight);
+        }
+        drop(ops);
+        admitted.decision = Some(d);
+        Ok(admitted)
+    }
+}
+
+/// A request the policy let through.
+#[derive(Debug)]
+pub struct Admitted<'p> {
+    /// The decision, for the response's rate-limit headers; `None` when no
+    /// rule matched.
+    pub decision: Option<Decision>,
+    matched: Matched<'p>,
+    pending: Option<Pending>,
+}
+
+impl<'p> Admitted<'p> {
+    /// The rules and keys it was decided under.
+    pub fn matched(&self) -> &Matched<'p> {
+        &self.matched
+    }
+
+    /// Who the client is.
+    pub fn who(&self) -> &Who {
+        &self.matched.who
+    }
+
+    /// Stage 4a: settles the `count: failures` rules on the answer's
+    /// `status`, each by its own `failure_status`, or by `classify` when
+    /// given (`Some(true)` a failure, `Some(false)` a success, `None` leaves
+    /// the key alone).
+    pub async fn settle<S: Store>(
+        &self,
+        limiter: &Limiter<S>,
+        status: StatusCode,
+        classify: Option<&(dyn Fn(StatusCode) -> Option<bool> + Send + Sync)>,
+    ) -> Result<(), StoreError> {
+        if !self.pending.as_ref().is_some_and(Pending::awaits_outcome) {
+            return Ok(());
+        }
+        let id = &self.matched.who.identity;
+        for k in &self.matched.keyed {
+            let r = &self.matched.policy.rules[k.rule];
+            if !r.rule.counts_failures() {
+                continue;
+            }
+            let failure = match classify {
+                Some(f) => f(status),
+                None => Some(r.is_failure(status.as_u16())),
+            };
+            if let Some(failure) = failure {
+                let op = Op::grouped(&r.rule, k.key(id), k.group(id));
+                limiter.store().settle(&[op], 1, failure).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stage 4b: gives back the `concurrency` leases: the request ended.
+    /// (A front end whose request may be dropped before it ends takes a
+    /// [`Held`] instead.)
+    pub async fn release<S: Store>(&mut self, limiter: &Limiter<S>) -> Result<(), StoreError> {
+        match self.pending.as_mut().and_then(Pending::take_leases) {
+            Some(p) => limiter.release(&p).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Whether it holds `concurrency` leases to release.
+    pub fn holds_leases(&self) -> bool {
+        self.pending
+            .as_ref()
+            .is_some_and(|p| p.leases().next().is_some())
+    }
+}
+
+type Release = Box<
+    dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
+>;
+
+/// A request's `concurrency` leases, given back when this is dropped:
+/// however its answer ends (sent whole, or the client gone). Awaiting
+/// [`Held::release`] gives them back at once instead.
+pub struct Held {
+    release: Option<Release>,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held")
+            .field("armed", &self.release.is_some())
+            .finish()
+    }
+}
+
+impl Held {
+    /// Guards what `admitted` holds; `None` when it holds no lease.
+    pub fn take<S: Store>(admitted: &mut Admitted<'_>, limiter: &Arc<Limiter<S>>) -> Option<Self> {
+        let pending = admitted.pending.as_mut()?.take_leases()?;
+        let limiter = limiter.clone();
+        Some(Self {
+            release: Some(Box::new(move || {
+                Box::pin(async move {
+                    // A release that fails (the store down) leaves the lease
+                    // to lapse after `max_hold`.
+                    let _ = limiter.release(&pending).await;
+                })
+            })),
+        })
+    }
+
+    /// Gives the leases back now.
+    pub async fn release(mut self) {
+        if let Some(r) = self.release.take() {
+            r().await;
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(r) = self.release.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(r());
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! What a limiter is configured to do with requests: who a client is
+//! ([`IdentitySource`]), who is never limited or always refused
+//! ([`Pattern`]), and which rules apply to which requests under which key
+//! ([`PolicyRule`]). [`crate::admission`] runs requests through it.
+
+use std::net::IpAddr;
+
+use http::{HeaderName, Method};
+use ipnet::IpNet;
+use ratewarden::Rule;
+use regex::Regex;
+
+use crate::identity::ClientIp;
+
+/// Everything that decides whether a request goes on.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Who a client is.
+    pub identity: IdentitySource,
+    /// Never limited.
+    pub allow: Vec<Pattern>,
+    /// Always refused (403).
+    pub deny: Vec<Pattern>,
+    /// The rules, in order.
+    pub rules: Vec<PolicyRule>,
+}
+
+/// Where a request's identity comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdentitySource {
+    /// The client's address: the peer, or behind trusted proxies the address
+    /// they forward; IPv6 grouped by prefix.
+    Address(ClientIp),
+    /// A header's value; `missing` says what to do without one.
+    Header {
+        /// The header.
+        name: HeaderName,
+        /// How the client's address is found (for `missing: ip`, and for
+        /// `allow`/`deny` networks).
+        client_ip: ClientIp,
+        /// Without the header.
+        missing: Missing,
+    },
+    /// Given by the front end (the tower layer's key extractor).
+    Given {
+        /// Without one.
+        missing: Missing,
+    },
+}
+
+impl IdentitySource {
+    /// How the client's address is found.
+    pub fn client_ip(&self) -> Option<&ClientIp> {
+        match self {
+            IdentitySource::Address(c) | IdentitySource::Header { client_ip: c, .. } => Some(c),
+            IdentitySource::Given { .. } => None,
+        }
+    }
+}
+
+/// What to do with a request that carries no identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Missing {
+    /// Let it through unlimited (nginx's behaviour for an empty key); the
+    /// tower layer's default.
+    #[default]
+    Skip,
+    /// Use the client's address (the gateway's default with `from: header`).
+    Ip,
+    /// Refuse it: 400.
+    Reject,
+    /// Limit all such requests together, as `anonymous`.
+    Anonymous,
+}
+
+/// An `allow:` / `deny:` entry: a network, or an identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pattern {
+    /// A network (a single address is a /32 or /128).
+    Net(IpNet),
+    /// An exact identity (e.g. a user id from a header).
+    Identity(String),
+}
+
+impl Pattern {
+    /// Whether the client (address `ip`, if known, identity `id`) matches.
+    pub fn matches(&self, ip: Option<IpAddr>, id: &str) -> bool {
+        match self {
+            Pattern::Net(n) => ip.is_some_and(|ip| n.contains(&ip)),
+            Pattern::Identity(s) => s == id,
+        }
+    }
+}
+
+/// One part of a rule's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    /// The request's identity.
+    Identity,
+    /// The method.
+    Method,
+    /// The (normalised) path, without query.
+    Path,
+    /// A header's value.
+    Header(HeaderName),
+    /// One key for all clients.
+    Global,
+}
+
+/// Which requests a rule applies to.
+#[derive(Debug, Clone)]
+pub struct Matcher {
+    /// Empty = any method.
+    pub methods: Vec<Method>,
+    /// Path condition, on the normalised path (see [`crate::path`]).
+    pub path: PathMatch,
+    /// Paths compare in ASCII lower case (the pattern is stored
+    /// lower-cased; a regex gets the `i` flag).
+    pub case_insensitive: bool,
+}
+
+/// A path condition.
+#[derive(Debug, Clone)]
+pub enum PathMatch {
+    /// Any path.
+    Any,
+    /// Exactly this path.
+    Exact(String),
+    /// Paths starting with this.
+    Prefix(String),
+    /// Paths the (linear-time) regex matches.
+    Regex(Regex),
+}
+
+impl Matcher {
+    /// Every request.
+    pub fn any() -> Self {
+        Self {
+            methods: vec![],
+            path: PathMatch::Any,
+            case_insensitive: false,
+        }
+    }
+
+    /// Whether a request with this method and (normalised) path matches.
+    ///
+    /// ```
+    /// use http::Method;
+    /// use ratewarden_tower::policy::{Matcher, PathMatch};
+    /// let m = Matcher { methods: vec![], path: PathMatch::Prefix("/api/".into()), case_insensitive: true };
+    /// assert!(m.matches(&Method::GET, "/API/items"));
+    /// assert!(!m.matches(&Method::GET, "/apix"));
+    /// ```
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        if !(self.methods.is_empty() || self.methods.contains(method)) {
+            return false;
+        }
+        let with = |path: &str| match &self.path {
+            PathMatch::Any => true,
+            PathMatch::Exact(p) => path == p,
+            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+            PathMatch::Regex(r) => r.is_match(path),
+        };
+        match self.path {
+            PathMatch::Exact(_) | PathMatch::Prefix(_)
+                if self.case_insensitive && path.bytes().any(|b| b.is_ascii_uppercase()) =>
+            {
+                with(&path.to_ascii_lowercase())
+            }
+            _ => with(path),
+        }
+    }
+}
+
+/// The spec's `failure_status` default: 400-499 except 429.
+pub const DEFAULT_FAILURES: [(u16, u16); 2] = [(400, 428), (430, 499)];
+
+/// A rule as a policy applies it.
+#[derive(Debug, Clone)]
+pub struct PolicyRule {
+    /// The limiter rule.
+    pub rule: Rule,
+    /// When it applies.
+    pub matcher: Matcher,
+    /// Its key.
+    pub key: Vec<KeyPart>,
+    /// Upstream statuses that count as failures (`count: failures`), as
+    /// inclusive ranges.
+    pub failure_status: Vec<(u16, u16)>,
+}
+
+impl PolicyRule {
+    /// `rule` on every request, keyed by the identity, failures as the spec
+    /// says by default.
+    pub fn everywhere(rule: Rule) -> Self {
+        Self {
+            rule,
+            matcher: Matcher::any(),
+            key: vec![KeyPart::Identity],
+            failure_status: DEFAULT_FAILURES.to_vec(),
+        }
+    }
+
+    /// Whether this rule's keys are grouped by the client's identity (their
+    /// key contains it), else each by itself; see [`Self::group`].
+    pub fn grouped_by_identity(&self) -> bool {
+        self.key.contains(&KeyPart::Identity)
+    }
+
+    /// The Redis Cluster group (hash tag) of a key of this rule: the client's
+    /// identity when the key contains it (so all of one client's keys share
+    /// a slot), else the key itself (a key shared by clients, such as
+    /// `global` or an API key header, is one slot of its own). A function of
+    /// the key alone, so the proxy and the admin API name the same counter.
+    /// `identity` may be omitted when the key is the identity alone.
+    pub fn group(&self, key: &str, identity: Option<&str>) -> Result<String, String> {
+        if !self.grouped_by_identity() {
+            return Ok(key.to_owned());
+        }
+        match identity {
+            Some(id) => Ok(id.to_owned()),
+            None if self.key == [KeyPart::Identity] => Ok(key.to_owned()),
+            None => Err(format!(
+                "rule `{}` is keyed by more than the identity: pass `identity` too",
+                self.rule.name()
+            )),
+        }
+    }
+
+    /// Whether `status` is a failure for this rule.
+    pub fn is_failure(&self, status: u16) -> bool {
+        self.failure_status
+            .iter()
+            .any(|&(lo, hi)| (lo..=hi).contains(&status))
+    }
+}
+
+impl Policy {
+    /// `rules` on every request, keyed by what the front end gives; no
+    /// `allow`, no `deny`.
+    pub fn given(rules: impl IntoIterator<Item = Rule>, missing: Missing) -> Self {
+        Self {
+            identity: IdentitySource::Given { missing },
+            allow: vec![],
+            deny: vec![],
+            rules: rules.into_iter().map(PolicyRule::everywhere).collect(),
+        }
+    }
+
+    /// The rule named `name`.
+    pub fn rule(&self, name: &str) -> Option<&PolicyRule> {
+        self.rules.iter().find(|r| r.rule.name() == name)
+    }
+
+    /// Whether deciding a request may read its headers (identity or keys
+    /// from headers, forwarding headers): an HTTP/1 front end can then skip
+    /// building a header map.
+    pub fn reads_headers(&self) -> bool {
+        matches!(self.identity, IdentitySource::Header { .. })
+            || self.identity.client_ip().is_some_and(|c| c.forwarded)
+            || self
+                .rules
+                .iter()
+                .any(|r| r.key.iter().any(|k| matches!(k, KeyPart::Header(_))))
+    }
+}

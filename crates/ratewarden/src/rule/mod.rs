@@ -1,0 +1,97 @@
+//! A rule: an algorithm with its limit and window, plus the modifiers of the
+//! spec (`min_interval`, `penalty`, `count: failures`, `count_rejected`, `cost`,
+//! `shadow`).
+//!
+//! * [`spec`]: what a rule is configured with, and its validation;
+//! * [`eval`]: the pure evaluation of a request against one key's state;
+//! * [`id`]: the fingerprint that names a rule's state in stores.
+
+mod eval;
+mod id;
+mod spec;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::Params;
+use crate::clock::Micros;
+
+pub(crate) use eval::finite;
+pub use eval::{KeyState, Marks, Reason, Verdict};
+pub use spec::{Counting, MAX_HOLD, Penalty, RuleBuilder, RuleError, RuleSpec};
+
+/// A validated rule, cheap to clone.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratewarden::{Rule, algorithm::Kind};
+/// let rule = Rule::builder("per-ip")
+///     .algorithm(Kind::Gcra)
+///     .limit(20, Duration::from_secs(60))
+///     .build()
+///     .unwrap();
+/// assert_eq!(rule.name(), "per-ip");
+/// assert_eq!(rule.limit(), 20);
+/// ```
+#[derive(Clone)]
+pub struct Rule(Arc<Compiled>);
+
+struct Compiled {
+    spec: RuleSpec,
+    params: Params,
+    min_interval: Micros,
+    id: u64,
+}
+
+impl fmt::Debug for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Rule").field(&self.0.spec).finish()
+    }
+}
+
+impl PartialEq for Rule {
+    fn eq(&self, other: &Self) -> bool {
+        // The same compiled rule (what a reload keeps) needs no field compare.
+        Arc::ptr_eq(&self.0, &other.0) || self.0.spec == other.0.spec
+    }
+}
+
+impl Rule {
+    /// The rule's name.
+    pub fn name(&self) -> &str {
+        &self.0.spec.name
+    }
+    /// Its configuration.
+    pub fn spec(&self) -> &RuleSpec {
+        &self.0.spec
+    }
+    /// Requests per window.
+    pub fn limit(&self) -> u64 {
+        self.0.spec.limit.get()
+    }
+    /// The window.
+    pub fn window(&self) -> Duration {
+        self.0.spec.window
+    }
+    /// A stable fingerprint of name and parameters, naming the rule's state in stores.
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+    /// The compiled algorithm.
+    pub fn params(&self) -> &Params {
+        &self.0.params
+    }
+    /// Whether the rule only records.
+    pub fn is_shadow(&self) -> bool {
+        self.0.spec.shadow
+    }
+    /// Whether the rule charges only reported failures.
+    pub fn counts_failures(&self) -> bool {
+        matches!(self.0.spec.counting, Counting::Failures { .. })
+    }
+    /// Cost of a request of `weight` under this rule.
+    pub fn cost(&self, weight: u64) -> u64 {
+        self.0.spec.cost.get().saturating_mul(weight.max(1))
+    }
+}

@@ -1,0 +1,132 @@
+//! The circuit breaker: stops hammering a dead server.
+//!
+//! After `THRESHOLD` consecutive failures the circuit opens; while open,
+//! calls fail at once without touching the network; when the backoff has
+//! passed, one call is let through as a probe. A failed probe doubles the
+//! backoff (100 ms to 5 s); a success closes the circuit. Time is the
+//! store's [`Clock`], so tests drive it by hand.
+
+use std::sync::Arc;
+
+use crate::clock::{Clock, Micros};
+
+const THRESHOLD: u32 = 3;
+const MIN_BACKOFF: Micros = 100_000;
+const MAX_BACKOFF: Micros = 5_000_000;
+
+/// What the breaker did with a call, for the caller to log a change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// Nothing changed.
+    None,
+    /// The circuit opened: calls now fail at once.
+    Opened,
+    /// The circuit closed again after being open for this long.
+    Closed(Micros),
+}
+
+pub(crate) struct Breaker {
+    state: parking_lot::Mutex<State>,
+    clock: Arc<dyn Clock>,
+}
+
+struct State {
+    failures: u32,
+    /// Open until this time (µs); `None` when closed.
+    open_until: Option<Micros>,
+    /// When the circuit opened (µs).
+    opened_at: Micros,
+    backoff: Micros,
+    probing: bool,
+}
+
+impl Breaker {
+    pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            state: parking_lot::Mutex::new(State {
+                failures: 0,
+                open_until: None,
+                opened_at: 0,
+                backoff: MIN_BACKOFF,
+                probing: false,
+            }),
+            clock,
+        }
+    }
+
+    /// Whether a call may go to the network now.
+    pub(crate) fn admit(&self) -> bool {
+        let mut s = self.state.lock();
+        match s.open_until {
+            None => true,
+            Some(until) if self.clock.now() < until || s.probing => false,
+            Some(_) => {
+                s.probing = true;
+                true
+            }
+        }
+    }
+
+    pub(crate) fn success(&self) -> Change {
+        let mut s = self.state.lock();
+        let change = match s.open_until {
+            Some(_) => Change::Closed(self.clock.now().saturating_sub(s.opened_at)),
+            None => Change::None,
+        };
+        s.failures = 0;
+        s.open_until = None;
+        s.backoff = MIN_BACKOFF;
+        s.probing = false;
+        change
+    }
+
+    pub(crate) fn failure(&self) -> Change {
+        let mut s = self.state.lock();
+        s.failures += 1;
+        if s.probing || s.failures >= THRESHOLD {
+            let now = self.clock.now();
+            let opened = s.open_until.is_none();
+            if opened {
+                s.opened_at = now;
+            }
+            s.open_until = Some(now + s.backoff);
+            s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
+            s.probing = false;
+            if opened {
+                return Change::Opened;
+            }
+        }
+        Change::None
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.state.lock().open_until.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use std::time::Duration;
+
+    #[test]
+    fn opens_after_three_failures_probes_after_the_backoff_and_doubles_it() {
+        let clock = ManualClock::new(1_000_000);
+        let b = Breaker::new(Arc::new(clock.clone()));
+        assert_eq!(b.failure(), Change::None);
+        assert_eq!(b.failure(), Change::None);
+        assert_eq!(b.failure(), Change::Opened);
+        assert!(!b.admit(), "open: calls fail at once");
+        clock.advance(Duration::from_millis(100));
+        assert!(b.admit(), "one probe after 100 ms");
+        assert!(!b.admit(), "only one");
+        assert_eq!(b.failure(), Change::None, "a failed probe keeps it open");
+        clock.advance(Duration::from_millis(199));
+        assert!(!b.admit(), "the backoff doubled to 200 ms");
+        clock.advance(Duration::from_millis(1));
+        assert!(b.admit());
+        assert_eq!(b.success(), Change::Closed(300_000));
+        assert!(b.admit() && !b.is_open());
+    }
+}

@@ -1,0 +1,87 @@
+-- ratewarden: every decision on Redis, in one atomic script call.
+--
+-- Assembled at build time (store/redis/script.rs) from this prelude, one
+-- file per algorithm (lua/<algorithm>.lua, each returning its check,
+-- charge and idle functions, registered as algo[<id>] with the id of the
+-- Rust algorithm table, algorithm/mod.rs) and the rule layer (rule.lua).
+-- It is a port of the Rust algorithms and of the rule layer (rule/eval.rs).
+-- The Rust code is the specification; the case table
+-- (crates/ratewarden/tests/cases.table, run by tests/case_table.rs) runs
+-- against both, and they must agree to the microsecond.
+--
+-- KEYS (two per op, all sharing one cluster hash slot):
+--   KEYS[2i-1]  hash: the op's state   s1 s2 s3 (algorithm) ml (last admitted)
+--                                      mb (banned until) mv (ban level)
+--   KEYS[2i]    zset: sliding_window_log entries / concurrency leases,
+--               member "seq:cost"
+-- ARGV:
+--   ARGV[1]  mode: 0 apply, 1 peek, 2 settle failure, 3 settle success,
+--                  4 inspect (first op), 5 release (each op's lease)
+--   ARGV[2]  number of ops
+--   ARGV[3]  0, or a time (µs) to use instead of TIME: only for tests that
+--            run the case table on a manual clock, and for the test
+--            showing what skewed local clocks would do
+--   then 16 values per op (see RedisStore::invocation, script.rs):
+--     kind           the algorithm's id in the Rust table
+--     p1 p2 p3 p4    algorithm parameters (Algorithm::script_params)
+--     min_interval   µs, 0 = none
+--     pen_dur pen_mult pen_max pen_mem   penalty (pen_dur 0 = none)
+--     failures reset_on_success count_rejected shadow   0/1 flags
+--     cost
+--     lease          the lease to release (mode 5), else 0
+-- Returns, for apply and peek, 7 integers per op:
+--   allowed (0/1), reason (0 none, 1 limit, 2 banned, 3 min_interval),
+--   remaining, reset_after µs, retry_after µs (-1 = never), delay µs,
+--   lease (the concurrency lease taken, 0 = none)
+--
+-- Time is Redis's own (TIME), in integer microseconds: gateways whose clocks
+-- disagree still agree. Lua numbers are doubles, exact to 2^53 µs (285 years);
+-- the Rust rule validator keeps every product below that. Numbers are never
+-- concatenated into strings (Lua would print 14 digits): they go to redis.call
+-- as numbers, which Redis formats exactly, or through string.format('%d').
+
+local NEVER = -1
+
+local now = tonumber(ARGV[3])
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+local function ceil_div(a, b) return idiv(a + b - 1, b) end
+local function sat_sub(a, b) if a > b then return a - b end return 0 end
+
+-- A check: allowed, remaining, reset_after, retry_after, delay.
+local function allow(rem, reset) return {true, rem, reset, 0, 0} end
+local function deny(rem, reset, retry)
+  if retry ~= NEVER and retry > reset then reset = retry end
+  return {false, rem, reset, retry, 0}
+end
+
+-- Zset members "seq:cost" (sliding_window_log entries, concurrency leases).
+local function member(seq, cost) return string.format('%015d:%d', seq, cost) end
+local function member_cost(m) return tonumber(string.match(m, ':(%d+)$')) end
+
+-- A fluid level (token_bucket deficit, leaky_bucket level; algorithm/fluid.rs):
+-- p1 unit, p2 rate, p3 capacity; st[1] level, st[2] last.
+local function drained(p, st)
+  local elapsed = sat_sub(now, st[2])
+  local cap = ceil_div(p[3], p[2])
+  if elapsed > cap then elapsed = cap end
+  return sat_sub(st[1], elapsed * p[2])
+end
+local function fluid_charge(p, st, cost)
+  st[1] = math.min(drained(p, st) + cost * p[1], p[3])
+  if now > st[2] then st[2] = now end
+end
+local function fluid_idle(p, st) return st[2] + ceil_div(st[1], p[2]) end
+
+-- Each algorithm: check(p, st, cost), charge(p, st, cost), idle(p, st), and
+-- for concurrency release(p, st, lease, cost). `st` is {s1, s2, s3,
+-- log = zset key}; missing fields read as 0 (fresh).
+local algo = {}

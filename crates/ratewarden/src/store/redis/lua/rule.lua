@@ -1,0 +1,174 @@
+-- The rule layer (rule/eval.rs: verdict, commit, settle, idle_at) and the
+-- modes of a call.
+
+local FIELDS = 16
+local mode = tonumber(ARGV[1])
+local nops = tonumber(ARGV[2])
+
+local function rule_of(i)
+  local b = 3 + (i - 1) * FIELDS
+  local a = function(k) return tonumber(ARGV[b + k]) end
+  return {
+    kind = a(1), p = {a(2), a(3), a(4), a(5)},
+    min_interval = a(6),
+    pen_dur = a(7), pen_mult = a(8), pen_max = a(9), pen_mem = a(10),
+    failures = a(11) == 1, reset_on_success = a(12) == 1,
+    count_rejected = a(13) == 1, shadow = a(14) == 1, cost = a(15),
+    lease = a(16),
+  }
+end
+
+local function load(i)
+  local h = redis.call('HMGET', KEYS[2 * i - 1], 's1', 's2', 's3', 'ml', 'mb', 'mv')
+  local n = function(v) return tonumber(v) or 0 end
+  return {n(h[1]), n(h[2]), n(h[3]), ml = n(h[4]), mb = n(h[5]), mv = n(h[6]),
+          log = KEYS[2 * i]}
+end
+
+local function next_ban(r, st)
+  local remembered = st.mb > 0 and now <= st.mb + r.pen_mem
+  local level = 0
+  if remembered then level = st.mv + 1 end
+  local len = r.pen_dur * r.pen_mult ^ level
+  if len > r.pen_max then len = r.pen_max end
+  return len, level
+end
+
+-- Returns {check, reason}: reason 0 none, 1 limit, 2 banned, 3 min_interval.
+local function verdict(r, st)
+  local c = algo[r.kind].check(r.p, st, r.cost)
+  if st.mb > now then
+    return {deny(0, c[3], st.mb - now), 2}
+  end
+  if r.min_interval > 0 and st.ml > 0 and now < st.ml + r.min_interval then
+    local wait = st.ml + r.min_interval - now
+    local retry = wait
+    if not c[1] then
+      if c[4] == NEVER or c[4] > wait then retry = c[4] end
+    end
+    return {deny(c[2], c[3], retry), 3}
+  end
+  if not c[1] then
+    if r.pen_dur > 0 then
+      local len = next_ban(r, st)
+      c[4] = len
+      if len > c[3] then c[3] = len end
+    end
+    return {c, 1}
+  end
+  return {c, 0}
+end
+
+-- Mirrors Rule::commit; returns whether the state changed.
+local function commit(r, st, v, admitted)
+  local reason = v[2]
+  if reason == 0 then
+    if not admitted then return false end
+    if not r.failures then algo[r.kind].charge(r.p, st, r.cost) end
+    if r.min_interval > 0 then st.ml = now end
+    return (not r.failures) or r.min_interval > 0
+  end
+  if reason == 2 then return false end
+  local dirty = false
+  if r.count_rejected then
+    algo[r.kind].charge(r.p, st, r.cost)
+    if r.min_interval > 0 then st.ml = now end
+    dirty = true
+  end
+  if reason == 1 and r.pen_dur > 0 then
+    local len, level = next_ban(r, st)
+    st.mb = now + len
+    st.mv = level
+    dirty = true
+  end
+  return dirty
+end
+
+local function idle_at(r, st)
+  local at = algo[r.kind].idle(r.p, st)
+  if st.ml > 0 then at = math.max(at, st.ml + r.min_interval) end
+  if st.mb > 0 then at = math.max(at, st.mb + r.pen_mem) end
+  return at
+end
+
+-- Writes a state back with an expiry exactly when it reads as fresh again
+-- (rounded up to the millisecond). The expiry follows the state: a rejected
+-- request that changes nothing moves nothing (seed 004's bug).
+local function store(i, r, st)
+  local key = KEYS[2 * i - 1]
+  local at = idle_at(r, st)
+  if at <= now then
+    redis.call('DEL', key, st.log)
+    return
+  end
+  redis.call('HSET', key, 's1', st[1], 's2', st[2], 's3', st[3],
+             'ml', st.ml, 'mb', st.mb, 'mv', st.mv)
+  local ms = ceil_div(at, 1000)
+  redis.call('PEXPIREAT', key, ms)
+  if algo[r.kind].uses_log then redis.call('PEXPIREAT', st.log, ms) end
+end
+
+if mode == 0 or mode == 1 then
+  local rules, states, verdicts = {}, {}, {}
+  local admitted = true
+  for i = 1, nops do
+    rules[i] = rule_of(i)
+    states[i] = load(i)
+    verdicts[i] = verdict(rules[i], states[i])
+    if verdicts[i][2] ~= 0 and not rules[i].shadow then admitted = false end
+  end
+  local out = {}
+  for i = 1, nops do
+    local c, reason = verdicts[i][1], verdicts[i][2]
+    if mode == 0 and commit(rules[i], states[i], verdicts[i], admitted) then
+      store(i, rules[i], states[i])
+    end
+    local allowed = 0
+    if reason == 0 then allowed = 1 end
+    local n = #out
+    out[n + 1] = allowed
+    out[n + 2] = reason
+    out[n + 3] = c[2]
+    out[n + 4] = c[3]
+    out[n + 5] = c[4]
+    out[n + 6] = c[5]
+    out[n + 7] = states[i].lease or 0
+  end
+  return out
+elseif mode == 2 or mode == 3 then
+  for i = 1, nops do
+    local r = rule_of(i)
+    if r.failures then
+      local st = load(i)
+      if mode == 2 then
+        algo[r.kind].charge(r.p, st, r.cost)
+        store(i, r, st)
+      elseif r.reset_on_success then
+        st[1], st[2], st[3] = 0, 0, 0
+        redis.call('DEL', st.log)
+        store(i, r, st)
+      end
+    end
+  end
+  return {}
+elseif mode == 4 then
+  local r = rule_of(1)
+  local exists = redis.call('EXISTS', KEYS[1])
+  local st = load(1)
+  local c = algo[r.kind].check(r.p, st, 1)
+  local ban_left = -1
+  if st.mb > now then ban_left = st.mb - now end
+  return {exists, c[2], c[3], ban_left, st.mv}
+elseif mode == 5 then
+  for i = 1, nops do
+    local r = rule_of(i)
+    local release = algo[r.kind].release
+    if release and r.lease > 0 then
+      local st = load(i)
+      release(r.p, st, r.lease, r.cost)
+      store(i, r, st)
+    end
+  end
+  return {}
+end
+return redis.error_reply('ratewarden: unknown mode')

@@ -1,0 +1,72 @@
+-- sliding_window_log (algorithm/sliding_window_log.rs)
+-- p1 limit, p2 window; st[1] summed cost of the log, st[2] last member
+-- number; the log is the zset st.log, score = µs, member "seq:cost".
+local A = {}
+A.uses_log = true
+
+-- Entries with t + window <= now, i.e. t <= now - window.
+local function expired(p, st)
+  return redis.call('ZRANGEBYSCORE', st.log, '-inf', now - p[2])
+end
+
+function A.check(p, st, cost)
+  local limit, w = p[1], p[2]
+  local gone = 0
+  for _, m in ipairs(expired(p, st)) do gone = gone + member_cost(m) end
+  local used = st[1] - gone
+  if cost <= limit and used + cost <= limit then
+    return allow(limit - used - cost, w)
+  end
+  local reset = 0
+  local newest = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+  if newest[2] then reset = sat_sub(tonumber(newest[2]) + w, now) end
+  local retry = NEVER
+  if cost <= limit then
+    local left = used
+    local live = redis.call('ZRANGEBYSCORE', st.log, '(' .. string.format('%d', now - w), '+inf', 'WITHSCORES')
+    for i = 1, #live, 2 do
+      left = left - member_cost(live[i])
+      if left + cost <= limit then
+        retry = tonumber(live[i + 1]) + w - now
+        break
+      end
+    end
+  end
+  return deny(sat_sub(limit, used), reset, retry)
+end
+
+function A.charge(p, st, cost)
+  local limit, w = p[1], p[2]
+  local gone = expired(p, st)
+  if #gone > 0 then
+    for _, m in ipairs(gone) do st[1] = st[1] - member_cost(m) end
+    redis.call('ZREMRANGEBYSCORE', st.log, '-inf', now - w)
+  end
+  -- Keep the log in time order; each charge is its own member, so two
+  -- requests in the same microsecond are two entries.
+  local at = now
+  local newest = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+  if newest[2] and tonumber(newest[2]) > at then at = tonumber(newest[2]) end
+  st[2] = st[2] + 1
+  redis.call('ZADD', st.log, at, member(st[2], cost))
+  st[1] = st[1] + cost
+  -- Drop the oldest while the newer ones alone still reach the limit.
+  while true do
+    local oldest = redis.call('ZRANGE', st.log, 0, 0)
+    if not oldest[1] then break end
+    local c = member_cost(oldest[1])
+    if st[1] - c < limit then break end
+    st[1] = st[1] - c
+    redis.call('ZREM', st.log, oldest[1])
+  end
+  st.newest = at
+end
+
+function A.idle(p, st)
+  if st.newest then return st.newest + p[2] end
+  local newest = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+  if newest[2] then return tonumber(newest[2]) + p[2] end
+  return 0
+end
+
+return A
