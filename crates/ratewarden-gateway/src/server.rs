@@ -299,8 +299,8 @@ pub fn reload(gw: &Gateway, source: &Source, text: Option<&str>) -> bool {
         return false;
     };
     let Some(text) = text else {
-        tracing::error!(file = %path.display(), "reload: cannot read the file; keeping the running config");
         gw.metrics.reload(false);
+        tracing::error!(file = %path.display(), "reload: cannot read the file; keeping the running config");
         return false;
     };
     match config::load(text, &path.display().to_string(), &source.overrides) {
@@ -315,20 +315,22 @@ pub fn reload(gw: &Gateway, source: &Source, text: Option<&str>) -> bool {
             }
             match gw.swap(cfg) {
                 Ok(()) => {
-                    tracing::info!("config reloaded");
+                    // Counted before it is logged: whoever reads the log
+                    // line and then the metric sees the reload counted.
                     gw.metrics.reload(true);
+                    tracing::info!("config reloaded");
                     true
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "reload: store cannot be created; keeping the running config");
                     gw.metrics.reload(false);
+                    tracing::error!(error = %e, "reload: store cannot be created; keeping the running config");
                     false
                 }
             }
         }
         Err(e) => {
-            tracing::error!("reload rejected, keeping the running config: {e}");
             gw.metrics.reload(false);
+            tracing::error!("reload rejected, keeping the running config: {e}");
             false
         }
     }

@@ -73,43 +73,61 @@ async fn coupon_freeze_and_forgiveness_seed_000() {
     gw.shutdown().await;
 }
 
+/// Seed 001's own file: clicks while a generation runs are refused, one
+/// after it ends passes at once; exactly one of 2 or 20 concurrent clicks
+/// reaches the upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrent_double_click_admits_exactly_one_seed_001() {
-    let up = Upstream::start().await;
-    let gw = gateway(
-        "identity: {from: header, header: X-User-Id}\nrules:\n  - name: interview-questions\n    match: {methods: [POST], path: /interview-questions}\n    algorithm: sliding_window_log\n    limit: 1\n    window: 5s\n",
-        &up.url(),
-        None,
-    )
-    .await;
-    for n in [2, 20] {
-        let user = format!("user-{n}");
-        let before = up.hits();
-        let mut tasks = vec![];
-        for _ in 0..n {
-            let (addr, user) = (gw.listen, user.clone());
-            tasks.push(tokio::spawn(async move {
-                send(
-                    addr,
-                    "POST",
-                    "/interview-questions",
-                    &[("x-user-id", &user)],
-                    "",
-                )
-                .await
-                .status
-            }));
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/seed-001-double-click.yaml"
+    ))
+    .unwrap();
+    let up = support::Gated::start().await;
+    let gw = gateway(&yaml, &up.url(), None).await;
+    let click = |user: String| {
+        let addr = gw.listen;
+        tokio::spawn(async move {
+            send(
+                addr,
+                "POST",
+                "/api/interview-questions",
+                &[("x-user-id", &user)],
+                "",
+            )
+            .await
+            .status
+        })
+    };
+    for (n, user) in [(2, "user-2"), (20, "user-20")] {
+        let before = up.arrived();
+        let tasks: Vec<_> = (0..n).map(|_| click(user.to_owned())).collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while up.arrived() == before || tasks.iter().filter(|t| t.is_finished()).count() < n - 1 {
+            assert!(std::time::Instant::now() < deadline, "{n} clicks");
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let mut ok = 0;
-        for t in tasks {
-            ok += usize::from(t.await.unwrap() == 200);
-        }
-        assert_eq!(ok, 1, "{n} clicks");
         assert_eq!(
-            up.hits() - before,
+            up.arrived() - before,
             1,
             "{n} clicks reached the upstream once"
         );
+        let mut statuses = vec![];
+        let mut running = vec![];
+        for t in tasks {
+            if t.is_finished() {
+                statuses.push(t.await.unwrap());
+            } else {
+                running.push(t);
+            }
+        }
+        assert!(statuses.iter().all(|s| *s == 429), "{statuses:?}");
+        assert_eq!(running.len(), 1);
+        up.open();
+        assert_eq!(running.pop().unwrap().await.unwrap(), 200);
+        // Ended: the next click passes at once, no window to wait out.
+        assert_eq!(click(user.to_owned()).await.unwrap(), 200);
+        up.close();
     }
     gw.shutdown().await;
 }
@@ -427,4 +445,11 @@ async fn leaky_bucket_delay_mode_holds_requests_instead_of_rejecting() {
         started.elapsed()
     );
     gw.shutdown().await;
+}
+
+const IN_FLIGHT: &str = "identity: {from: header, header: X-User-Id}\nrules:\n  - name: in-flight\n    algorithm: concurrency\n    limit: 10\n    max_hold: 1m\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_in_flight_is_exact_under_100_concurrent_requests_in_memory() {
+    support::in_flight_is_exact(IN_FLIGHT).await;
 }

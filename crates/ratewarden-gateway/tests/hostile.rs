@@ -3,10 +3,14 @@
 //! what the client got, what the upstream received, and that
 //! `ratewarden_requests_total` counted exactly what was forwarded.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod support;
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use support::{Binary as Gateway, binary as gateway};
 
 /// A request as the upstream received it.
 #[derive(Debug, Clone)]
@@ -151,76 +155,6 @@ fn serve(mut conn: TcpStream, seen: &Mutex<Vec<Seen>>, answer: &Answer) {
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// The real binary on free ports, killed when dropped.
-struct Gateway {
-    child: std::process::Child,
-    listen: SocketAddr,
-    admin: SocketAddr,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn gateway(yaml: &str, upstream: &str) -> Gateway {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let dir = std::env::temp_dir().join(format!("rw-hostile-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("ratewarden.yaml");
-    std::fs::write(&file, format!("admin: {{listen: 127.0.0.1:0}}\n{yaml}")).unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
-        .args([
-            "serve",
-            "--workers",
-            "1",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            upstream,
-            "-c",
-        ])
-        .arg(&file)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let addr_after = |line: &str, key: &str| -> Option<SocketAddr> {
-        let rest = &line[line.find(key)? + key.len()..];
-        let end = rest.find([' ', ')']).unwrap_or(rest.len());
-        rest[..end].parse().ok()
-    };
-    let (listen, admin) = loop {
-        let mut line = String::new();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "exited before serving"
-        );
-        if line.contains("ratewarden serving") {
-            break (
-                addr_after(&line, "listen=").unwrap(),
-                addr_after(&line, "admin=Some(").unwrap(),
-            );
-        }
-    };
-    // Drain the log so the pipe never fills.
-    std::thread::spawn(move || for _ in out.lines() {});
-    Gateway {
-        child,
-        listen,
-        admin,
-        dir,
-    }
 }
 
 /// Writes `bytes` on a new connection and reads until the gateway closes

@@ -487,3 +487,58 @@ async fn idle_client_connections_are_closed_but_slow_answers_are_not_cut() {
     );
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_in_flight_is_exact_under_100_concurrent_requests_on_redis() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "identity: {{from: header, header: X-User-Id}}\nstore: {{type: redis, url: \"{}\", timeout: 1s}}\nrules:\n  - name: in-flight\n    algorithm: concurrency\n    limit: 10\n    max_hold: 1m\n",
+        redis.url()
+    );
+    support::in_flight_is_exact(&yaml).await;
+}
+
+/// A gateway killed while its request holds a `concurrency` slot on Redis:
+/// another gateway on the same Redis sees the slot taken until `max_hold`
+/// has passed, then free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_held_by_a_killed_gateway_lapses_after_max_hold() {
+    let redis = RedisServer::start();
+    let up = support::Gated::start().await;
+    let yaml = format!(
+        "store: {{type: redis, url: \"{}\", timeout: 1s}}\nrules:\n  - name: one-at-a-time\n    algorithm: concurrency\n    limit: 1\n    max_hold: 2s\n",
+        redis.url()
+    );
+    let first = support::binary(&yaml, &up.url());
+    let addr = first.listen;
+    // A request that stays in flight: the upstream holds it.
+    let held = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        std::io::Write::write_all(&mut s, b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0; 512];
+        let _ = std::io::Read::read(&mut s, &mut buf);
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while up.arrived() < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let taken = Instant::now();
+    drop(first); // SIGKILL: nothing is released
+    held.join().unwrap();
+    let second = support::binary(&yaml, &up.url());
+    let r = send(second.listen, "GET", "/", &[], "").await;
+    assert_eq!(r.status, 429, "the dead gateway's lease still counts");
+    up.open();
+    // Past max_hold (Redis's clock; a little margin for the test's own).
+    tokio::time::sleep(
+        (taken + Duration::from_millis(2300)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    let r = send(second.listen, "GET", "/", &[], "").await;
+    assert_eq!(r.status, 200, "lapsed after max_hold");
+}

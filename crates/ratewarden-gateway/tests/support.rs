@@ -3,6 +3,7 @@
 #![allow(dead_code, missing_docs)]
 
 use std::convert::Infallible;
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -206,4 +207,199 @@ pub fn now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_micros() as u64
+}
+
+/// An upstream that holds every request until the gate opens: requests in
+/// flight stay in flight for as long as a test needs.
+pub struct Gated {
+    pub addr: SocketAddr,
+    pub arrived: Arc<AtomicUsize>,
+    open: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Gated {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Gated {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let arrived = Arc::new(AtomicUsize::new(0));
+        let (open, gate) = tokio::sync::watch::channel(false);
+        let a = arrived.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (a, gate) = (a.clone(), gate.clone());
+                tokio::spawn(async move {
+                    let svc = service_fn(move |_req: Request<Incoming>| {
+                        let (a, mut gate) = (a.clone(), gate.clone());
+                        async move {
+                            a.fetch_add(1, Ordering::SeqCst);
+                            let _ = gate.wait_for(|open| *open).await;
+                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("done"))))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            arrived,
+            open,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Requests that reached the upstream so far.
+    pub fn arrived(&self) -> usize {
+        self.arrived.load(Ordering::SeqCst)
+    }
+
+    /// Lets every request held, and every later one, through.
+    pub fn open(&self) {
+        let _ = self.open.send(true);
+    }
+
+    /// Holds requests again from now on.
+    pub fn close(&self) {
+        let _ = self.open.send(false);
+    }
+}
+
+/// `algorithm: concurrency`: 100 concurrent requests to an upstream that
+/// holds them: exactly `limit` are in flight, the rest are refused with
+/// `Retry-After: 1`; once those end, new requests get in again.
+pub async fn in_flight_is_exact(yaml: &str) {
+    let up = Gated::start().await;
+    let gw = gateway(yaml, &up.url(), None).await;
+    let mut tasks = vec![];
+    for _ in 0..100 {
+        let addr = gw.listen;
+        tasks.push(tokio::spawn(async move {
+            send(addr, "GET", "/generate", &[("x-user-id", "u1")], "").await
+        }));
+    }
+    // The 10 admitted stay in flight until the gate opens; the 90 others
+    // come back refused meanwhile.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while tasks.iter().filter(|t| t.is_finished()).count() < 90 {
+        assert!(std::time::Instant::now() < deadline, "90 refusals");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(up.arrived(), 10, "in flight at once");
+    let mut refused = 0;
+    let mut pending = vec![];
+    for t in tasks {
+        if t.is_finished() {
+            let r = t.await.unwrap();
+            assert_eq!(r.status, 429);
+            assert_eq!(r.header("retry-after"), Some("1"));
+            assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+            refused += 1;
+        } else {
+            pending.push(t);
+        }
+    }
+    up.open();
+    let mut ok = 0;
+    for t in pending {
+        let r = t.await.unwrap();
+        match r.status.as_u16() {
+            200 => ok += 1,
+            429 => refused += 1,
+            s => panic!("status {s}"),
+        }
+    }
+    assert_eq!((ok, refused), (10, 90));
+    assert_eq!(up.arrived(), 10, "never more than 10 reached the upstream");
+    // Their leases were released as their answers ended.
+    let r = send(gw.listen, "GET", "/generate", &[("x-user-id", "u1")], "").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("9"));
+    gw.shutdown().await;
+}
+
+/// The real `ratewarden` binary on free ports with `yaml` (plus a free
+/// admin port) in front of `upstream`, killed when dropped.
+pub struct Binary {
+    pub child: std::process::Child,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn binary(yaml: &str, upstream: &str) -> Binary {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = std::env::temp_dir().join(format!("rw-hostile-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ratewarden.yaml");
+    std::fs::write(&file, format!("admin: {{listen: 127.0.0.1:0}}\n{yaml}")).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
+        .args([
+            "serve",
+            "--workers",
+            "1",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            upstream,
+            "-c",
+        ])
+        .arg(&file)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let addr_after = |line: &str, key: &str| -> Option<SocketAddr> {
+        let rest = &line[line.find(key)? + key.len()..];
+        let end = rest.find([' ', ')']).unwrap_or(rest.len());
+        rest[..end].parse().ok()
+    };
+    let (listen, admin) = loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "exited before serving"
+        );
+        if line.contains("ratewarden serving") {
+            break (
+                addr_after(&line, "listen=").unwrap(),
+                addr_after(&line, "admin=Some(").unwrap(),
+            );
+        }
+    };
+    // Drain the log so the pipe never fills.
+    std::thread::spawn(move || for _ in out.lines() {});
+    Binary {
+        child,
+        listen,
+        admin,
+        dir,
+    }
 }

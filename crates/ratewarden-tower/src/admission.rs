@@ -564,10 +564,16 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if let Some(r) = self.release.take()
+        let Some(r) = self.release.take() else { return };
+        // Polled once here: the memory store's release is ready at once, so
+        // the slot is free before the next request can ask for it. Only a
+        // release that waits (on Redis) is left to a task.
+        let mut release = r();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if release.as_mut().poll(&mut cx).is_pending()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
-            rt.spawn(r());
+            rt.spawn(release);
         }
     }
 }

@@ -57,15 +57,18 @@ use policy::Policy;
 pub type Body<B> = Either<Guarded<B>, Full<Bytes>>;
 
 /// An inner service's response body, holding the request's `concurrency`
-/// leases (if any) until it is dropped: sent whole, or abandoned.
+/// leases (if any) until it ends or is dropped: given back as its last
+/// frame is handed on (before the client can have it, so a client that
+/// sends its next request at once finds its slot free), or when it is
+/// abandoned.
 pub struct Guarded<B> {
     inner: B,
-    _held: Option<Held>,
+    held: Option<Held>,
 }
 
 impl<B> Guarded<B> {
     fn new(inner: B, held: Option<Held>) -> Self {
-        Self { inner, _held: held }
+        Self { inner, held }
     }
 }
 
@@ -77,7 +80,13 @@ impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || this.inner.is_end_stream() {
+            // The end: dropping the guard gives the leases back.
+            this.held = None;
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

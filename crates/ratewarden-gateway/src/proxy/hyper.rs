@@ -331,11 +331,12 @@ struct Upstreamed<'a> {
     how: forward::UpstreamPath,
 }
 
-/// A response body holding a request's `concurrency` leases until it is
+/// A response body holding a request's `concurrency` leases until its
+/// last frame is handed on (before the client can have it), or it is
 /// dropped.
 struct Guarded {
     inner: Body,
-    _held: Held,
+    held: Option<Held>,
 }
 
 impl http_body::Body for Guarded {
@@ -346,7 +347,13 @@ impl http_body::Body for Guarded {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || this.inner.is_end_stream() {
+            // The end: dropping the guard gives the leases back.
+            this.held = None;
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -365,9 +372,13 @@ trait WithHeld {
 
 impl WithHeld for Body {
     fn with_held(self, held: Held) -> Body {
+        if http_body::Body::is_end_stream(&self) {
+            // Nothing to send (never polled): the request has ended.
+            return self;
+        }
         Guarded {
             inner: self,
-            _held: held,
+            held: Some(held),
         }
         .boxed_unsync()
     }

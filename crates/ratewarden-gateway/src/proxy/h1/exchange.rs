@@ -29,7 +29,7 @@ use crate::proxy::forward::{
     upstream_failed,
 };
 use crate::upstream::Pool;
-use ratewarden_tower::admission::Admitted;
+use ratewarden_tower::admission::{Admitted, Held};
 
 /// Bytes read from the upstream at a time while relaying a body.
 pub(crate) const RELAY: usize = 64 * 1024;
@@ -64,6 +64,16 @@ pub(crate) struct Forward<'a> {
     pub(crate) peer: SocketAddr,
     pub(crate) head: &'a Head,
     pub(crate) admitted: &'a Admitted<'a>,
+    /// The request's `concurrency` leases, if any (given back when its
+    /// answer ends, or when the connection's task is dropped).
+    pub(crate) held: Option<Held>,
+}
+
+/// Gives the leases in `held` back: the request has ended.
+async fn ended(held: &mut Option<Held>) {
+    if let Some(h) = held.take() {
+        h.release().await;
+    }
 }
 
 impl Conn {
@@ -72,7 +82,7 @@ impl Conn {
     pub(crate) async fn exchange<S: AsyncWrite + Unpin>(
         &mut self,
         io: &mut S,
-        to: Forward<'_>,
+        mut to: Forward<'_>,
         answering: crate::idle::Answering,
     ) -> io::Result<bool> {
         let head = to.head;
@@ -106,6 +116,7 @@ impl Conn {
                     answer.headers_mut(),
                     to.live.config.headers,
                 );
+                ended(&mut to.held).await;
                 write_answer(io, &mut self.out, answer, head.close).await?;
                 return Ok(!head.close);
             }
@@ -116,8 +127,13 @@ impl Conn {
         // From here `up` holds the body bytes read so far.
         self.up.advance(resp.len);
         let (out, body) = (&mut self.out, &mut self.up);
+        // The request's leases are given back as its answer ends: before
+        // the last write, so a client sending its next request at once
+        // finds its slot free.
+        let held = &mut to.held;
         let ended_clean = match resp.framing {
             Framing::Empty => {
+                ended(held).await;
                 io.write_all(out).await?;
                 body.is_empty()
             }
@@ -125,6 +141,7 @@ impl Conn {
                 // The whole answer in one write.
                 let n = n as usize;
                 out.extend_from_slice(&body[..n]);
+                ended(held).await;
                 io.write_all(out).await?;
                 body.len() == n
             }
@@ -132,17 +149,21 @@ impl Conn {
                 io.write_all(out).await?;
                 drop(answering);
                 relay_length(&mut up, io, body, n).await?;
+                ended(held).await;
                 body.is_empty()
             }
             Framing::Chunked => {
                 io.write_all(out).await?;
                 drop(answering);
-                relay_chunked(&mut up, io, body).await?
+                let clean = relay_chunked(&mut up, io, body).await?;
+                ended(held).await;
+                clean
             }
             Framing::Close => {
                 io.write_all(out).await?;
                 drop(answering);
                 relay_to_close(&mut up, io, body).await?;
+                ended(held).await;
                 false
             }
         };

@@ -355,12 +355,9 @@ where
                     peer,
                     head: &head,
                     admitted: &admitted,
+                    held,
                 };
-                let keep = c.exchange(&mut io, to, answering).await?;
-                if let Some(held) = held {
-                    held.release().await;
-                }
-                keep
+                c.exchange(&mut io, to, answering).await?
             }
         };
         c.input.advance(whole);
