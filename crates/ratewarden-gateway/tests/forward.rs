@@ -1,0 +1,238 @@
+//! What both HTTP paths must do alike (`proxy::forward`), one test body
+//! each, run against both: over HTTP/1.1 (the gateway's own path) and over
+//! HTTP/2 cleartext (hyper's path), as limitador runs one test body per
+//! storage backend.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use support::{Reply, Upstream, gateway};
+
+/// A client on one of the two paths.
+#[derive(Clone, Copy)]
+enum Path {
+    /// HTTP/1.1: the gateway's own path.
+    H1,
+    /// h2c: hyper's path.
+    Hyper,
+}
+
+async fn send(
+    path: Path,
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
+    let builder = Client::builder(TokioExecutor::new());
+    let client = match path {
+        Path::H1 => builder.build_http::<Full<Bytes>>(),
+        Path::Hyper => {
+            let mut b = builder;
+            b.http2_only(true);
+            b.build_http()
+        }
+    };
+    let mut b = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{target}"));
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = client
+        .request(b.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body =
+        String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).into_owned();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// One test body per function below, run on both paths.
+macro_rules! both_paths {
+    ($($name:ident),* $(,)?) => {
+        mod h1 {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Path::H1).await;
+                }
+            )*
+        }
+        mod hyper {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Path::Hyper).await;
+                }
+            )*
+        }
+    };
+}
+
+both_paths!(
+    the_upstream_prefix_comes_before_the_target,
+    x_forwarded_for_carries_the_chain_and_the_peer,
+    hop_by_hop_fields_go_neither_way,
+    host_is_the_upstream_s,
+    underscore_names_are_dropped,
+    an_unreachable_upstream_is_a_502_naming_why,
+    a_slow_upstream_is_a_504,
+    a_rejection_reads_the_same,
+);
+
+/// The upstream answers `xff=...;host=...;hop=...;body=...` (see support).
+fn field<'a>(body: &'a str, name: &str) -> &'a str {
+    body.split(';')
+        .find_map(|p| p.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("{name} in {body}"))
+}
+
+async fn the_upstream_prefix_comes_before_the_target(path: Path) {
+    // The test upstream answers /status/N with N: under the prefix
+    // /status, the target /204 reaches /status/204.
+    let up = Upstream::start().await;
+    let gw = gateway("rules: []\n", &format!("{}/status/", up.url()), None).await;
+    let r = send(path, gw.listen, "GET", "/204?x=1", &[]).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    gw.shutdown().await;
+}
+
+async fn x_forwarded_for_carries_the_chain_and_the_peer(path: Path) {
+    let up = Upstream::start().await;
+    let gw = gateway("rules: []\n", &up.url(), None).await;
+    let r = send(
+        path,
+        gw.listen,
+        "GET",
+        "/",
+        &[("x-forwarded-for", "203.0.113.1, 10.0.0.2")],
+    )
+    .await;
+    assert_eq!(field(&r.body, "xff"), "203.0.113.1, 10.0.0.2, 127.0.0.1");
+    let r = send(path, gw.listen, "GET", "/", &[]).await;
+    assert_eq!(field(&r.body, "xff"), "127.0.0.1");
+    gw.shutdown().await;
+}
+
+async fn hop_by_hop_fields_go_neither_way(path: Path) {
+    let up = Upstream::start().await;
+    let gw = gateway("rules: []\n", &up.url(), None).await;
+    // HTTP/2 forbids hop-by-hop fields, so the request side is shown on
+    // HTTP/1.1 only; the answer side (the upstream sends `connection:
+    // x-secret` and `x-secret`) on both.
+    if let Path::H1 = path {
+        let r = send(
+            path,
+            gw.listen,
+            "GET",
+            "/",
+            &[("x-hop", "1"), ("connection", "x-hop")],
+        )
+        .await;
+        assert_eq!(field(&r.body, "hop"), "false", "{}", r.body);
+    }
+    let r = send(path, gw.listen, "GET", "/", &[]).await;
+    assert!(r.header("x-secret").is_none(), "{:?}", r.headers);
+    assert!(r.header("connection").is_none(), "{:?}", r.headers);
+    gw.shutdown().await;
+}
+
+async fn host_is_the_upstream_s(path: Path) {
+    let up = Upstream::start().await;
+    let gw = gateway("rules: []\n", &up.url(), None).await;
+    let r = send(path, gw.listen, "GET", "/", &[]).await;
+    assert_eq!(field(&r.body, "host"), up.addr.to_string());
+    gw.shutdown().await;
+}
+
+async fn underscore_names_are_dropped(path: Path) {
+    let up = Upstream::start().await;
+    let gw = gateway("identity: {from: header, header: x-user}\nrules:\n  - name: r\n    limit: 1\n    window: 1m\n", &up.url(), None).await;
+    // `x_user` would read as `x-user` to a CGI backend: it is neither
+    // forwarded nor read as the identity (which falls back to the address).
+    let r = send(path, gw.listen, "GET", "/", &[("x_user", "someone")]).await;
+    assert_eq!(r.status, 200);
+    let r = send(path, gw.listen, "GET", "/", &[("x_user", "someone-else")]).await;
+    assert_eq!(r.status, 429, "both were 127.0.0.1");
+    gw.shutdown().await;
+}
+
+async fn an_unreachable_upstream_is_a_502_naming_why(path: Path) {
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let dead = held.local_addr().unwrap();
+    let gw = gateway(
+        "rules:\n  - name: r\n    limit: 5\n    window: 1m\n",
+        &format!("http://{dead}"),
+        None,
+    )
+    .await;
+    let r = send(path, gw.listen, "GET", "/", &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert!(
+        r.body
+            .contains("the upstream could not be reached: could not connect"),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some("4"),
+        "it was admitted"
+    );
+    gw.shutdown().await;
+}
+
+async fn a_slow_upstream_is_a_504(path: Path) {
+    let up = Upstream::start().await;
+    let gw = gateway("upstream_timeout: 200ms\nrules: []\n", &up.url(), None).await;
+    let r = send(path, gw.listen, "GET", "/slow", &[]).await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(r.body.contains("did not answer within 200ms"), "{}", r.body);
+    gw.shutdown().await;
+}
+
+async fn a_rejection_reads_the_same(path: Path) {
+    let up = Upstream::start().await;
+    let clock = ratewarden::clock::ManualClock::new(support::now());
+    let gw = gateway(
+        "rules:\n  - name: coupon\n    limit: 1\n    window: 1m\n    penalty: 10m\n",
+        &up.url(),
+        Some(clock),
+    )
+    .await;
+    send(path, gw.listen, "GET", "/", &[]).await;
+    let r = send(path, gw.listen, "GET", "/", &[]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        r.body,
+        r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Too Many Requests","status":429,"violated-policies":["coupon"],"rule":"coupon","retry_after":600,"detail":"limit of rule coupon exceeded; banned for 600 s"}"#
+    );
+    for (name, value) in [
+        ("retry-after", "600"),
+        ("x-ratelimit-limit", "1"),
+        ("x-ratelimit-remaining", "0"),
+        ("x-ratelimit-reset", "600"),
+        ("x-ratelimit-retry-after", "600"),
+        ("ratelimit-policy", "\"coupon\";q=1;w=60"),
+        ("ratelimit", "\"coupon\";r=0;t=600"),
+    ] {
+        assert_eq!(r.header(name), Some(value), "{name}");
+    }
+    gw.shutdown().await;
+}
