@@ -6,6 +6,7 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
+use ratewarden::Decision;
 use ratewarden::decision::problem;
 
 /// The body of every response the gateway sends.
@@ -37,4 +38,13 @@ pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Bod
 /// A problem response with a body already rendered.
 pub(crate) fn problem_body(status: StatusCode, body: String) -> Response<Body> {
     respond(status, "application/problem+json", body)
+}
+
+/// The response to a rejected request.
+pub fn rejection(
+    d: &Decision,
+    status: StatusCode,
+    style: ratewarden::HeaderStyle,
+) -> Response<Body> {
+    ratewarden_tower::rejection_response(d, status, style).map(boxed)
 }

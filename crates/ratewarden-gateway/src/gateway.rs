@@ -93,7 +93,7 @@ pub(crate) fn add_rate_headers(
 /// [`Refusal::Limited`], a problem body for the others.
 pub(crate) fn refusal_answer(refusal: &Refusal, config: &Config) -> Response<Body> {
     match refusal {
-        Refusal::Limited(d) => crate::proxy::hyper::rejection(d, config.status, config.headers),
+        Refusal::Limited(d) => crate::answer::rejection(d, config.status, config.headers),
         other => problem_body(other.status(config.status), other.problem(config.status)),
     }
 }

@@ -66,24 +66,46 @@ impl Running {
     }
 }
 
-/// Binds the listeners and starts serving `config`.
-pub async fn start(config: Config, source: Source) -> anyhow::Result<Running> {
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
-    let listen = listener.local_addr()?;
-    let admin_listener = match &config.admin {
-        Some((addr, _)) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (admin): {e}"))?,
-        ),
-        None => None,
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}{}: {source}", if *.admin { " (admin)" } else { "" })]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The admin listener, not the proxy's.
+        admin: bool,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store could not be created.
+    #[error(transparent)]
+    Store(#[from] ratewarden::StoreError),
+}
+
+async fn bind(addr: SocketAddr, admin: bool) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listen = |source| StartError::Listen {
+        addr,
+        admin,
+        source,
     };
-    let admin = admin_listener
-        .as_ref()
-        .map(|l| l.local_addr())
-        .transpose()?;
+    let l = TcpListener::bind(addr).await.map_err(listen)?;
+    let bound = l.local_addr().map_err(listen)?;
+    Ok((l, bound))
+}
+
+/// Binds the listeners and starts serving `config`.
+pub async fn start(config: Config, source: Source) -> Result<Running, StartError> {
+    let (listener, listen) = bind(config.listen, false).await?;
+    let (admin_listener, admin) = match &config.admin {
+        Some((addr, _)) => {
+            let (l, a) = bind(*addr, true).await?;
+            (Some(l), Some(a))
+        }
+        None => (None, None),
+    };
     let timeouts = Timeouts {
         idle: config.client_idle_timeout,
         head: config.client_header_timeout,

@@ -11,6 +11,7 @@
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -23,8 +24,6 @@ use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
-
-use crate::proxy::hyper::ClientBody;
 
 /// Idle connections kept per upstream (more are opened under load, and
 /// closed when they come back to a full pool).
@@ -294,5 +293,77 @@ impl Body for PooledBody {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// The client's request body on its way upstream. hyper streams it, so a
+/// body that breaks (malformed chunks, cut short) or stalls for longer
+/// than `client_body_timeout` between two frames (nginx's per-read
+/// `client_body_timeout`) fails the upstream exchange; `fault` then says
+/// it was the client's doing, which is answered 400 or 408, not 502.
+pub struct ClientBody {
+    inner: Incoming,
+    timeout: Duration,
+    timer: Option<Pin<Box<Sleep>>>,
+    fault: Arc<AtomicU8>,
+}
+
+/// `ClientBody::fault` values.
+pub(crate) const BODY_BROKE: u8 = 1;
+pub(crate) const BODY_STALLED: u8 = 2;
+
+impl ClientBody {
+    pub(crate) fn new(inner: Incoming, timeout: Duration) -> (Self, Arc<AtomicU8>) {
+        let fault = Arc::new(AtomicU8::new(0));
+        let body = Self {
+            inner,
+            timeout,
+            timer: None,
+            fault: fault.clone(),
+        };
+        (body, fault)
+    }
+}
+
+impl http_body::Body for ClientBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Err(e))) => {
+                this.fault.store(BODY_BROKE, Ordering::Relaxed);
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(frame) => {
+                this.timer = None;
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                let timeout = this.timeout;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        this.fault.store(BODY_STALLED, Ordering::Relaxed);
+                        Poll::Ready(Some(Err("the request body stalled".into())))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }

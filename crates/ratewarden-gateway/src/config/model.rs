@@ -7,7 +7,6 @@ use std::time::Duration;
 use http::{StatusCode, Uri};
 use ratewarden::{HeaderStyle, OnError};
 
-pub use crate::proxy::forward::UpstreamPath;
 pub use ratewarden_tower::identity::ClientIp;
 pub use ratewarden_tower::policy::{
     IdentitySource, KeyPart, Matcher, Missing, PathMatch, Pattern, Policy, PolicyRule,
@@ -79,6 +78,17 @@ pub struct Config {
     pub headers: HeaderStyle,
     /// Status of a rejection.
     pub status: StatusCode,
+}
+
+/// Which target goes upstream (`upstream_path:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamPath {
+    /// The target as the client sent it (nginx's `proxy_pass` without a URI).
+    #[default]
+    Original,
+    /// The path in RFC 3986 normal form (see [`ratewarden_tower::path::normalize_for_upstream`]),
+    /// the query as sent.
+    Normalized,
 }
 
 /// Overrides from the command line.

@@ -10,6 +10,7 @@ use http::{Method, StatusCode};
 use ratewarden_tower::path::{self, PathError};
 
 use crate::answer::{Body, problem_response};
+use crate::config::UpstreamPath;
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [&str; 8] = [
@@ -191,17 +192,6 @@ pub fn rule_path<'t>(method: &Method, target: &'t str) -> Result<Cow<'t, str>, E
     }
     let raw = target.split_once('?').map_or(target, |(p, _)| p);
     path::normalize(raw).map_err(Edge::Path)
-}
-
-/// Which target goes upstream (`upstream_path:`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum UpstreamPath {
-    /// The target as the client sent it (nginx's `proxy_pass` without a URI).
-    #[default]
-    Original,
-    /// The path in RFC 3986 normal form (see [`path::normalize_for_upstream`]),
-    /// the query as sent.
-    Normalized,
 }
 
 /// The target sent upstream, before the upstream URL's path prefix: the

@@ -17,17 +17,15 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use ratewarden::Decision;
-use tokio::time::Sleep;
 
-use crate::answer::{Body, boxed, respond};
+use crate::answer::{Body, respond};
 use crate::config::Upstream;
 use crate::gateway::{Gateway, add_rate_headers, refusal_answer};
 use crate::proxy::forward::{
     self, Edge, UpstreamFailure, check_host, drops_length, is_hop_by_hop, push_forwarded_for,
     upstream_failed,
 };
-use crate::upstream::{Pool, UpstreamError};
+use crate::upstream::{BODY_BROKE, BODY_STALLED, ClientBody, Pool, UpstreamError};
 use ratewarden_tower::admission::{Facts, Held, Identity};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -104,78 +102,6 @@ pub(crate) fn edge_check(parts: &Parts) -> Result<(), Edge> {
             0 => Ok(()),
             _ => check_host(hosts()),
         },
-    }
-}
-
-/// The client's request body on its way upstream. hyper streams it, so a
-/// body that breaks (malformed chunks, cut short) or stalls for longer
-/// than `client_body_timeout` between two frames (nginx's per-read
-/// `client_body_timeout`) fails the upstream exchange; `fault` then says
-/// it was the client's doing, which is answered 400 or 408, not 502.
-pub struct ClientBody {
-    inner: Incoming,
-    timeout: Duration,
-    timer: Option<Pin<Box<Sleep>>>,
-    fault: Arc<AtomicU8>,
-}
-
-/// `ClientBody::fault` values.
-const BODY_BROKE: u8 = 1;
-const BODY_STALLED: u8 = 2;
-
-impl ClientBody {
-    fn new(inner: Incoming, timeout: Duration) -> (Self, Arc<AtomicU8>) {
-        let fault = Arc::new(AtomicU8::new(0));
-        let body = Self {
-            inner,
-            timeout,
-            timer: None,
-            fault: fault.clone(),
-        };
-        (body, fault)
-    }
-}
-
-impl http_body::Body for ClientBody {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Err(e))) => {
-                this.fault.store(BODY_BROKE, Ordering::Relaxed);
-                Poll::Ready(Some(Err(e.into())))
-            }
-            Poll::Ready(frame) => {
-                this.timer = None;
-                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
-            }
-            Poll::Pending => {
-                let timeout = this.timeout;
-                let timer = this
-                    .timer
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-                match timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => {
-                        this.fault.store(BODY_STALLED, Ordering::Relaxed);
-                        Poll::Ready(Some(Err("the request body stalled".into())))
-                    }
-                    Poll::Pending => Poll::Pending,
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -328,7 +254,7 @@ struct Upstreamed<'a> {
     pool: &'a Arc<Pool>,
     peer: SocketAddr,
     timeout: Duration,
-    how: forward::UpstreamPath,
+    how: crate::config::UpstreamPath,
 }
 
 /// A response body holding a request's `concurrency` leases until its
@@ -382,15 +308,6 @@ impl WithHeld for Body {
         }
         .boxed_unsync()
     }
-}
-
-/// The response to a rejected request.
-pub fn rejection(
-    d: &Decision,
-    status: StatusCode,
-    style: ratewarden::HeaderStyle,
-) -> Response<Body> {
-    ratewarden_tower::rejection_response(d, status, style).map(boxed)
 }
 
 /// The built-in upstream: says what it received.

@@ -5,7 +5,7 @@ use ratewarden::decision::whole_secs;
 
 use super::write::{RateFields, end_answer, http_date, push_field, status_line};
 
-/// A rejection, whole, in `out`: what [`crate::proxy::hyper::rejection`] answers
+/// A rejection, whole, in `out`: what [`crate::answer::rejection`] answers
 /// on hyper's path, written without a `HeaderMap` or a body to collect.
 /// When it would read as the thread's last one (see [`LastRejection`]),
 /// that one is copied with a fresh `Date`.
