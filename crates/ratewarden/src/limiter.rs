@@ -1,7 +1,7 @@
 //! The front door: decisions over any [`Store`], and the settle step of
 //! `count: failures` rules.
 
-use std::time::Duration;
+use crate::clock::Micros;
 
 use crate::decision::{Decision, RuleDecision};
 use crate::rule::{Rule, Verdict, finite};
@@ -180,13 +180,17 @@ pub fn pending(ops: &[Op<'_>], verdicts: &[Verdict], weight: u64) -> Option<Pend
 pub fn assemble(ops: &[Op<'_>], verdicts: &[Verdict]) -> Decision {
     let allowed = crate::store::admitted(ops, verdicts);
     let delay = if allowed {
-        verdicts.iter().map(|v| v.check.delay).max().unwrap_or(0)
+        verdicts
+            .iter()
+            .map(|v| v.check.delay)
+            .max()
+            .unwrap_or(Micros::ZERO)
     } else {
-        0
+        Micros::ZERO
     };
     Decision {
         allowed,
-        delay: Duration::from_micros(delay),
+        delay: delay.as_duration(),
         rules: ops
             .iter()
             .zip(verdicts)
@@ -195,11 +199,11 @@ pub fn assemble(ops: &[Op<'_>], verdicts: &[Verdict]) -> Decision {
                 key: op.key.to_owned(),
                 reason: v.reason,
                 remaining: v.check.remaining,
-                reset_after: Duration::from_micros(v.check.reset_after),
+                reset_after: v.check.reset_after.as_duration(),
                 retry_after: if v.allowed() {
                     None
                 } else {
-                    finite(v.check.retry_after).map(Duration::from_micros)
+                    finite(v.check.retry_after).map(Micros::as_duration)
                 },
                 lease: v.lease,
             })

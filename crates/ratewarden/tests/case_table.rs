@@ -34,7 +34,7 @@ use ratewarden::{Op, Penalty, Rule};
 /// windows of seconds, minutes, hours and days start on it, and one years
 /// ahead of the machine's clock (2032-12-20), because redis-server expires
 /// keys by its own clock: a `PEXPIREAT` in the past would delete them.
-const T0: Micros = 1_987_200_000_000_000;
+const T0: Micros = Micros::new(1_987_200_000_000_000);
 
 fn table_path() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cases.table")
@@ -46,15 +46,16 @@ fn duration(s: &str) -> Micros {
         .find(|c: char| !c.is_ascii_digit())
         .map_or((s, ""), |i| s.split_at(i));
     let n: u64 = n.parse().unwrap_or_else(|_| panic!("bad number in `{s}`"));
-    n * match unit {
-        "" | "us" => 1,
-        "ms" => 1_000,
-        "s" => 1_000_000,
-        "m" => 60_000_000,
-        "h" => 3_600_000_000,
-        "d" => 86_400_000_000,
-        u => panic!("unknown unit `{u}` in `{s}`"),
-    }
+    Micros::new(n)
+        * match unit {
+            "" | "us" => 1,
+            "ms" => 1_000,
+            "s" => 1_000_000,
+            "m" => 60_000_000,
+            "h" => 3_600_000_000,
+            "d" => 86_400_000_000,
+            u => panic!("unknown unit `{u}` in `{s}`"),
+        }
 }
 
 /// An offset from T0, possibly negative (`-5s`).
@@ -75,6 +76,7 @@ fn show_time(t: Micros) -> String {
 }
 
 fn show_duration(d: Micros) -> String {
+    let d = d.get();
     if d == 0 {
         return "0".into();
     }
@@ -104,7 +106,7 @@ fn rule(spec: &str) -> Rule {
     let kind: Kind = words.next().expect("an algorithm").parse().unwrap();
     let f = fields(spec);
     let get = |k: &str| f.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
-    let d = |k: &str| get(k).map(|v| Duration::from_micros(duration(v)));
+    let d = |k: &str| get(k).map(|v| duration(v).as_duration());
     let mut b = Rule::builder(format!("case-{kind}")).algorithm(kind).limit(
         get("limit").expect("limit").parse().unwrap(),
         d("window").unwrap_or(Duration::from_secs(1)),
@@ -163,20 +165,20 @@ fn state(rule: &Rule, s: &str) -> KeyState {
             (_, "last") => marks.last = time(v),
             (_, "ban") => marks.ban_until = time(v),
             (_, "ban_level") => marks.ban_level = v.parse().unwrap(),
-            (Kind::FixedWindow | Kind::SlidingWindowCounter, "start") => w.words[0] = time(v),
+            (Kind::FixedWindow | Kind::SlidingWindowCounter, "start") => w.words[0] = time(v).get(),
             (Kind::FixedWindow, "count") => w.words[1] = v.parse().unwrap(),
             (Kind::SlidingWindowCounter, "prev") => w.words[1] = v.parse().unwrap(),
             (Kind::SlidingWindowCounter, "cur") => w.words[2] = v.parse().unwrap(),
             (Kind::TokenBucket, "deficit") | (Kind::LeakyBucket, "level") => {
                 w.words[0] = v.parse().unwrap()
             }
-            (Kind::TokenBucket | Kind::LeakyBucket, "at") => w.words[1] = time(v),
-            (Kind::Gcra, "tat") => w.words[0] = time(v),
+            (Kind::TokenBucket | Kind::LeakyBucket, "at") => w.words[1] = time(v).get(),
+            (Kind::Gcra, "tat") => w.words[0] = time(v).get(),
             (Kind::SlidingWindowLog, "log") => {
                 for (i, e) in v.split(',').enumerate() {
                     let (t, c) = e.split_once(':').unwrap_or((e, "1"));
                     let c: u64 = c.parse().unwrap();
-                    w.log.push((time(t), i as u64 + 1, c));
+                    w.log.push((time(t).get(), i as u64 + 1, c));
                     w.words[0] += c;
                     w.words[1] += 1;
                 }
@@ -186,7 +188,7 @@ fn state(rule: &Rule, s: &str) -> KeyState {
                     let (id, rest) = e.split_once('@').unwrap();
                     let (t, c) = rest.split_once(':').unwrap_or((rest, "1"));
                     let c: u64 = c.parse().unwrap();
-                    w.log.push((time(t), id.parse().unwrap(), c));
+                    w.log.push((time(t).get(), id.parse().unwrap(), c));
                     w.words[0] += c;
                 }
                 w.log.sort();
@@ -208,28 +210,28 @@ fn show_state(rule: &Rule, s: &KeyState) -> String {
     if s.algo != ratewarden::algorithm::State::Fresh {
         match rule.spec().algorithm {
             Kind::FixedWindow => {
-                out.push(format!("start={}", show_time(w.words[0])));
+                out.push(format!("start={}", show_time(Micros::new(w.words[0]))));
                 out.push(format!("count={}", w.words[1]));
             }
             Kind::SlidingWindowCounter => {
-                out.push(format!("start={}", show_time(w.words[0])));
+                out.push(format!("start={}", show_time(Micros::new(w.words[0]))));
                 out.push(format!("prev={}", w.words[1]));
                 out.push(format!("cur={}", w.words[2]));
             }
             Kind::TokenBucket => {
                 out.push(format!("deficit={}", w.words[0]));
-                out.push(format!("at={}", show_time(w.words[1])));
+                out.push(format!("at={}", show_time(Micros::new(w.words[1]))));
             }
             Kind::LeakyBucket => {
                 out.push(format!("level={}", w.words[0]));
-                out.push(format!("at={}", show_time(w.words[1])));
+                out.push(format!("at={}", show_time(Micros::new(w.words[1]))));
             }
-            Kind::Gcra => out.push(format!("tat={}", show_time(w.words[0]))),
+            Kind::Gcra => out.push(format!("tat={}", show_time(Micros::new(w.words[0])))),
             Kind::SlidingWindowLog => {
                 let log: Vec<String> = w
                     .log
                     .iter()
-                    .map(|&(t, _, c)| format!("{}:{c}", show_time(t)))
+                    .map(|&(t, _, c)| format!("{}:{c}", show_time(Micros::new(t))))
                     .collect();
                 if !log.is_empty() {
                     out.push(format!("log={}", log.join(",")));
@@ -239,7 +241,7 @@ fn show_state(rule: &Rule, s: &KeyState) -> String {
                 let leases: Vec<String> = w
                     .log
                     .iter()
-                    .map(|&(t, id, c)| format!("{id}@{}:{c}", show_time(t)))
+                    .map(|&(t, id, c)| format!("{id}@{}:{c}", show_time(Micros::new(t))))
                     .collect();
                 if !leases.is_empty() {
                     out.push(format!("leases={}", leases.join(",")));
@@ -249,10 +251,10 @@ fn show_state(rule: &Rule, s: &KeyState) -> String {
         }
     }
     let m = s.marks();
-    if m.last > 0 {
+    if m.last > Micros::ZERO {
         out.push(format!("last={}", show_time(m.last)));
     }
-    if m.ban_until > 0 {
+    if m.ban_until > Micros::ZERO {
         out.push(format!("ban={}", show_time(m.ban_until)));
     }
     if m.ban_level > 0 {
@@ -345,7 +347,7 @@ fn show_verdict(v: Option<&Verdict>) -> String {
             false => out.push_str(&format!(" retry={}", show_duration(v.check.retry_after))),
         }
     }
-    if v.check.delay > 0 {
+    if v.check.delay > Micros::ZERO {
         out.push_str(&format!(" delay={}", show_duration(v.check.delay)));
     }
     if let Some(l) = v.lease {
@@ -436,9 +438,9 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
             ])
             .arg(&[
                 "ml",
-                &m.last.to_string(),
+                &m.last.get().to_string(),
                 "mb",
-                &m.ban_until.to_string(),
+                &m.ban_until.get().to_string(),
                 "mv",
                 &m.ban_level.to_string(),
             ])
@@ -499,8 +501,8 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
     let after = KeyState::new(
         rule.params().from_script(&w),
         Marks {
-            last: n(3),
-            ban_until: n(4),
+            last: Micros::new(n(3)),
+            ban_until: Micros::new(n(4)),
             ban_level: n(5) as u32,
         },
     );
@@ -523,7 +525,7 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
 fn expiry_as_redis(expected: &str) -> String {
     match expected {
         "-" | "gone" => expected.to_owned(),
-        t => format!("{}ms", time(t).div_ceil(1000)),
+        t => format!("{}ms", time(t).div_ceil(Micros::from_millis(1))),
     }
 }
 

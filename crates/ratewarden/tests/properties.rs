@@ -2,6 +2,8 @@
 //! sequences. The models keep every admitted request and recount from
 //! scratch; the algorithms keep O(1) state (or a pruned log).
 
+use std::num::NonZeroU64;
+
 use proptest::prelude::*;
 
 use ratewarden::algorithm::fixed_window::{self, FixedWindow};
@@ -10,8 +12,17 @@ use ratewarden::algorithm::leaky_bucket::{self, LeakyBucket};
 use ratewarden::algorithm::sliding_window_counter::{self, SlidingWindowCounter};
 use ratewarden::algorithm::sliding_window_log::{self, SlidingWindowLog};
 use ratewarden::algorithm::token_bucket::{self, TokenBucket};
+use ratewarden::clock::Micros;
 
 mod fixtures;
+
+fn nz(n: u64) -> NonZeroU64 {
+    NonZeroU64::new(n).expect("strategies start at 1")
+}
+
+fn us(n: u64) -> Micros {
+    Micros::new(n)
+}
 
 /// Random requests: (gap since the previous one in µs, cost).
 fn requests(max_gap: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
@@ -32,17 +43,17 @@ fn times(reqs: &[(u64, u64)]) -> Vec<(u64, u64)> {
 proptest! {
     #[test]
     fn fixed_window_matches_recount(limit in 1u64..20, window in 1u64..5_000, reqs in requests(2_000)) {
-        let fw = FixedWindow::new(limit, window);
+        let fw = FixedWindow::new(nz(limit), us(window)).unwrap();
         let mut s = fixed_window::State::default();
         let mut admitted: Vec<(u64, u64)> = vec![];
         for (now, cost) in times(&reqs) {
             let used: u64 = admitted.iter().filter(|(t, _)| t / window == now / window).map(|(_, c)| c).sum();
             let expect = used + cost <= limit;
-            let got = fw.check(&s, now, cost);
+            let got = fw.check(&s, us(now), cost);
             prop_assert_eq!(got.allowed, expect);
             if expect {
                 prop_assert_eq!(got.remaining, limit - used - cost);
-                fw.charge(&mut s, now, cost);
+                fw.charge(&mut s, us(now), cost);
                 admitted.push((now, cost));
             }
         }
@@ -52,7 +63,7 @@ proptest! {
     fn sliding_log_matches_recount_and_retry_after_is_tight(
         limit in 1u64..20, window in 1u64..5_000, reqs in requests(1_000), forced in any::<bool>()
     ) {
-        let log = SlidingWindowLog::new(limit, window);
+        let log = SlidingWindowLog::new(nz(limit), us(window)).unwrap();
         let mut s = sliding_window_log::State::default();
         let mut charged: Vec<(u64, u64)> = vec![];
         let used_at = |charged: &[(u64, u64)], t: u64| -> u64 {
@@ -61,18 +72,18 @@ proptest! {
         for (now, cost) in times(&reqs) {
             let used = used_at(&charged, now);
             let expect = used + cost <= limit;
-            let got = log.check(&s, now, cost);
+            let got = log.check(&s, us(now), cost);
             prop_assert_eq!(got.allowed, expect);
             if !expect && cost <= limit {
                 // Not one microsecond too early, not one too late.
-                let at = now + got.retry_after;
+                let at = now + got.retry_after.get();
                 prop_assert!(used_at(&charged, at) + cost <= limit);
                 prop_assert!(used_at(&charged, at - 1) + cost > limit);
             }
             // With `forced`, rejected requests are charged too (count_rejected):
             // the pruned log must still agree with the full recount.
             if expect || forced {
-                log.charge(&mut s, now, cost);
+                log.charge(&mut s, us(now), cost);
                 charged.push((now, cost));
             }
             prop_assert!(s.entries.len() as u64 <= limit);
@@ -81,7 +92,7 @@ proptest! {
 
     #[test]
     fn sliding_counter_matches_its_formula(limit in 1u64..20, window in prop_oneof![1u64..5_000, (1u64..5).prop_map(|s| s * 1_000)], reqs in requests(2_000)) {
-        let c = SlidingWindowCounter::new(limit, window);
+        let c = SlidingWindowCounter::new(nz(limit), us(window)).unwrap();
         let mut s = sliding_window_counter::State::default();
         let mut admitted: Vec<(u64, u64)> = vec![];
         for (now, cost) in times(&reqs) {
@@ -94,9 +105,9 @@ proptest! {
             // estimate + cost <= limit, multiplied through by the window;
             // counts charged past the limit are not kept (saturation).
             let expect = prev.min(limit) * (w - elapsed) + (cur.min(limit) + cost) * w <= limit * w;
-            prop_assert_eq!(c.check(&s, now, cost).allowed, expect);
+            prop_assert_eq!(c.check(&s, us(now), cost).allowed, expect);
             if expect {
-                c.charge(&mut s, now, cost);
+                c.charge(&mut s, us(now), cost);
                 admitted.push((now, cost));
             }
         }
@@ -106,7 +117,7 @@ proptest! {
     fn token_bucket_matches_a_rational_model(
         limit in 1u64..20, window in 1u64..5_000, burst in 1u64..20, reqs in requests(2_000), forced in any::<bool>()
     ) {
-        let tb = TokenBucket::new(limit, window, burst);
+        let tb = TokenBucket::new(nz(limit), us(window), nz(burst)).unwrap();
         let mut s = token_bucket::State::default();
         // Tokens × window, so refill (elapsed × limit) is an integer.
         let cap = burst as u128 * window as u128;
@@ -119,13 +130,13 @@ proptest! {
             last = Some(now);
             let need = cost as u128 * window as u128;
             let expect = tokens >= need;
-            let got = tb.check(&s, now, cost);
+            let got = tb.check(&s, us(now), cost);
             prop_assert_eq!(got.allowed, expect);
             if expect {
                 prop_assert_eq!(got.remaining as u128, (tokens - need) / window as u128);
             }
             if expect || forced {
-                tb.charge(&mut s, now, cost);
+                tb.charge(&mut s, us(now), cost);
                 tokens = tokens.saturating_sub(need);
             }
         }
@@ -139,21 +150,21 @@ proptest! {
         limit in 1u64..20, interval in 1u64..300, burst in 1u64..20, reqs in requests(2_000)
     ) {
         let window = limit * interval;
-        let tb = TokenBucket::new(limit, window, burst);
-        let g = Gcra::new(limit, window, burst);
-        let lb = LeakyBucket::new(limit, window, burst);
+        let tb = TokenBucket::new(nz(limit), us(window), nz(burst)).unwrap();
+        let g = Gcra::new(nz(limit), us(window), nz(burst)).unwrap();
+        let lb = LeakyBucket::new(nz(limit), us(window), nz(burst)).unwrap();
         let (mut ts, mut gs, mut ls) = (token_bucket::State::default(), gcra::State::default(), leaky_bucket::State::default());
         for (now, cost) in times(&reqs) {
-            let (a, b, c) = (tb.check(&ts, now, cost), g.check(&gs, now, cost), lb.check(&ls, now, cost));
+            let (a, b, c) = (tb.check(&ts, us(now), cost), g.check(&gs, us(now), cost), lb.check(&ls, us(now), cost));
             prop_assert_eq!(a.allowed, b.allowed);
             prop_assert_eq!(a.allowed, c.allowed);
             prop_assert_eq!(a.remaining, b.remaining);
             prop_assert_eq!(a.retry_after, b.retry_after);
             prop_assert_eq!(a.retry_after, c.retry_after);
             if a.allowed {
-                tb.charge(&mut ts, now, cost);
-                g.charge(&mut gs, now, cost);
-                lb.charge(&mut ls, now, cost);
+                tb.charge(&mut ts, us(now), cost);
+                g.charge(&mut gs, us(now), cost);
+                lb.charge(&mut ls, us(now), cost);
             }
         }
     }
@@ -162,6 +173,7 @@ proptest! {
 mod records {
     use proptest::prelude::*;
     use ratewarden::KeyState;
+    use ratewarden::clock::Micros;
 
     use crate::fixtures::{COUNT, rules};
 
@@ -179,10 +191,10 @@ mod records {
             let mut now = 1_700_000_000_000_000u64;
             for (gap, cost, other_rule_rejects) in steps {
                 now += gap;
-                let v = rule.verdict(&state, now, cost);
+                let v = rule.verdict(&state, Micros::new(now), cost);
                 let admitted = (v.allowed() || rule.is_shadow()) && !other_rule_rejects;
                 let before = state.clone();
-                rule.commit(&mut state, now, cost, &v, admitted);
+                rule.commit(&mut state, Micros::new(now), cost, &v, admitted);
                 if state != before {
                     prop_assert!(rule.records(&v, admitted), "{:?} {:?}", v, before);
                 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use ratewarden::algorithm::Kind;
-use ratewarden::clock::ManualClock;
+use ratewarden::clock::{ManualClock, Micros};
 use ratewarden::{KeyState, MemoryStore, Mode, Op, Rule, Store};
 
 mod fixtures;
@@ -39,19 +39,19 @@ fn step() -> impl Strategy<Value = Step> {
 
 /// The model: the live state of each key, or fresh.
 struct Model {
-    states: HashMap<u8, (KeyState, u64)>,
+    states: HashMap<u8, (KeyState, Micros)>,
 }
 
 impl Model {
-    fn live(&mut self, key: u8, now: u64) -> &mut KeyState {
+    fn live(&mut self, key: u8, now: Micros) -> &mut KeyState {
         let e = self.states.entry(key).or_default();
         if e.1 <= now {
-            *e = (KeyState::default(), 0);
+            *e = (KeyState::default(), Micros::ZERO);
         }
         &mut e.0
     }
 
-    fn keep(&mut self, rule: &Rule, key: u8, now: u64) {
+    fn keep(&mut self, rule: &Rule, key: u8, now: Micros) {
         let e = self.states.get_mut(&key).expect("just touched");
         e.1 = rule.idle_at(&e.0);
         if e.1 <= now {

@@ -14,11 +14,13 @@
 
 use std::collections::VecDeque;
 
-use super::{Algorithm, Check, NEVER, ScriptState};
+use std::num::NonZeroU64;
+
+use super::{Algorithm, Check, NEVER, ParamError, ScriptState};
 use crate::clock::Micros;
 
 /// What `retry_after` says when a slot may free at any moment.
-pub const RETRY_HINT: Micros = 1_000_000;
+pub const RETRY_HINT: Micros = Micros::from_secs(1);
 
 /// Parameters: `limit` slots, each lease lapsing after `max_hold`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,18 +54,25 @@ impl Concurrency {
     /// `max_hold` (>= 1 µs).
     ///
     /// ```
+    /// use std::num::NonZeroU64;
     /// use ratewarden::algorithm::concurrency::{Concurrency, State};
-    /// let c = Concurrency::new(2, 60_000_000);
-    /// let mut s = State::default();
-    /// c.charge(&mut s, 0, 1);
-    /// c.charge(&mut s, 0, 1);
-    /// assert!(!c.check(&s, 5, 1).allowed);
+    /// use ratewarden::clock::Micros;
+    /// let c = Concurrency::new(NonZeroU64::new(2).unwrap(), Micros::from_secs(60)).unwrap();
+    /// let (mut s, now) = (State::default(), Micros::new(5));
+    /// c.charge(&mut s, now, 1);
+    /// c.charge(&mut s, now, 1);
+    /// assert!(!c.check(&s, now, 1).allowed);
     /// c.release(&mut s, 1, 1); // the first request ended
-    /// assert!(c.check(&s, 5, 1).allowed);
+    /// assert!(c.check(&s, now, 1).allowed);
     /// ```
-    pub fn new(limit: u64, max_hold: Micros) -> Self {
-        assert!(limit >= 1 && max_hold >= 1);
-        Self { limit, max_hold }
+    pub fn new(limit: NonZeroU64, max_hold: Micros) -> Result<Self, ParamError> {
+        if max_hold == Micros::ZERO {
+            return Err(ParamError("`max_hold` must be at least 1µs"));
+        }
+        Ok(Self {
+            limit: limit.get(),
+            max_hold,
+        })
     }
 
     /// Slots held at `now` (lapsed leases no longer count).
@@ -81,7 +90,10 @@ impl Concurrency {
         if cost <= self.limit && held + cost <= self.limit {
             return Check::allow(self.limit - held - cost, self.max_hold);
         }
-        let reset = s.leases.back().map_or(0, |l| l.expires.saturating_sub(now));
+        let reset = s
+            .leases
+            .back()
+            .map_or(Micros::ZERO, |l| l.expires.saturating_sub(now));
         let retry = if cost > self.limit {
             NEVER
         } else {
@@ -126,7 +138,7 @@ impl Concurrency {
 
     /// See the [module](super) docs: when the last lease lapses.
     pub fn idle_at(&self, s: &State) -> Micros {
-        s.leases.back().map_or(0, |l| l.expires)
+        s.leases.back().map_or(Micros::ZERO, |l| l.expires)
     }
 }
 
@@ -148,14 +160,18 @@ impl Algorithm for Concurrency {
         Some(s.seq)
     }
     fn script_params(&self) -> [u64; 4] {
-        [self.limit, self.max_hold, RETRY_HINT, 0]
+        [self.limit, self.max_hold.get(), RETRY_HINT.get(), 0]
     }
     /// `s1` the slots held, `s2` the last lease number; one zset member per
     /// lease, scored by when it lapses.
     fn to_script(s: &State) -> ScriptState {
         ScriptState {
             words: [s.leases.iter().map(|l| l.cost).sum(), s.seq, 0],
-            log: s.leases.iter().map(|l| (l.expires, l.id, l.cost)).collect(),
+            log: s
+                .leases
+                .iter()
+                .map(|l| (l.expires.get(), l.id, l.cost))
+                .collect(),
         }
     }
     fn from_script(s: &ScriptState) -> State {
@@ -163,7 +179,11 @@ impl Algorithm for Concurrency {
             leases: s
                 .log
                 .iter()
-                .map(|&(expires, id, cost)| Lease { id, expires, cost })
+                .map(|&(expires, id, cost)| Lease {
+                    id,
+                    expires: Micros::new(expires),
+                    cost,
+                })
                 .collect(),
             seq: s.words[1],
         }
@@ -174,42 +194,49 @@ impl Algorithm for Concurrency {
 mod tests {
     use super::*;
 
+    const fn us(n: u64) -> Micros {
+        Micros::new(n)
+    }
+    fn conc(limit: u64, hold: u64) -> Concurrency {
+        Concurrency::new(NonZeroU64::new(limit).unwrap(), us(hold)).unwrap()
+    }
+
     #[test]
     fn a_lease_nobody_releases_lapses_after_max_hold() {
-        let c = Concurrency::new(1, 10_000_000);
+        let c = conc(1, 10_000_000);
         let mut s = State::default();
-        c.charge(&mut s, 0, 1);
-        assert!(!c.check(&s, 9_999_999, 1).allowed);
-        assert!(c.check(&s, 10_000_000, 1).allowed);
-        assert_eq!(c.idle_at(&s), 10_000_000);
+        c.charge(&mut s, us(0), 1);
+        assert!(!c.check(&s, us(9_999_999), 1).allowed);
+        assert!(c.check(&s, us(10_000_000), 1).allowed);
+        assert_eq!(c.idle_at(&s), us(10_000_000));
     }
 
     #[test]
     fn retry_is_a_hint_unless_a_lease_lapses_sooner() {
-        let c = Concurrency::new(1, 10_000_000);
+        let c = conc(1, 10_000_000);
         let mut s = State::default();
-        c.charge(&mut s, 0, 1);
-        let early = c.check(&s, 1, 1);
+        c.charge(&mut s, us(0), 1);
+        let early = c.check(&s, us(1), 1);
         assert_eq!(
             (early.retry_after, early.reset_after),
-            (RETRY_HINT, 9_999_999)
+            (RETRY_HINT, us(9_999_999))
         );
-        assert_eq!(c.check(&s, 9_500_000, 1).retry_after, 500_000);
-        assert_eq!(c.check(&s, 0, 2).retry_after, NEVER);
+        assert_eq!(c.check(&s, us(9_500_000), 1).retry_after, us(500_000));
+        assert_eq!(c.check(&s, us(0), 2).retry_after, NEVER);
     }
 
     #[test]
     fn release_frees_exactly_that_lease() {
-        let c = Concurrency::new(3, 10_000_000);
+        let c = conc(3, 10_000_000);
         let mut s = State::default();
         for t in [0, 1, 2] {
-            c.charge(&mut s, t, 1);
+            c.charge(&mut s, us(t), 1);
         }
         c.release(&mut s, 2, 1);
         c.release(&mut s, 2, 1); // twice: no effect
         c.release(&mut s, 9, 1); // unknown: no effect
         let ids: Vec<u64> = s.leases.iter().map(|l| l.id).collect();
         assert_eq!(ids, [1, 3]);
-        assert_eq!(c.check(&s, 5, 1).remaining, 0);
+        assert_eq!(c.check(&s, us(5), 1).remaining, 0);
     }
 }

@@ -5,7 +5,9 @@
 //! end of its window and nothing pushes it back (seed 004's bug: an `EXPIRE`
 //! refreshed by every request locks a hammering client out forever).
 
-use super::{Algorithm, Check, NEVER, ScriptState};
+use std::num::NonZeroU64;
+
+use super::{Algorithm, Check, NEVER, ParamError, ScriptState};
 use crate::clock::Micros;
 
 /// Parameters: `limit` per `window`.
@@ -29,20 +31,29 @@ impl FixedWindow {
     /// `limit` (>= 1) per `window` (>= 1 µs).
     ///
     /// ```
+    /// use std::num::NonZeroU64;
     /// use ratewarden::algorithm::fixed_window::{FixedWindow, State};
-    /// let fw = FixedWindow::new(2, 1_000_000);
+    /// use ratewarden::clock::Micros;
+    /// let fw = FixedWindow::new(NonZeroU64::new(2).unwrap(), Micros::from_secs(1)).unwrap();
     /// let mut s = State::default();
+    /// let at = Micros::new(500);
     /// for _ in 0..2 {
-    ///     assert!(fw.check(&s, 500, 1).allowed);
-    ///     fw.charge(&mut s, 500, 1);
+    ///     assert!(fw.check(&s, at, 1).allowed);
+    ///     fw.charge(&mut s, at, 1);
     /// }
-    /// let third = fw.check(&s, 500, 1);
+    /// let third = fw.check(&s, at, 1);
     /// assert!(!third.allowed);
-    /// assert_eq!(third.retry_after, 999_500); // the next window starts at 1 s
+    /// assert_eq!(third.retry_after, Micros::new(999_500)); // the next window starts at 1 s
+    /// assert!(FixedWindow::new(NonZeroU64::MIN, Micros::ZERO).is_err());
     /// ```
-    pub fn new(limit: u64, window: Micros) -> Self {
-        assert!(limit >= 1 && window >= 1);
-        Self { limit, window }
+    pub fn new(limit: NonZeroU64, window: Micros) -> Result<Self, ParamError> {
+        if window == Micros::ZERO {
+            return Err(ParamError("`window` must be at least 1µs"));
+        }
+        Ok(Self {
+            limit: limit.get(),
+            window,
+        })
     }
 
     fn window_start(&self, now: Micros) -> Micros {
@@ -101,26 +112,26 @@ impl Algorithm for FixedWindow {
         FixedWindow::idle_at(self, s)
     }
     fn script_params(&self) -> [u64; 4] {
-        [self.limit, self.window, 0, 0]
+        [self.limit, self.window.get(), 0, 0]
     }
     fn to_script(s: &State) -> ScriptState {
         ScriptState {
-            words: [s.start, u64::from(s.count), 0],
+            words: [s.start.get(), u64::from(s.count), 0],
             log: vec![],
         }
     }
     fn from_script(s: &ScriptState) -> State {
         State {
-            start: s.words[0],
+            start: Micros::new(s.words[0]),
             count: s.words[1] as u32,
         }
     }
     fn to_mirror(s: &State) -> Option<[u64; 2]> {
-        Some([s.start, u64::from(s.count)])
+        Some([s.start.get(), u64::from(s.count)])
     }
     fn from_mirror(w: [u64; 2]) -> State {
         State {
-            start: w[0],
+            start: Micros::new(w[0]),
             count: w[1] as u32,
         }
     }
@@ -130,17 +141,23 @@ impl Algorithm for FixedWindow {
 mod tests {
     use super::*;
 
-    const W: Micros = 60_000_000;
+    const W: Micros = Micros::from_secs(60);
+    const fn us(n: u64) -> Micros {
+        Micros::new(n)
+    }
+    fn fw(limit: u64) -> FixedWindow {
+        FixedWindow::new(NonZeroU64::new(limit).unwrap(), W).unwrap()
+    }
 
     #[test]
     fn resets_exactly_at_the_window_edge() {
-        let fw = FixedWindow::new(3, W);
+        let fw = fw(3);
         let mut s = State::default();
         for _ in 0..3 {
-            fw.charge(&mut s, W - 1, 1);
+            fw.charge(&mut s, W - us(1), 1);
         }
-        assert!(!fw.check(&s, W - 1, 1).allowed);
-        assert_eq!(fw.check(&s, W - 1, 1).retry_after, 1);
+        assert!(!fw.check(&s, W - us(1), 1).allowed);
+        assert_eq!(fw.check(&s, W - us(1), 1).retry_after, us(1));
         let at_edge = fw.check(&s, W, 1);
         assert!(at_edge.allowed);
         assert_eq!(at_edge.remaining, 2);
@@ -148,8 +165,8 @@ mod tests {
 
     #[test]
     fn cost_larger_than_limit_never_fits() {
-        let fw = FixedWindow::new(3, W);
-        let c = fw.check(&State::default(), 0, 4);
+        let fw = fw(3);
+        let c = fw.check(&State::default(), us(0), 4);
         assert!(!c.allowed);
         assert_eq!(c.retry_after, NEVER);
         assert_eq!(c.remaining, 3);
@@ -157,10 +174,10 @@ mod tests {
 
     #[test]
     fn forced_charges_do_not_move_the_expiry() {
-        let fw = FixedWindow::new(1, W);
+        let fw = fw(1);
         let mut s = State::default();
-        fw.charge(&mut s, 10, 1);
-        for t in [20, 30, W - 1] {
+        fw.charge(&mut s, us(10), 1);
+        for t in [us(20), us(30), W - us(1)] {
             fw.charge(&mut s, t, 1);
         }
         assert_eq!(fw.idle_at(&s), W);

@@ -27,8 +27,8 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 
 impl Fluid {
     pub fn new(limit: u64, window: Micros, burst: u64) -> Self {
-        let g = gcd(window, limit);
-        let unit = window / g;
+        let g = gcd(window.get(), limit);
+        let unit = window.get() / g;
         Self {
             unit,
             rate: limit / g,
@@ -36,17 +36,17 @@ impl Fluid {
         }
     }
 
-    /// The level `elapsed` µs after it was `level`.
+    /// The level `elapsed` after it was `level`.
     pub fn drain(&self, level: u64, elapsed: Micros) -> u64 {
         // Capping `elapsed` at the time a full bucket takes to drain keeps the
         // product below capacity + rate: no overflow, here or in Lua.
         let cap = self.capacity.div_ceil(self.rate);
-        level.saturating_sub(elapsed.min(cap) * self.rate)
+        level.saturating_sub(elapsed.get().min(cap) * self.rate)
     }
 
-    /// Microseconds for `units` to drain, rounded up.
+    /// The time `units` take to drain, rounded up to the microsecond.
     pub fn time_for(&self, units: u64) -> Micros {
-        units.div_ceil(self.rate)
+        Micros::new(units.div_ceil(self.rate))
     }
 
     /// Units of `cost` tokens.
@@ -66,17 +66,17 @@ mod tests {
 
     #[test]
     fn units_are_reduced_by_the_gcd() {
-        let f = Fluid::new(1_000, 60_000_000, 1_000);
+        let f = Fluid::new(1_000, Micros::from_secs(60), 1_000);
         assert_eq!((f.unit, f.rate), (60_000, 1));
-        let f = Fluid::new(7, 60_000_000, 7);
+        let f = Fluid::new(7, Micros::from_secs(60), 7);
         assert_eq!((f.unit, f.rate), (60_000_000, 7));
         assert_eq!(f.capacity, 420_000_000);
     }
 
     #[test]
     fn drain_saturates_at_empty_without_overflow() {
-        let f = Fluid::new(7, 60_000_000, 7);
-        assert_eq!(f.drain(100, u64::MAX), 0);
-        assert_eq!(f.drain(100, 10), 30);
+        let f = Fluid::new(7, Micros::from_secs(60), 7);
+        assert_eq!(f.drain(100, Micros::MAX), 0);
+        assert_eq!(f.drain(100, Micros::new(10)), 30);
     }
 }

@@ -7,7 +7,9 @@
 //! nanosecond), so `burst` requests always fit at once and the long-run rate
 //! errs, by at most 1 µs per request, towards admitting.
 
-use super::{Algorithm, Check, NEVER, ScriptState};
+use std::num::NonZeroU64;
+
+use super::{Algorithm, Check, NEVER, ParamError, ScriptState};
 use crate::clock::Micros;
 
 /// Parameters: emission interval and tolerance.
@@ -28,31 +30,38 @@ pub struct State {
 }
 
 impl Gcra {
-    /// `limit` per `window` µs, `burst` at once; `window / limit` must be >= 1 µs.
+    /// `limit` per `window`, `burst` at once; `window / limit` must be at
+    /// least 1 µs.
     ///
     /// ```
+    /// use std::num::NonZeroU64;
     /// use ratewarden::algorithm::gcra::{Gcra, State};
-    /// let g = Gcra::new(10, 1_000_000, 2); // 10/s, burst 2
+    /// use ratewarden::clock::Micros;
+    /// let n = |v| NonZeroU64::new(v).unwrap();
+    /// let g = Gcra::new(n(10), Micros::from_secs(1), n(2)).unwrap(); // 10/s, burst 2
     /// let mut s = State::default();
-    /// g.charge(&mut s, 0, 2);
-    /// let c = g.check(&s, 0, 1);
+    /// g.charge(&mut s, Micros::ZERO, 2);
+    /// let c = g.check(&s, Micros::ZERO, 1);
     /// assert!(!c.allowed);
-    /// assert_eq!(c.retry_after, 100_000);
+    /// assert_eq!(c.retry_after, Micros::from_millis(100));
+    /// assert!(Gcra::new(n(10), Micros::new(9), n(1)).is_err());
     /// ```
-    pub fn new(limit: u64, window: Micros, burst: u64) -> Self {
-        assert!(limit >= 1 && burst >= 1 && window >= limit);
-        let interval = window / limit;
-        Self {
-            interval,
-            tolerance: interval.saturating_mul(burst),
-            burst,
+    pub fn new(limit: NonZeroU64, window: Micros, burst: NonZeroU64) -> Result<Self, ParamError> {
+        let interval = window / limit.get();
+        if interval == Micros::ZERO {
+            return Err(ParamError("gcra needs `window / limit` of at least 1µs"));
         }
+        Ok(Self {
+            interval,
+            tolerance: interval.saturating_mul(burst.get()),
+            burst: burst.get(),
+        })
     }
 
     /// See the [module](super) docs.
     pub fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
         let start = s.tat.max(now);
-        let new_tat = start.saturating_add(cost.saturating_mul(self.interval));
+        let new_tat = start.saturating_add(self.interval.saturating_mul(cost));
         let used = start - now;
         if cost <= self.burst && new_tat - now <= self.tolerance {
             Check::allow(
@@ -76,7 +85,7 @@ impl Gcra {
     /// See the [module](super) docs.
     pub fn charge(&self, s: &mut State, now: Micros, cost: u64) {
         let start = s.tat.max(now);
-        let new_tat = start.saturating_add(cost.saturating_mul(self.interval));
+        let new_tat = start.saturating_add(self.interval.saturating_mul(cost));
         s.tat = new_tat.min(now.saturating_add(self.tolerance));
     }
 
@@ -98,22 +107,26 @@ impl Algorithm for Gcra {
         Gcra::idle_at(self, s)
     }
     fn script_params(&self) -> [u64; 4] {
-        [self.interval, self.tolerance, self.burst, 0]
+        [self.interval.get(), self.tolerance.get(), self.burst, 0]
     }
     fn to_script(s: &State) -> ScriptState {
         ScriptState {
-            words: [s.tat, 0, 0],
+            words: [s.tat.get(), 0, 0],
             log: vec![],
         }
     }
     fn from_script(s: &ScriptState) -> State {
-        State { tat: s.words[0] }
+        State {
+            tat: Micros::new(s.words[0]),
+        }
     }
     fn to_mirror(s: &State) -> Option<[u64; 2]> {
-        Some([s.tat, 0])
+        Some([s.tat.get(), 0])
     }
     fn from_mirror(w: [u64; 2]) -> State {
-        State { tat: w[0] }
+        State {
+            tat: Micros::new(w[0]),
+        }
     }
 }
 
@@ -121,12 +134,20 @@ impl Algorithm for Gcra {
 mod tests {
     use super::*;
 
+    const fn us(n: u64) -> Micros {
+        Micros::new(n)
+    }
+    fn gcra(limit: u64, window: u64, burst: u64) -> Gcra {
+        let n = |v| NonZeroU64::new(v).unwrap();
+        Gcra::new(n(limit), us(window), n(burst)).unwrap()
+    }
+
     #[test]
     fn burst_fits_at_once_even_when_the_interval_is_rounded() {
         // 60 s / 7 = 8_571_428.57 µs, rounded down.
-        let g = Gcra::new(7, 60_000_000, 7);
+        let g = gcra(7, 60_000_000, 7);
         let mut s = State::default();
-        let now = 1_000_000_000;
+        let now = us(1_000_000_000);
         for i in 0..7 {
             let c = g.check(&s, now, 1);
             assert!(c.allowed, "request {i}");
@@ -134,12 +155,12 @@ mod tests {
             g.charge(&mut s, now, 1);
         }
         assert!(!g.check(&s, now, 1).allowed);
-        assert_eq!(g.check(&s, now, 1).retry_after, 8_571_428);
+        assert_eq!(g.check(&s, now, 1).retry_after, us(8_571_428));
     }
 
     #[test]
     fn cost_above_burst_never_fits() {
-        let g = Gcra::new(10, 1_000_000, 3);
-        assert_eq!(g.check(&State::default(), 5, 4).retry_after, NEVER);
+        let g = gcra(10, 1_000_000, 3);
+        assert_eq!(g.check(&State::default(), us(5), 4).retry_after, NEVER);
     }
 }

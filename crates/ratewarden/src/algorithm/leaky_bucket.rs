@@ -7,7 +7,9 @@
 //! rejection instead.
 
 use super::fluid::Fluid;
-use super::{Algorithm, Check, NEVER, ScriptState};
+use std::num::NonZeroU64;
+
+use super::{Algorithm, Check, NEVER, ParamError, ScriptState};
 use crate::clock::Micros;
 
 /// Parameters: queue of `burst`, drained at `limit` per `window`, optional delay.
@@ -28,36 +30,47 @@ pub struct State {
 }
 
 impl LeakyBucket {
-    /// Reject mode: a queue of `burst` drained at `limit` per `window` µs.
-    pub fn new(limit: u64, window: Micros, burst: u64) -> Self {
-        assert!(limit >= 1 && window >= 1 && burst >= 1);
-        Self {
-            fluid: Fluid::new(limit, window, burst),
-            max_delay: None,
+    /// Reject mode: a queue of `burst` drained at `limit` per `window`.
+    pub fn new(limit: NonZeroU64, window: Micros, burst: NonZeroU64) -> Result<Self, ParamError> {
+        if window == Micros::ZERO {
+            return Err(ParamError("`window` must be at least 1µs"));
         }
+        Ok(Self {
+            fluid: Fluid::new(limit.get(), window, burst.get()),
+            max_delay: None,
+        })
     }
 
     /// Delay mode: requests wait for the queue ahead of them, at most `max_delay` µs.
     ///
     /// ```
+    /// use std::num::NonZeroU64;
     /// use ratewarden::algorithm::leaky_bucket::{LeakyBucket, State};
+    /// use ratewarden::clock::Micros;
     /// // 10 per second, queue of 5, wait at most 1 s.
-    /// let lb = LeakyBucket::delayed(10, 1_000_000, 5, 1_000_000);
+    /// let n = |v| NonZeroU64::new(v).unwrap();
+    /// let second = Micros::from_secs(1);
+    /// let lb = LeakyBucket::delayed(n(10), second, n(5), second).unwrap();
     /// let mut s = State::default();
     /// let delays: Vec<u64> = (0..3)
     ///     .map(|_| {
-    ///         let c = lb.check(&s, 0, 1);
-    ///         lb.charge(&mut s, 0, 1);
-    ///         c.delay
+    ///         let c = lb.check(&s, Micros::ZERO, 1);
+    ///         lb.charge(&mut s, Micros::ZERO, 1);
+    ///         c.delay.get()
     ///     })
     ///     .collect();
     /// assert_eq!(delays, [0, 100_000, 200_000]);
     /// ```
-    pub fn delayed(limit: u64, window: Micros, burst: u64, max_delay: Micros) -> Self {
-        Self {
+    pub fn delayed(
+        limit: NonZeroU64,
+        window: Micros,
+        burst: NonZeroU64,
+        max_delay: Micros,
+    ) -> Result<Self, ParamError> {
+        Ok(Self {
             max_delay: Some(max_delay),
-            ..Self::new(limit, window, burst)
-        }
+            ..Self::new(limit, window, burst)?
+        })
     }
 
     fn level_at(&self, s: &State, now: Micros) -> u64 {
@@ -73,7 +86,7 @@ impl LeakyBucket {
         // In delay mode the request leaves once the queue ahead has drained.
         let delay = match self.max_delay {
             Some(_) => f.time_for(level),
-            None => 0,
+            None => Micros::ZERO,
         };
         let delay_ok = self.max_delay.is_none_or(|max| delay <= max);
         if fits && delay_ok {
@@ -87,7 +100,7 @@ impl LeakyBucket {
             } else {
                 let over_capacity = (level + need).saturating_sub(f.capacity);
                 let over_delay = match self.max_delay {
-                    Some(max) => level.saturating_sub(max.saturating_mul(f.rate)),
+                    Some(max) => level.saturating_sub(max.get().saturating_mul(f.rate)),
                     None => 0,
                 };
                 f.time_for(over_capacity.max(over_delay))
@@ -127,28 +140,28 @@ impl Algorithm for LeakyBucket {
             f.unit,
             f.rate,
             f.capacity,
-            self.max_delay.unwrap_or(u64::MAX),
+            self.max_delay.map_or(u64::MAX, Micros::get),
         ]
     }
     fn to_script(s: &State) -> ScriptState {
         ScriptState {
-            words: [s.level, s.last, 0],
+            words: [s.level, s.last.get(), 0],
             log: vec![],
         }
     }
     fn from_script(s: &ScriptState) -> State {
         State {
             level: s.words[0],
-            last: s.words[1],
+            last: Micros::new(s.words[1]),
         }
     }
     fn to_mirror(s: &State) -> Option<[u64; 2]> {
-        Some([s.level, s.last])
+        Some([s.level, s.last.get()])
     }
     fn from_mirror(w: [u64; 2]) -> State {
         State {
             level: w[0],
-            last: w[1],
+            last: Micros::new(w[1]),
         }
     }
 }
@@ -157,34 +170,41 @@ impl Algorithm for LeakyBucket {
 mod tests {
     use super::*;
 
+    const fn us(n: u64) -> Micros {
+        Micros::new(n)
+    }
+    fn n(v: u64) -> NonZeroU64 {
+        NonZeroU64::new(v).unwrap()
+    }
+
     #[test]
     fn reject_mode_rejects_when_full_and_drains_at_rate() {
-        let lb = LeakyBucket::new(2, 1_000_000, 2);
+        let lb = LeakyBucket::new(n(2), us(1_000_000), n(2)).unwrap();
         let mut s = State::default();
-        lb.charge(&mut s, 0, 1);
-        lb.charge(&mut s, 0, 1);
-        let c = lb.check(&s, 0, 1);
+        lb.charge(&mut s, us(0), 1);
+        lb.charge(&mut s, us(0), 1);
+        let c = lb.check(&s, us(0), 1);
         assert!(!c.allowed);
-        assert_eq!(c.retry_after, 500_000);
-        assert!(lb.check(&s, 500_000, 1).allowed);
-        assert_eq!(lb.check(&s, 0, 3).retry_after, NEVER);
+        assert_eq!(c.retry_after, us(500_000));
+        assert!(lb.check(&s, us(500_000), 1).allowed);
+        assert_eq!(lb.check(&s, us(0), 3).retry_after, NEVER);
     }
 
     #[test]
     fn delay_mode_is_bounded_by_max_delay() {
         // 1 per second, queue of 10, but wait at most 2 s.
-        let lb = LeakyBucket::delayed(1, 1_000_000, 10, 2_000_000);
+        let lb = LeakyBucket::delayed(n(1), us(1_000_000), n(10), us(2_000_000)).unwrap();
         let mut s = State::default();
         let mut delays = vec![];
         for _ in 0..4 {
-            let c = lb.check(&s, 0, 1);
+            let c = lb.check(&s, us(0), 1);
             if c.allowed {
-                lb.charge(&mut s, 0, 1);
+                lb.charge(&mut s, us(0), 1);
                 delays.push(c.delay);
             } else {
-                assert_eq!(c.retry_after, 1_000_000);
+                assert_eq!(c.retry_after, us(1_000_000));
             }
         }
-        assert_eq!(delays, [0, 1_000_000, 2_000_000]);
+        assert_eq!(delays, [us(0), us(1_000_000), us(2_000_000)]);
     }
 }

@@ -44,7 +44,12 @@ use crate::clock::Micros;
 
 /// Sentinel for "this request can never be admitted" (its cost exceeds the
 /// capacity), used as a `retry_after`.
-pub const NEVER: Micros = u64::MAX;
+pub const NEVER: Micros = Micros::MAX;
+
+/// Why an algorithm's parameters are refused (its constructor's error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParamError(pub &'static str);
 
 /// What an algorithm says about one request, before anything is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,8 +74,8 @@ impl Check {
             allowed: true,
             remaining,
             reset_after,
-            retry_after: 0,
-            delay: 0,
+            retry_after: Micros::ZERO,
+            delay: Micros::ZERO,
         }
     }
 
@@ -84,7 +89,7 @@ impl Check {
                 reset_after.max(retry_after)
             },
             retry_after,
-            delay: 0,
+            delay: Micros::ZERO,
         }
     }
 }
@@ -298,7 +303,7 @@ macro_rules! define {
                     $(
                         (Params::$variant(p), State::$variant(s)) => Algorithm::idle_at(p, s.borrow()),
                     )*
-                    _ => 0,
+                    _ => Micros::ZERO,
                 }
             }
 

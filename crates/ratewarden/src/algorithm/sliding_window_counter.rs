@@ -10,7 +10,9 @@
 //! products exact in a Lua double (the rule validator checks `limit × window`).
 //! Counts saturate at the limit: a window counted full stays full.
 
-use super::{Algorithm, Check, NEVER, ScriptState};
+use std::num::NonZeroU64;
+
+use super::{Algorithm, Check, NEVER, ParamError, ScriptState};
 use crate::clock::Micros;
 
 /// Parameters: `limit` per `window`.
@@ -18,7 +20,7 @@ use crate::clock::Micros;
 pub struct SlidingWindowCounter {
     limit: u64,
     window: Micros,
-    /// Microseconds per tick of elapsed time (1000 or 1).
+    /// A tick of elapsed time: a millisecond, or a microsecond.
     tick: Micros,
 }
 
@@ -37,22 +39,31 @@ impl SlidingWindowCounter {
     /// `limit` per `window` µs.
     ///
     /// ```
+    /// use std::num::NonZeroU64;
     /// use ratewarden::algorithm::sliding_window_counter::{SlidingWindowCounter, State};
-    /// let c = SlidingWindowCounter::new(10, 60_000_000);
+    /// use ratewarden::clock::Micros;
+    /// let c = SlidingWindowCounter::new(NonZeroU64::new(10).unwrap(), Micros::from_secs(60)).unwrap();
     /// // 10 in the previous minute; a quarter into this one, 7.5 of them still count.
-    /// let s = State { start: 60_000_000, prev: 10, cur: 0 };
-    /// let at = 75_000_000;
+    /// let s = State { start: Micros::from_secs(60), prev: 10, cur: 0 };
+    /// let at = Micros::from_secs(75);
     /// assert_eq!(c.check(&s, at, 2).remaining, 0);
     /// assert!(!c.check(&s, at, 3).allowed);
     /// ```
-    pub fn new(limit: u64, window: Micros) -> Self {
-        assert!(limit >= 1 && window >= 1);
-        let tick = if window % 1_000 == 0 { 1_000 } else { 1 };
-        Self {
-            limit,
+    pub fn new(limit: NonZeroU64, window: Micros) -> Result<Self, ParamError> {
+        if window == Micros::ZERO {
+            return Err(ParamError("`window` must be at least 1µs"));
+        }
+        let ms = Micros::from_millis(1);
+        let tick = if window % ms == Micros::ZERO {
+            ms
+        } else {
+            Micros::new(1)
+        };
+        Ok(Self {
+            limit: limit.get(),
             window,
             tick,
-        }
+        })
     }
 
     /// `(window start, elapsed, prev, cur)` as seen at `now`.
@@ -92,13 +103,13 @@ impl SlidingWindowCounter {
             // the first `e` with prev × (w − e) <= room × w.
             let room = self.limit - cur - cost;
             let e = w - room * w / prev;
-            start + e * self.tick - now
+            start + self.tick * e - now
         } else {
             // This window is full: wait into the next, where `cur` becomes the
             // previous count.
             let room = self.limit - cost;
             let e = w - room * w / cur;
-            start + self.window + e * self.tick - now
+            start + self.window + self.tick * e - now
         };
         Check::deny(remaining(estimate), left_in_window, retry)
     }
@@ -116,7 +127,7 @@ impl SlidingWindowCounter {
 
     /// See the [module](super) docs.
     pub fn idle_at(&self, s: &State) -> Micros {
-        s.start + 2 * self.window
+        s.start + self.window * 2
     }
 }
 
@@ -132,27 +143,27 @@ impl Algorithm for SlidingWindowCounter {
         SlidingWindowCounter::idle_at(self, s)
     }
     fn script_params(&self) -> [u64; 4] {
-        [self.limit, self.window, self.tick, 0]
+        [self.limit, self.window.get(), self.tick.get(), 0]
     }
     fn to_script(s: &State) -> ScriptState {
         ScriptState {
-            words: [s.start, u64::from(s.prev), u64::from(s.cur)],
+            words: [s.start.get(), u64::from(s.prev), u64::from(s.cur)],
             log: vec![],
         }
     }
     fn from_script(s: &ScriptState) -> State {
         State {
-            start: s.words[0],
+            start: Micros::new(s.words[0]),
             prev: s.words[1] as u32,
             cur: s.words[2] as u32,
         }
     }
     fn to_mirror(s: &State) -> Option<[u64; 2]> {
-        Some([s.start, u64::from(s.prev) << 32 | u64::from(s.cur)])
+        Some([s.start.get(), u64::from(s.prev) << 32 | u64::from(s.cur)])
     }
     fn from_mirror(w: [u64; 2]) -> State {
         State {
-            start: w[0],
+            start: Micros::new(w[0]),
             prev: (w[1] >> 32) as u32,
             cur: w[1] as u32,
         }
@@ -163,44 +174,50 @@ impl Algorithm for SlidingWindowCounter {
 mod tests {
     use super::*;
 
-    const W: Micros = 1_000_000;
+    const W: Micros = Micros::from_secs(1);
+    const fn us(n: u64) -> Micros {
+        Micros::new(n)
+    }
+    fn swc(limit: u64) -> SlidingWindowCounter {
+        SlidingWindowCounter::new(NonZeroU64::new(limit).unwrap(), W).unwrap()
+    }
 
     #[test]
     fn retry_after_is_the_first_instant_the_estimate_fits() {
-        let c = SlidingWindowCounter::new(10, W);
+        let c = swc(10);
         let s = State {
             start: W,
             prev: 10,
             cur: 5,
         };
-        let now = W + 100_000;
+        let now = W + us(100_000);
         let r = c.check(&s, now, 1);
         assert!(!r.allowed);
         let at = now + r.retry_after;
         assert!(c.check(&s, at, 1).allowed);
-        assert!(!c.check(&s, at - 1, 1).allowed);
+        assert!(!c.check(&s, at - us(1), 1).allowed);
     }
 
     #[test]
     fn full_current_window_waits_into_the_next() {
-        let c = SlidingWindowCounter::new(4, W);
+        let c = swc(4);
         let mut s = State::default();
         for _ in 0..4 {
-            c.charge(&mut s, 10, 1);
+            c.charge(&mut s, us(10), 1);
         }
-        let r = c.check(&s, 10, 1);
-        let at = 10 + r.retry_after;
+        let r = c.check(&s, us(10), 1);
+        let at = us(10) + r.retry_after;
         assert!(at > W);
         assert!(c.check(&s, at, 1).allowed);
-        assert!(!c.check(&s, at - 1, 1).allowed);
+        assert!(!c.check(&s, at - us(1), 1).allowed);
     }
 
     #[test]
     fn a_window_two_back_is_forgotten() {
-        let c = SlidingWindowCounter::new(2, W);
+        let c = swc(2);
         let mut s = State::default();
-        c.charge(&mut s, 0, 2);
-        assert_eq!(c.idle_at(&s), 2 * W);
-        assert_eq!(c.check(&s, 2 * W, 1).remaining, 1);
+        c.charge(&mut s, us(0), 2);
+        assert_eq!(c.idle_at(&s), W * 2);
+        assert_eq!(c.check(&s, W * 2, 1).remaining, 1);
     }
 }

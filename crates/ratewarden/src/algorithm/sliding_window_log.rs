@@ -13,7 +13,9 @@
 
 use std::collections::VecDeque;
 
-use super::{Algorithm, Check, NEVER, ScriptState};
+use std::num::NonZeroU64;
+
+use super::{Algorithm, Check, NEVER, ParamError, ScriptState};
 use crate::clock::Micros;
 
 /// Parameters: `limit` per rolling `window`.
@@ -37,24 +39,34 @@ impl SlidingWindowLog {
     /// `limit` per rolling `window` µs.
     ///
     /// ```
+    /// use std::num::NonZeroU64;
     /// use ratewarden::algorithm::sliding_window_log::{SlidingWindowLog, State};
-    /// let log = SlidingWindowLog::new(2, 10_000_000);
+    /// use ratewarden::clock::Micros;
+    /// let s_ = Micros::from_secs;
+    /// let log = SlidingWindowLog::new(NonZeroU64::new(2).unwrap(), s_(10)).unwrap();
     /// let mut s = State::default();
-    /// log.charge(&mut s, 1_000_000, 1);
-    /// log.charge(&mut s, 4_000_000, 1);
-    /// let c = log.check(&s, 9_000_000, 1);
+    /// log.charge(&mut s, s_(1), 1);
+    /// log.charge(&mut s, s_(4), 1);
+    /// let c = log.check(&s, s_(9), 1);
     /// assert!(!c.allowed);
-    /// assert_eq!(c.retry_after, 2_000_000); // the first entry leaves at 11 s
-    /// assert!(log.check(&s, 11_000_000, 1).allowed);
+    /// assert_eq!(c.retry_after, s_(2)); // the first entry leaves at 11 s
+    /// assert!(log.check(&s, s_(11), 1).allowed);
     /// ```
-    pub fn new(limit: u64, window: Micros) -> Self {
-        assert!(limit >= 1 && window >= 1);
-        Self { limit, window }
+    pub fn new(limit: NonZeroU64, window: Micros) -> Result<Self, ParamError> {
+        if window == Micros::ZERO {
+            return Err(ParamError("`window` must be at least 1µs"));
+        }
+        Ok(Self {
+            limit: limit.get(),
+            window,
+        })
     }
 
     fn live<'s>(&self, s: &'s State, now: Micros) -> impl Iterator<Item = &'s (Micros, u64)> {
         let window = self.window;
-        s.entries.iter().skip_while(move |(t, _)| t + window <= now)
+        s.entries
+            .iter()
+            .skip_while(move |(t, _)| *t + window <= now)
     }
 
     /// Cost charged within the window ending at `now`.
@@ -62,7 +74,7 @@ impl SlidingWindowLog {
         let expired: u64 = s
             .entries
             .iter()
-            .take_while(|(t, _)| t + self.window <= now)
+            .take_while(|(t, _)| *t + self.window <= now)
             .map(|(_, c)| c)
             .sum();
         s.total - expired
@@ -84,7 +96,7 @@ impl SlidingWindowLog {
             for (t, c) in self.live(s, now) {
                 left -= c;
                 if left + cost <= self.limit {
-                    retry = t + self.window - now;
+                    retry = *t + self.window - now;
                     break;
                 }
             }
@@ -117,7 +129,9 @@ impl SlidingWindowLog {
 
     /// See the [module](super) docs.
     pub fn idle_at(&self, s: &State) -> Micros {
-        s.entries.back().map_or(0, |(t, _)| t + self.window)
+        s.entries
+            .back()
+            .map_or(Micros::ZERO, |(t, _)| *t + self.window)
     }
 }
 
@@ -133,7 +147,7 @@ impl Algorithm for SlidingWindowLog {
         SlidingWindowLog::idle_at(self, s)
     }
     fn script_params(&self) -> [u64; 4] {
-        [self.limit, self.window, 0, 0]
+        [self.limit, self.window.get(), 0, 0]
     }
     /// `s1` the summed cost, `s2` the last entry's number; one zset member
     /// per entry.
@@ -142,13 +156,13 @@ impl Algorithm for SlidingWindowLog {
             words: [s.total, s.entries.len() as u64, 0],
             log: (1..)
                 .zip(&s.entries)
-                .map(|(seq, &(t, c))| (t, seq, c))
+                .map(|(seq, &(t, c))| (t.get(), seq, c))
                 .collect(),
         }
     }
     fn from_script(s: &ScriptState) -> State {
         State {
-            entries: s.log.iter().map(|&(t, _, c)| (t, c)).collect(),
+            entries: s.log.iter().map(|&(t, _, c)| (Micros::new(t), c)).collect(),
             total: s.words[0],
         }
     }
@@ -158,36 +172,43 @@ impl Algorithm for SlidingWindowLog {
 mod tests {
     use super::*;
 
+    const fn us(n: u64) -> Micros {
+        Micros::new(n)
+    }
+    fn log(limit: u64, window: u64) -> SlidingWindowLog {
+        SlidingWindowLog::new(NonZeroU64::new(limit).unwrap(), us(window)).unwrap()
+    }
+
     #[test]
     fn same_microsecond_requests_are_separate_entries() {
-        let log = SlidingWindowLog::new(100, 1_000);
+        let log = log(100, 1_000);
         let mut s = State::default();
         for _ in 0..100 {
-            assert!(log.check(&s, 5, 1).allowed);
-            log.charge(&mut s, 5, 1);
+            assert!(log.check(&s, us(5), 1).allowed);
+            log.charge(&mut s, us(5), 1);
         }
         assert_eq!(s.entries.len(), 100);
-        assert!(!log.check(&s, 5, 1).allowed);
+        assert!(!log.check(&s, us(5), 1).allowed);
     }
 
     #[test]
     fn an_entry_leaves_exactly_one_window_later() {
-        let log = SlidingWindowLog::new(1, 1_000);
+        let log = log(1, 1_000);
         let mut s = State::default();
-        log.charge(&mut s, 100, 1);
-        assert!(!log.check(&s, 1_099, 1).allowed);
-        assert!(log.check(&s, 1_100, 1).allowed);
+        log.charge(&mut s, us(100), 1);
+        assert!(!log.check(&s, us(1_099), 1).allowed);
+        assert!(log.check(&s, us(1_100), 1).allowed);
     }
 
     #[test]
     fn forced_charges_keep_at_most_limit_entries() {
-        let log = SlidingWindowLog::new(3, 1_000);
+        let log = log(3, 1_000);
         let mut s = State::default();
         for t in 0..50 {
-            log.charge(&mut s, t, 1);
+            log.charge(&mut s, us(t), 1);
         }
         assert_eq!(s.entries.len(), 3);
         // Blocked until the newest three have left: the hammering counted.
-        assert_eq!(log.check(&s, 50, 1).retry_after, 47 + 1_000 - 50);
+        assert_eq!(log.check(&s, us(50), 1).retry_after, us(47 + 1_000 - 50));
     }
 }

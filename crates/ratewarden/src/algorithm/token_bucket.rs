@@ -6,7 +6,9 @@
 //! bucket, so a forgotten key and a new key read the same.
 
 use super::fluid::Fluid;
-use super::{Algorithm, Check, NEVER, ScriptState};
+use std::num::NonZeroU64;
+
+use super::{Algorithm, Check, NEVER, ParamError, ScriptState};
 use crate::clock::Micros;
 
 /// Parameters: `burst` tokens, `limit` tokens added per `window`.
@@ -28,21 +30,26 @@ impl TokenBucket {
     /// A bucket of `burst` tokens refilled at `limit` per `window` µs.
     ///
     /// ```
+    /// use std::num::NonZeroU64;
     /// use ratewarden::algorithm::token_bucket::{State, TokenBucket};
+    /// use ratewarden::clock::Micros;
     /// // 2 tokens per second, bucket of 2.
-    /// let tb = TokenBucket::new(2, 1_000_000, 2);
+    /// let two = NonZeroU64::new(2).unwrap();
+    /// let tb = TokenBucket::new(two, Micros::from_secs(1), two).unwrap();
     /// let mut s = State::default();
-    /// tb.charge(&mut s, 0, 2);
-    /// let c = tb.check(&s, 0, 1);
+    /// tb.charge(&mut s, Micros::ZERO, 2);
+    /// let c = tb.check(&s, Micros::ZERO, 1);
     /// assert!(!c.allowed);
-    /// assert_eq!(c.retry_after, 500_000); // one token every half second
-    /// assert!(tb.check(&s, 500_000, 1).allowed);
+    /// assert_eq!(c.retry_after, Micros::from_millis(500)); // one token every half second
+    /// assert!(tb.check(&s, Micros::from_millis(500), 1).allowed);
     /// ```
-    pub fn new(limit: u64, window: Micros, burst: u64) -> Self {
-        assert!(limit >= 1 && window >= 1 && burst >= 1);
-        Self {
-            fluid: Fluid::new(limit, window, burst),
+    pub fn new(limit: NonZeroU64, window: Micros, burst: NonZeroU64) -> Result<Self, ParamError> {
+        if window == Micros::ZERO {
+            return Err(ParamError("`window` must be at least 1µs"));
         }
+        Ok(Self {
+            fluid: Fluid::new(limit.get(), window, burst.get()),
+        })
     }
 
     fn deficit_at(&self, s: &State, now: Micros) -> u64 {
@@ -97,23 +104,23 @@ impl Algorithm for TokenBucket {
     }
     fn to_script(s: &State) -> ScriptState {
         ScriptState {
-            words: [s.deficit, s.last, 0],
+            words: [s.deficit, s.last.get(), 0],
             log: vec![],
         }
     }
     fn from_script(s: &ScriptState) -> State {
         State {
             deficit: s.words[0],
-            last: s.words[1],
+            last: Micros::new(s.words[1]),
         }
     }
     fn to_mirror(s: &State) -> Option<[u64; 2]> {
-        Some([s.deficit, s.last])
+        Some([s.deficit, s.last.get()])
     }
     fn from_mirror(w: [u64; 2]) -> State {
         State {
             deficit: w[0],
-            last: w[1],
+            last: Micros::new(w[1]),
         }
     }
 }
@@ -122,36 +129,44 @@ impl Algorithm for TokenBucket {
 mod tests {
     use super::*;
 
+    const fn us(n: u64) -> Micros {
+        Micros::new(n)
+    }
+    fn tb(limit: u64, window: u64, burst: u64) -> TokenBucket {
+        let n = |v| NonZeroU64::new(v).unwrap();
+        TokenBucket::new(n(limit), us(window), n(burst)).unwrap()
+    }
+
     #[test]
     fn refills_a_fractional_token_exactly() {
         // 7 per minute: one token every 8_571_428.57 µs.
-        let tb = TokenBucket::new(7, 60_000_000, 1);
+        let tb = tb(7, 60_000_000, 1);
         let mut s = State::default();
-        tb.charge(&mut s, 0, 1);
-        assert!(!tb.check(&s, 8_571_428, 1).allowed);
-        assert_eq!(tb.check(&s, 8_571_428, 1).retry_after, 1);
-        assert!(tb.check(&s, 8_571_429, 1).allowed);
+        tb.charge(&mut s, us(0), 1);
+        assert!(!tb.check(&s, us(8_571_428), 1).allowed);
+        assert_eq!(tb.check(&s, us(8_571_428), 1).retry_after, us(1));
+        assert!(tb.check(&s, us(8_571_429), 1).allowed);
     }
 
     #[test]
     fn bucket_never_exceeds_burst() {
-        let tb = TokenBucket::new(10, 1_000_000, 3);
+        let tb = tb(10, 1_000_000, 3);
         let s = State::default();
-        let c = tb.check(&s, 5_000_000_000, 1);
+        let c = tb.check(&s, us(5_000_000_000), 1);
         assert_eq!(c.remaining, 2);
-        assert!(!tb.check(&s, 5_000_000_000, 4).allowed);
-        assert_eq!(tb.check(&s, 0, 4).retry_after, NEVER);
+        assert!(!tb.check(&s, us(5_000_000_000), 4).allowed);
+        assert_eq!(tb.check(&s, us(0), 4).retry_after, NEVER);
     }
 
     #[test]
     fn forced_charge_empties_but_does_not_go_negative() {
-        let tb = TokenBucket::new(1, 1_000_000, 2);
+        let tb = tb(1, 1_000_000, 2);
         let mut s = State::default();
         for _ in 0..10 {
-            tb.charge(&mut s, 0, 1);
+            tb.charge(&mut s, us(0), 1);
         }
-        assert_eq!(tb.check(&s, 1_000_000, 1).remaining, 0);
-        assert!(tb.check(&s, 1_000_000, 1).allowed);
-        assert_eq!(tb.idle_at(&s), 2_000_000);
+        assert_eq!(tb.check(&s, us(1_000_000), 1).remaining, 0);
+        assert!(tb.check(&s, us(1_000_000), 1).allowed);
+        assert_eq!(tb.idle_at(&s), us(2_000_000));
     }
 }

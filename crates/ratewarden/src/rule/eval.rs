@@ -113,7 +113,10 @@ impl Rule {
                 lease: None,
             };
         }
-        if c.min_interval > 0 && marks.last > 0 && now < marks.last + c.min_interval {
+        if c.min_interval > Micros::ZERO
+            && marks.last > Micros::ZERO
+            && now < marks.last + c.min_interval
+        {
             let wait = marks.last + c.min_interval - now;
             let retry = if check.allowed {
                 wait
@@ -149,7 +152,8 @@ impl Rule {
 
     /// Length and level of the ban a limit rejection at `now` starts.
     fn next_ban(&self, marks: Marks, now: Micros, p: &Penalty) -> (Micros, u32) {
-        let remembered = marks.ban_until > 0 && now <= marks.ban_until + micros(p.memory);
+        let remembered =
+            marks.ban_until > Micros::ZERO && now <= marks.ban_until + micros(p.memory);
         let level = if remembered { marks.ban_level + 1 } else { 0 };
         let factor = (p.multiplier as u64).saturating_pow(level);
         let len = micros(p.duration).saturating_mul(factor).min(micros(p.max));
@@ -175,7 +179,7 @@ impl Rule {
                 if !self.counts_failures() {
                     c.params.charge(&mut state.algo, now, cost);
                 }
-                if c.min_interval > 0 {
+                if c.min_interval > Micros::ZERO {
                     state.marks_mut().last = now;
                 }
             }
@@ -183,7 +187,7 @@ impl Rule {
             Some(reason) => {
                 if c.spec.count_rejected {
                     c.params.charge(&mut state.algo, now, cost);
-                    if c.min_interval > 0 {
+                    if c.min_interval > Micros::ZERO {
                         state.marks_mut().last = now;
                     }
                 }
@@ -202,7 +206,7 @@ impl Rule {
     pub fn records(&self, verdict: &Verdict, admitted: bool) -> bool {
         let c = &self.0;
         match verdict.reason {
-            None => admitted && (!self.counts_failures() || c.min_interval > 0),
+            None => admitted && (!self.counts_failures() || c.min_interval > Micros::ZERO),
             Some(Reason::Banned) => false,
             Some(Reason::MinInterval) => c.spec.count_rejected,
             Some(Reason::Limit) => c.spec.count_rejected || c.spec.penalty.is_some(),
@@ -243,11 +247,11 @@ impl Rule {
         let c = &self.0;
         let mut t = c.params.idle_at(&state.algo);
         let marks = state.marks();
-        if marks.last > 0 {
+        if marks.last > Micros::ZERO {
             t = t.max(marks.last + c.min_interval);
         }
-        if marks.ban_until > 0 {
-            let memory = c.spec.penalty.map_or(0, |p| micros(p.memory));
+        if marks.ban_until > Micros::ZERO {
+            let memory = c.spec.penalty.map_or(Micros::ZERO, |p| micros(p.memory));
             t = t.max(marks.ban_until + memory);
         }
         t

@@ -12,7 +12,7 @@ use crate::clock::micros;
 /// the rule's id, which names its keys in Redis, so it must not depend on the
 /// build (as `derive(Hash)` or `Debug` output may).
 pub(super) fn canonical(spec: &RuleSpec) -> String {
-    let us = |d: Option<Duration>| d.map_or(-1, |d| micros(d) as i128);
+    let us = |d: Option<Duration>| d.map_or(-1, |d| micros(d).get() as i128);
     let (pd, pm, px, pmem) = spec.penalty.map_or((-1, 0, -1, -1), |p| {
         (
             us(Some(p.duration)),
@@ -35,7 +35,7 @@ pub(super) fn canonical(spec: &RuleSpec) -> String {
         spec.name,
         spec.algorithm,
         spec.limit,
-        micros(spec.window),
+        micros(spec.window).get(),
         spec.burst.map_or(0, NonZeroU64::get),
         us(spec.max_delay),
         us(spec.min_interval),
@@ -46,7 +46,7 @@ pub(super) fn canonical(spec: &RuleSpec) -> String {
     // Parameters added after v1 are appended only where they apply, so
     // the ids of rules without them never change.
     if let Some(hold) = spec.max_hold {
-        id.push_str(&format!("|hold={}", micros(hold)));
+        id.push_str(&format!("|hold={}", micros(hold).get()));
     }
     id
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::id::{canonical, fnv1a};
 use super::{Compiled, Rule};
 use crate::algorithm::{self, Kind, Params};
-use crate::clock::micros;
+use crate::clock::{Micros, micros};
 
 /// Why a rule could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -261,17 +261,18 @@ impl Rule {
             return Err(RuleError::BadName(spec.name));
         }
         let window = micros(spec.window);
-        if window == 0 {
+        if window == Micros::ZERO {
             return Err(RuleError::ZeroDuration("window"));
         }
-        if window >= LUA_EXACT / 4 {
+        if window.get() >= LUA_EXACT / 4 {
             return Err(RuleError::range(
                 "window",
                 "`window` must be shorter than 50 years",
             ));
         }
         let limit = spec.limit.get();
-        let burst = spec.burst.map_or(limit, NonZeroU64::get);
+        let burst_n = spec.burst.unwrap_or(spec.limit);
+        let burst = burst_n.get();
         if limit > u32::MAX as u64 {
             return Err(RuleError::range(
                 "limit",
@@ -323,31 +324,33 @@ impl Rule {
             });
         }
         let params = match spec.algorithm {
-            Kind::FixedWindow => {
-                Params::FixedWindow(algorithm::fixed_window::FixedWindow::new(limit, window))
-            }
+            Kind::FixedWindow => Params::FixedWindow(
+                algorithm::fixed_window::FixedWindow::new(spec.limit, window)
+                    .map_err(param("window"))?,
+            ),
             Kind::Concurrency => {
                 let hold = micros(spec.max_hold.unwrap_or(MAX_HOLD));
-                if hold == 0 {
+                if hold == Micros::ZERO {
                     return Err(RuleError::ZeroDuration("max_hold"));
                 }
-                if hold >= LUA_EXACT / 4 {
+                if hold.get() >= LUA_EXACT / 4 {
                     return Err(RuleError::range(
                         "max_hold",
                         "`max_hold` must be shorter than 50 years",
                     ));
                 }
-                Params::Concurrency(algorithm::concurrency::Concurrency::new(limit, hold))
+                Params::Concurrency(
+                    algorithm::concurrency::Concurrency::new(spec.limit, hold)
+                        .map_err(param("max_hold"))?,
+                )
             }
             Kind::SlidingWindowLog => Params::SlidingWindowLog(
-                algorithm::sliding_window_log::SlidingWindowLog::new(limit, window),
+                algorithm::sliding_window_log::SlidingWindowLog::new(spec.limit, window)
+                    .map_err(param("window"))?,
             ),
             Kind::SlidingWindowCounter => {
-                let ticks = if window % 1_000 == 0 {
-                    window / 1_000
-                } else {
-                    window
-                };
+                let w = window.get();
+                let ticks = if w % 1_000 == 0 { w / 1_000 } else { w };
                 if (limit as u128) * (ticks as u128) * 3 >= LUA_EXACT as u128 {
                     return Err(RuleError::range(
                         "limit",
@@ -359,12 +362,15 @@ impl Rule {
                     ));
                 }
                 Params::SlidingWindowCounter(
-                    algorithm::sliding_window_counter::SlidingWindowCounter::new(limit, window),
+                    algorithm::sliding_window_counter::SlidingWindowCounter::new(
+                        spec.limit, window,
+                    )
+                    .map_err(param("window"))?,
                 )
             }
             Kind::TokenBucket | Kind::LeakyBucket => {
-                let g = gcd(window, limit);
-                if (burst as u128) * ((window / g) as u128) >= LUA_EXACT as u128 {
+                let g = gcd(window.get(), limit);
+                if (burst as u128) * ((window.get() / g) as u128) >= LUA_EXACT as u128 {
                     return Err(RuleError::range(
                         "burst",
                         format!(
@@ -375,40 +381,48 @@ impl Rule {
                     ));
                 }
                 if spec.algorithm == Kind::TokenBucket {
-                    Params::TokenBucket(algorithm::token_bucket::TokenBucket::new(
-                        limit, window, burst,
-                    ))
+                    Params::TokenBucket(
+                        algorithm::token_bucket::TokenBucket::new(spec.limit, window, burst_n)
+                            .map_err(param("window"))?,
+                    )
                 } else if let Some(max) = spec.max_delay {
-                    Params::LeakyBucket(algorithm::leaky_bucket::LeakyBucket::delayed(
-                        limit,
-                        window,
-                        burst,
-                        micros(max),
-                    ))
+                    Params::LeakyBucket(
+                        algorithm::leaky_bucket::LeakyBucket::delayed(
+                            spec.limit,
+                            window,
+                            burst_n,
+                            micros(max),
+                        )
+                        .map_err(param("mode"))?,
+                    )
                 } else {
-                    Params::LeakyBucket(algorithm::leaky_bucket::LeakyBucket::new(
-                        limit, window, burst,
-                    ))
+                    Params::LeakyBucket(
+                        algorithm::leaky_bucket::LeakyBucket::new(spec.limit, window, burst_n)
+                            .map_err(param("window"))?,
+                    )
                 }
             }
             Kind::Gcra => {
-                if window < limit {
+                if window.get() < limit {
                     return Err(RuleError::range(
                         "limit",
                         "gcra needs `window / limit` of at least 1µs",
                     ));
                 }
-                if (window / limit) as u128 * burst as u128 >= (LUA_EXACT / 4) as u128 {
+                if (window.get() / limit) as u128 * burst as u128 >= (LUA_EXACT / 4) as u128 {
                     return Err(RuleError::range(
                         "burst",
                         "gcra `burst` × `window` / `limit` must be under 70 years",
                     ));
                 }
-                Params::Gcra(algorithm::gcra::Gcra::new(limit, window, burst))
+                Params::Gcra(
+                    algorithm::gcra::Gcra::new(spec.limit, window, burst_n)
+                        .map_err(param("limit"))?,
+                )
             }
         };
-        let min_interval = spec.min_interval.map_or(0, micros);
-        if spec.min_interval.is_some() && min_interval == 0 {
+        let min_interval = spec.min_interval.map_or(Micros::ZERO, micros);
+        if spec.min_interval.is_some() && min_interval == Micros::ZERO {
             return Err(RuleError::ZeroDuration("min_interval"));
         }
         if let Some(p) = &spec.penalty {
@@ -438,6 +452,11 @@ impl Rule {
             spec,
         })))
     }
+}
+
+/// Maps an algorithm's own parameter error onto the config key it is about.
+fn param(key: &'static str) -> impl Fn(algorithm::ParamError) -> RuleError {
+    move |e| RuleError::range(key, e.0)
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {

@@ -21,7 +21,6 @@ use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockWriteGuard};
-use std::time::Duration;
 
 use crate::clock::{Clock, Micros, SystemClock};
 use crate::rule::{KeyState, Verdict};
@@ -467,8 +466,8 @@ impl Store for MemoryStore {
         Ok(KeyInfo {
             exists: live.is_some(),
             remaining: check.remaining,
-            reset_after: Duration::from_micros(check.reset_after),
-            ban_left: (marks.ban_until > now).then(|| Duration::from_micros(marks.ban_until - now)),
+            reset_after: check.reset_after.as_duration(),
+            ban_left: (marks.ban_until > now).then(|| (marks.ban_until - now).as_duration()),
             ban_level: marks.ban_level,
         })
     }

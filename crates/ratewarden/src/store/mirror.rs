@@ -93,11 +93,11 @@ impl Mirror {
         Some(Mirrored {
             algo: decode(kind & 0xFF, w1, w2)?,
             marks: Marks {
-                last,
-                ban_until,
+                last: Micros::new(last),
+                ban_until: Micros::new(ban_until),
                 ban_level: (kind >> 32) as u32,
             },
-            expires,
+            expires: Micros::new(expires),
         })
     }
 
@@ -115,9 +115,9 @@ impl Mirror {
                     kind | u64::from(marks.ban_level) << 32,
                     w1,
                     w2,
-                    expires,
-                    marks.last,
-                    marks.ban_until,
+                    expires.get(),
+                    marks.last.get(),
+                    marks.ban_until.get(),
                 ],
             ),
             None if e.key.load(Ordering::Relaxed) == h => self.store(e, [0; 7]),
@@ -160,44 +160,60 @@ mod tests {
     #[test]
     fn every_constant_size_state_round_trips() {
         let marks = Marks {
-            last: 7,
-            ban_until: 9,
+            last: Micros::new(7),
+            ban_until: Micros::new(9),
             ban_level: 3,
         };
         let states = [
             State::Fresh,
-            State::FixedWindow(fixed_window::State { start: 5, count: 4 }),
+            State::FixedWindow(fixed_window::State {
+                start: Micros::new(5),
+                count: 4,
+            }),
             State::SlidingWindowCounter(sliding_window_counter::State {
-                start: 5,
+                start: Micros::new(5),
                 prev: u32::MAX,
                 cur: 1,
             }),
             State::TokenBucket(token_bucket::State {
                 deficit: 3,
-                last: 8,
+                last: Micros::new(8),
             }),
-            State::LeakyBucket(leaky_bucket::State { level: 2, last: 11 }),
-            State::Gcra(gcra::State { tat: 123 }),
+            State::LeakyBucket(leaky_bucket::State {
+                level: 2,
+                last: Micros::new(11),
+            }),
+            State::Gcra(gcra::State {
+                tat: Micros::new(123),
+            }),
         ];
         let m = Mirror::default();
         for (i, algo) in states.into_iter().enumerate() {
             let h = 0xABCD_0000 + i as u64;
-            m.write(h, Some((&state(algo.clone(), marks), 99)));
+            m.write(h, Some((&state(algo.clone(), marks), Micros::new(99))));
             let got = m.read(h).expect("just written");
-            assert_eq!((got.algo, got.marks, got.expires), (algo, marks, 99));
+            assert_eq!(
+                (got.algo, got.marks, got.expires),
+                (algo, marks, Micros::new(99))
+            );
         }
     }
 
     #[test]
     fn removal_and_clear_forget_and_other_keys_miss() {
         let m = Mirror::default();
-        let s = state(State::Gcra(gcra::State { tat: 1 }), Marks::default());
-        m.write(42, Some((&s, 10)));
+        let s = state(
+            State::Gcra(gcra::State {
+                tat: Micros::new(1),
+            }),
+            Marks::default(),
+        );
+        m.write(42, Some((&s, Micros::new(10))));
         assert!(m.read(42).is_some());
         assert!(m.read(42 ^ (1 << 20)).is_none(), "same entry, other key");
         m.write(42, None);
         assert!(m.read(42).is_none());
-        m.write(42, Some((&s, 10)));
+        m.write(42, Some((&s, Micros::new(10))));
         m.clear();
         assert!(m.read(42).is_none());
     }
@@ -205,14 +221,19 @@ mod tests {
     #[test]
     fn a_log_or_leases_are_never_mirrored() {
         let m = Mirror::default();
-        let gcra = state(State::Gcra(gcra::State { tat: 1 }), Marks::default());
-        m.write(42, Some((&gcra, 10)));
+        let gcra = state(
+            State::Gcra(gcra::State {
+                tat: Micros::new(1),
+            }),
+            Marks::default(),
+        );
+        m.write(42, Some((&gcra, Micros::new(10))));
         let log = state(State::SlidingWindowLog(Box::default()), Marks::default());
-        m.write(42, Some((&log, 10)));
+        m.write(42, Some((&log, Micros::new(10))));
         assert!(m.read(42).is_none(), "the stale copy must be gone");
-        m.write(42, Some((&gcra, 10)));
+        m.write(42, Some((&gcra, Micros::new(10))));
         let leases = state(State::Concurrency(Box::default()), Marks::default());
-        m.write(42, Some((&leases, 10)));
+        m.write(42, Some((&leases, Micros::new(10))));
         assert!(m.read(42).is_none(), "leases are never mirrored either");
     }
 }

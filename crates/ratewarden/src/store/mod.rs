@@ -212,9 +212,9 @@ impl<P: Store> Store for Fallback<P> {
                         check: crate::algorithm::Check {
                             allowed: true,
                             remaining: op.rule.limit(),
-                            reset_after: 0,
-                            retry_after: 0,
-                            delay: 0,
+                            reset_after: crate::clock::Micros::ZERO,
+                            retry_after: crate::clock::Micros::ZERO,
+                            delay: crate::clock::Micros::ZERO,
                         },
                         reason: None,
                         lease: None,

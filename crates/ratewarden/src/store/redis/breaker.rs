@@ -11,8 +11,8 @@ use std::sync::Arc;
 use crate::clock::{Clock, Micros};
 
 const THRESHOLD: u32 = 3;
-const MIN_BACKOFF: Micros = 100_000;
-const MAX_BACKOFF: Micros = 5_000_000;
+const MIN_BACKOFF: Micros = Micros::from_millis(100);
+const MAX_BACKOFF: Micros = Micros::from_secs(5);
 
 /// What the breaker did with a call, for the caller to log a change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +46,7 @@ impl Breaker {
             state: parking_lot::Mutex::new(State {
                 failures: 0,
                 open_until: None,
-                opened_at: 0,
+                opened_at: Micros::ZERO,
                 backoff: MIN_BACKOFF,
                 probing: false,
             }),
@@ -126,7 +126,7 @@ mod tests {
         assert!(!b.admit(), "the backoff doubled to 200 ms");
         clock.advance(Duration::from_millis(1));
         assert!(b.admit());
-        assert_eq!(b.success(), Change::Closed(300_000));
+        assert_eq!(b.success(), Change::Closed(Micros::from_millis(300)));
         assert!(b.admit() && !b.is_open());
     }
 }

@@ -28,7 +28,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, Micros, SystemClock};
 use crate::rule::Verdict;
 use crate::store::{KeyInfo, Mode, Op, Store, StoreError};
 use breaker::Breaker;
@@ -237,7 +237,7 @@ impl RedisStore {
             .config
             .local_clock
             .as_ref()
-            .map_or(0, |c| c.now());
+            .map_or(Micros::ZERO, |c| c.now());
         for a in argv(ops, mode, now) {
             inv.arg(a);
         }

@@ -3,7 +3,7 @@
 //! the reply read back.
 
 use crate::algorithm::{Check, NEVER};
-use crate::clock::micros;
+use crate::clock::{Micros, micros};
 use crate::rule::{Counting, Reason, Verdict};
 use crate::store::Op;
 
@@ -55,23 +55,23 @@ pub const REPLY: usize = 7;
 pub type Call<'a> = (Op<'a>, u64, u64);
 
 /// The ARGV of a call of `ops`, at `now` (0: Redis's `TIME`).
-pub fn argv(ops: &[Call<'_>], mode: Mode, now: u64) -> Vec<i64> {
+pub fn argv(ops: &[Call<'_>], mode: Mode, now: Micros) -> Vec<i64> {
     let mut out = Vec::with_capacity(3 + ops.len() * FIELDS);
     let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    out.extend([mode as i64, ops.len() as i64, n(now)]);
+    out.extend([mode as i64, ops.len() as i64, n(now.get())]);
     for (op, cost, lease) in ops {
         let spec = op.rule.spec();
         let (kind, p) = op.rule.params().script_params();
         out.push(i64::from(kind));
         // u64::MAX marks "none" (leaky bucket reject mode): -1.
         out.extend(p.map(|v| if v == u64::MAX { -1 } else { n(v) }));
-        out.push(n(spec.min_interval.map_or(0, micros)));
+        out.push(n(spec.min_interval.map_or(0, |d| micros(d).get())));
         match &spec.penalty {
             Some(pen) => out.extend([
-                n(micros(pen.duration)),
+                n(micros(pen.duration).get()),
                 i64::from(pen.multiplier),
-                n(micros(pen.max)),
-                n(micros(pen.memory)),
+                n(micros(pen.max).get()),
+                n(micros(pen.memory).get()),
             ]),
             None => out.extend([0, 1, 0, 0]),
         }
@@ -98,15 +98,16 @@ pub fn verdicts(raw: &[i64], n: usize) -> Result<Vec<Verdict>, String> {
         return Err(format!("script returned {} values for {n} ops", raw.len()));
     }
     let u = |v: i64| u64::try_from(v).unwrap_or(0);
+    let us = |v: i64| Micros::new(u(v));
     Ok(raw
         .chunks(REPLY)
         .map(|c| Verdict {
             check: Check {
                 allowed: c[0] == 1,
                 remaining: u(c[2]),
-                reset_after: u(c[3]),
-                retry_after: if c[4] < 0 { NEVER } else { u(c[4]) },
-                delay: u(c[5]),
+                reset_after: us(c[3]),
+                retry_after: if c[4] < 0 { NEVER } else { us(c[4]) },
+                delay: us(c[5]),
             },
             reason: match c[1] {
                 0 => None,
