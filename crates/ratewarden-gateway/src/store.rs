@@ -66,6 +66,11 @@ impl AnyStore {
     }
 }
 
+// The Redis futures are boxed: a Redis call's future is about 2 KB, and an
+// unboxed one makes every store future that size, memory store included.
+// Each request's admission future holds one and is moved while it is built,
+// which measurably cost the memory store's forwarding path (BENCHMARKS.md,
+// "one admission path"); the allocation is nothing next to a round trip.
 impl Store for AnyStore {
     async fn decide(
         &self,
@@ -75,42 +80,42 @@ impl Store for AnyStore {
     ) -> Result<Vec<Verdict>, StoreError> {
         match self {
             AnyStore::Memory(s) => Ok(s.decide_now(ops, weight, mode)),
-            AnyStore::Redis(s) => s.decide(ops, weight, mode).await,
+            AnyStore::Redis(s) => Box::pin(s.decide(ops, weight, mode)).await,
         }
     }
 
     async fn settle(&self, ops: &[Op<'_>], weight: u64, failure: bool) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(s) => s.settle(ops, weight, failure).await,
-            AnyStore::Redis(s) => s.settle(ops, weight, failure).await,
+            AnyStore::Redis(s) => Box::pin(s.settle(ops, weight, failure)).await,
         }
     }
 
     async fn release(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(s) => s.release(leases).await,
-            AnyStore::Redis(s) => s.release(leases).await,
+            AnyStore::Redis(s) => Box::pin(s.release(leases)).await,
         }
     }
 
     async fn inspect(&self, op: Op<'_>) -> Result<KeyInfo, StoreError> {
         match self {
             AnyStore::Memory(s) => s.inspect(op).await,
-            AnyStore::Redis(s) => s.inspect(op).await,
+            AnyStore::Redis(s) => Box::pin(s.inspect(op)).await,
         }
     }
 
     async fn clear(&self, op: Op<'_>) -> Result<bool, StoreError> {
         match self {
             AnyStore::Memory(s) => s.clear(op).await,
-            AnyStore::Redis(s) => s.clear(op).await,
+            AnyStore::Redis(s) => Box::pin(s.clear(op)).await,
         }
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(s) => s.ping().await,
-            AnyStore::Redis(s) => s.ping().await,
+            AnyStore::Redis(s) => Box::pin(s.ping()).await,
         }
     }
 }

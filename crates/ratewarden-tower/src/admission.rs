@@ -229,7 +229,7 @@ impl Policy {
     /// Stage 2: the rules `facts` falls under, with their keys. None for a
     /// client that is not limited.
     pub fn matching(&self, facts: &Facts<'_>, who: Who) -> Matched<'_> {
-        let mut keyed = SmallVec::<[Keyed; 4]>::new();
+        let mut keyed = SmallVec::<[Keyed; 2]>::new();
         if who.limited {
             for (i, r) in self.rules.iter().enumerate() {
                 if !r.matcher.matches(facts.method, facts.path) {
@@ -238,7 +238,7 @@ impl Policy {
                 let key =
                     (r.key != [KeyPart::Identity]).then(|| key_of(&r.key, &who.identity, facts));
                 keyed.push(Keyed {
-                    rule: i,
+                    rule: i as u32,
                     key,
                     by_identity: r.grouped_by_identity(),
                 });
@@ -263,9 +263,11 @@ impl Policy {
         mode: Mode,
     ) -> Result<Admitted<'_>, Refusal> {
         let who = self.identify(facts)?;
-        self.matching(facts, who)
-            .decide(limiter, weight, mode)
-            .await
+        // Built in place and decided through `&mut`: an admission moved
+        // into and out of nested futures is copied at each step.
+        let mut admitted = Admitted::new(self.matching(facts, who));
+        admitted.decide(limiter, weight, mode).await?;
+        Ok(admitted)
     }
 
     /// One named rule on one key, as an admin caller asks (`/v1/check`,
@@ -296,7 +298,7 @@ impl Policy {
             None => String::new(),
         };
         keyed.push(Keyed {
-            rule: i,
+            rule: i as u32,
             key: (key != identity).then_some(key),
             by_identity: r.grouped_by_identity() && group == identity,
         });
@@ -360,7 +362,8 @@ fn key_of(parts: &[KeyPart], identity: &str, facts: &Facts<'_>) -> String {
 /// identity: those borrow it rather than copy it per rule and request.
 #[derive(Debug, Clone)]
 struct Keyed {
-    rule: usize,
+    /// Index into the policy's rules (u32 keeps `Keyed` at 32 bytes).
+    rule: u32,
     /// `None`: the identity itself.
     key: Option<String>,
     /// The group is the identity, else the key (see [`PolicyRule::group`]).
@@ -386,8 +389,10 @@ impl Keyed {
 pub struct Matched<'p> {
     policy: &'p Policy,
     who: Who,
-    /// Inline for up to 4 matching rules: no allocation per request.
-    keyed: SmallVec<[Keyed; 4]>,
+    /// Inline for up to 2 matching rules: no allocation per request for
+    /// most. (Small on purpose: an admission is moved through a few
+    /// futures per request, and each move copies it.)
+    keyed: SmallVec<[Keyed; 2]>,
 }
 
 impl<'p> Matched<'p> {
@@ -401,15 +406,21 @@ impl<'p> Matched<'p> {
         let id = &self.who.identity;
         self.keyed
             .iter()
-            .map(move |k| (&self.policy.rules[k.rule], k.key(id)))
+            .map(move |k| (&self.policy.rules[k.rule as usize], k.key(id)))
     }
 
     /// The store ops of the matching rules.
-    pub fn ops(&self) -> SmallVec<[Op<'_>; 4]> {
+    pub fn ops(&self) -> SmallVec<[Op<'_>; 2]> {
         let id = &self.who.identity;
         self.keyed
             .iter()
-            .map(|k| Op::grouped(&self.policy.rules[k.rule].rule, k.key(id), k.group(id)))
+            .map(|k| {
+                Op::grouped(
+                    &self.policy.rules[k.rule as usize].rule,
+                    k.key(id),
+                    k.group(id),
+                )
+            })
             .collect()
     }
 
@@ -422,29 +433,8 @@ impl<'p> Matched<'p> {
         weight: u64,
         mode: Mode,
     ) -> Result<Admitted<'p>, Refusal> {
-        let mut admitted = Admitted {
-            decision: None,
-            matched: self,
-            pending: None,
-        };
-        if admitted.matched.keyed.is_empty() {
-            return Ok(admitted);
-        }
-        let ops = admitted.matched.ops();
-        let verdicts = limiter
-            .store()
-            .decide(&ops, weight, mode)
-            .await
-            .map_err(Refusal::Unavailable)?;
-        let d = ratewarden::assemble(&ops, &verdicts);
-        if !d.allowed {
-            return Err(Refusal::Limited(d));
-        }
-        if mode == Mode::Apply {
-            admitted.pending = ratewarden::pending(&ops, &verdicts, weight);
-        }
-        drop(ops);
-        admitted.decision = Some(d);
+        let mut admitted = Admitted::new(self);
+        admitted.decide(limiter, weight, mode).await?;
         Ok(admitted)
     }
 }
@@ -456,10 +446,47 @@ pub struct Admitted<'p> {
     /// rule matched.
     pub decision: Option<Decision>,
     matched: Matched<'p>,
-    pending: Option<Pending>,
+    /// Boxed: present only with `count: failures` or `concurrency` rules.
+    pending: Option<Box<Pending>>,
 }
 
 impl<'p> Admitted<'p> {
+    fn new(matched: Matched<'p>) -> Self {
+        Self {
+            decision: None,
+            matched,
+            pending: None,
+        }
+    }
+
+    /// Stage 3 (see [`Matched::decide`]), recording the decision here.
+    async fn decide<S: Store>(
+        &mut self,
+        limiter: &Limiter<S>,
+        weight: u64,
+        mode: Mode,
+    ) -> Result<(), Refusal> {
+        if self.matched.keyed.is_empty() {
+            return Ok(());
+        }
+        let ops = self.matched.ops();
+        let verdicts = limiter
+            .store()
+            .decide(&ops, weight, mode)
+            .await
+            .map_err(Refusal::Unavailable)?;
+        let d = ratewarden::assemble(&ops, &verdicts);
+        if !d.allowed {
+            return Err(Refusal::Limited(d));
+        }
+        if mode == Mode::Apply {
+            self.pending = ratewarden::pending(&ops, &verdicts, weight).map(Box::new);
+        }
+        drop(ops);
+        self.decision = Some(d);
+        Ok(())
+    }
+
     /// The rules and keys it was decided under.
     pub fn matched(&self) -> &Matched<'p> {
         &self.matched
@@ -480,12 +507,12 @@ impl<'p> Admitted<'p> {
         status: StatusCode,
         classify: Option<&(dyn Fn(StatusCode) -> Option<bool> + Send + Sync)>,
     ) -> Result<(), StoreError> {
-        if !self.pending.as_ref().is_some_and(Pending::awaits_outcome) {
+        if !self.pending.as_deref().is_some_and(Pending::awaits_outcome) {
             return Ok(());
         }
         let id = &self.matched.who.identity;
         for k in &self.matched.keyed {
-            let r = &self.matched.policy.rules[k.rule];
+            let r = &self.matched.policy.rules[k.rule as usize];
             if !r.rule.counts_failures() {
                 continue;
             }
@@ -505,7 +532,7 @@ impl<'p> Admitted<'p> {
     /// (A front end whose request may be dropped before it ends takes a
     /// [`Held`] instead.)
     pub async fn release<S: Store>(&mut self, limiter: &Limiter<S>) -> Result<(), StoreError> {
-        match self.pending.as_mut().and_then(Pending::take_leases) {
+        match self.pending.as_deref_mut().and_then(Pending::take_leases) {
             Some(p) => limiter.release(&p).await,
             None => Ok(()),
         }

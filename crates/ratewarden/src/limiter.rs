@@ -154,6 +154,11 @@ impl<S: Store> Limiter<S> {
 /// What an admitted request leaves to settle: its `count: failures` ops and
 /// the leases its `concurrency` ops took; `None` when there is nothing.
 pub fn pending(ops: &[Op<'_>], verdicts: &[Verdict], weight: u64) -> Option<Pending> {
+    // Most requests leave nothing pending: say so without building anything.
+    if !ops.iter().any(|op| op.rule.counts_failures()) && verdicts.iter().all(|v| v.lease.is_none())
+    {
+        return None;
+    }
     let failures: Vec<_> = ops
         .iter()
         .filter(|op| op.rule.counts_failures())

@@ -109,7 +109,7 @@ impl Edge {
 /// a bracketed IPv6 literal, or a reg-name / IPv4 of unreserved,
 /// percent-encoded and sub-delim characters), not empty.
 pub fn valid_host(v: &[u8]) -> bool {
-    let (host, port) = match v.first() {
+    let port = match v.first() {
         Some(b'[') => match v.iter().position(|&b| b == b']') {
             Some(end) => {
                 let inner = &v[1..end];
@@ -120,23 +120,29 @@ pub fn valid_host(v: &[u8]) -> bool {
                 {
                     return false;
                 }
-                (&v[..=end], &v[end + 1..])
+                &v[end + 1..]
             }
             None => return false,
         },
-        _ => match v.iter().position(|&b| b == b':') {
-            Some(colon) => (&v[..colon], &v[colon..]),
-            None => (v, &b""[..]),
-        },
+        None => return false,
+        // One pass over a reg-name or IPv4 address up to a `:`: this runs
+        // on every request.
+        Some(_) => {
+            let mut i = 0;
+            while i < v.len() && REG_NAME[usize::from(v[i])] {
+                i += 1;
+            }
+            if i == 0 {
+                return false;
+            }
+            &v[i..]
+        }
     };
-    let port_ok = match port {
+    match port {
         [] => true,
         [b':', digits @ ..] => digits.len() <= 5 && digits.iter().all(u8::is_ascii_digit),
         _ => false,
-    };
-    let host_ok = host.first() == Some(&b'[')
-        || (!host.is_empty() && host.iter().all(|&b| REG_NAME[usize::from(b)]));
-    host_ok && port_ok
+    }
 }
 
 /// The bytes of a reg-name or IPv4 address: unreserved, `%` (of an
@@ -190,7 +196,11 @@ pub fn rule_path<'t>(method: &Method, target: &'t str) -> Result<Cow<'t, str>, E
             Err(Edge::Asterisk)
         };
     }
-    let raw = target.split_once('?').map_or(target, |(p, _)| p);
+    // (A byte search: `split_once` costs more than the rest for a short path.)
+    let raw = match target.bytes().position(|b| b == b'?') {
+        Some(q) => &target[..q],
+        None => target,
+    };
     path::normalize(raw).map_err(Edge::Path)
 }
 

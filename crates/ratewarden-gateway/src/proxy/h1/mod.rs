@@ -317,10 +317,14 @@ where
         };
         let admitted = gw.admit(&live, &facts).await;
         drop(path);
-        let rewritten = match forward::upstream_target(target, live.config.upstream_path) {
-            Ok(std::borrow::Cow::Owned(t)) => Ok(Some(t)),
-            Ok(std::borrow::Cow::Borrowed(_)) => Ok(None),
-            Err(e) => Err(e),
+        // Only what goes upstream needs its target rewritten.
+        let rewritten = match &admitted {
+            Err(_) => Ok(None),
+            Ok(_) => match forward::upstream_target(target, live.config.upstream_path) {
+                Ok(std::borrow::Cow::Owned(t)) => Ok(Some(t)),
+                Ok(std::borrow::Cow::Borrowed(_)) => Ok(None),
+                Err(e) => Err(e),
+            },
         };
         let keep = match (admitted, rewritten) {
             (Err(Refusal::Limited(d)), _) => {
