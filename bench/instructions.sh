@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# User-space instructions per request of two ratewarden builds on one config,
+# counted by valgrind's callgrind: unlike CPU time, a count that does not
+# drift from run to run, so a change of 1% shows.
+#
+#   bash bench/instructions.sh CONFIG.yaml BIN_A BIN_B   # N1=500 N2=2500 requests
+#
+# Each build runs as a proxy (--workers 1) under callgrind, collecting only
+# inside `serve_connection` (one client connection's task: parsing, the
+# decision, the upstream exchange, the answer; not the kernel, not timers or
+# start-up), in front of an nginx `return 200` origin, and h2load sends N1
+# then, on a fresh process, N2 requests over 4 kept-alive HTTP/1.1
+# connections. (count(N2) - count(N1)) / (N2 - N1) is the cost of one
+# request, connection set-up cancelled out. Prints it per build and B / A.
+# Everything on 127.0.0.1; each run stops when h2load is done.
+set -euo pipefail
+CONF=$1; A=$2; B=$3; N1=${N1:-500}; N2=${N2:-2500}
+. "$(dirname "$0")/lib.sh"
+install_missing nginx:nginx-light valgrind:valgrind h2load:nghttp2-client
+UP=$(port)
+origin_conf "$WORK/origin" "$UP"
+nginx -p "$WORK/origin" -c "$WORK/origin/nginx.conf" & PIDS+=($!)
+wait_port "$UP"
+
+# count BIN N: instructions inside serve_connection for N requests.
+count() {
+  local rw out=$WORK/cg.out
+  rw=$(port)
+  RUST_LOG=off valgrind --tool=callgrind --toggle-collect='*serve_connection*' \
+    --callgrind-out-file="$out" "$1" serve -c "$CONF" --listen 127.0.0.1:$rw \
+    --upstream http://127.0.0.1:$UP --workers 1 > /dev/null 2> "$WORK/valgrind.log" &
+  local p=$!
+  for _ in $(seq 300); do (echo > /dev/tcp/127.0.0.1/$rw) 2>/dev/null && break; sleep 0.1; done
+  h2load --h1 -n "$2" -c 4 -m 1 "http://127.0.0.1:$rw/" | grep -q "$2 succeeded\|$2 done" \
+    || { echo "h2load did not complete $2 requests" >&2; exit 1; }
+  kill -INT $p; wait $p 2>/dev/null || true
+  awk '/^summary:/ {print $2}' "$out"
+}
+
+per_request() {
+  local a b
+  a=$(count "$1" "$N1"); b=$(count "$1" "$N2")
+  echo $(( (b - a) / (N2 - N1) ))
+}
+
+ia=$(per_request "$A"); ib=$(per_request "$B")
+printf '%-40s %8d instructions/request\n' "$A" "$ia" "$B" "$ib"
+awk -v a="$ia" -v b="$ib" 'BEGIN { printf "B / A = %.3f\n", b / a }'
