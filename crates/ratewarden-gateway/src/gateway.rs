@@ -105,7 +105,7 @@ impl Gateway {
         clock: Option<Arc<dyn ratewarden::clock::Clock>>,
     ) -> Result<Arc<Self>, ratewarden::StoreError> {
         let store = AnyStore::new(&config.store, clock.clone())?;
-        let pool = pool_for(&config.upstream, None);
+        let pool = pool_for(&config, None);
         let metrics = Metrics::default();
         let live = Live::new(config, Arc::new(Limiter::new(store)), pool, &metrics);
         Ok(Arc::new(Self {
@@ -134,7 +134,7 @@ impl Gateway {
             )?))
         };
         // Same upstream: keep its warm connections.
-        let pool = pool_for(&config.upstream, old.pool.as_ref());
+        let pool = pool_for(&config, old.pool.as_ref());
         self.live
             .store(Arc::new(Live::new(config, limiter, pool, &self.metrics)));
         Ok(())
@@ -215,9 +215,10 @@ impl Gateway {
     }
 }
 
-/// The pool for `upstream`: `old` when it already serves that address.
-fn pool_for(upstream: &Upstream, old: Option<&Arc<Pool>>) -> Option<Arc<Pool>> {
-    let Upstream::Url(base) = upstream else {
+/// The pool for the configured upstream: `old` when it already serves that
+/// address with the same TLS client.
+fn pool_for(config: &Config, old: Option<&Arc<Pool>>) -> Option<Arc<Pool>> {
+    let Upstream::Url(base) = &config.upstream else {
         return None;
     };
     let name = base.host().unwrap_or("127.0.0.1");
@@ -233,8 +234,11 @@ fn pool_for(upstream: &Upstream, old: Option<&Arc<Pool>>) -> Option<Arc<Pool>> {
     let host = base
         .authority()
         .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+    let tls = config.upstream_tls.clone();
     match old {
-        Some(p) if p.addr() == addr && p.host() == host.as_ref() => Some(p.clone()),
-        _ => Some(Pool::new(addr, host)),
+        Some(p) if p.addr() == addr && p.host() == host.as_ref() && p.tls() == tls.as_ref() => {
+            Some(p.clone())
+        }
+        _ => Some(Pool::new(addr, host, tls)),
     }
 }

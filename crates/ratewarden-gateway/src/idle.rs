@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::stream::ClientIo;
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
 /// How long a connection may sit without any I/O while no request of it is
@@ -96,7 +96,14 @@ impl<S> Watched<S> {
     }
 }
 
-impl Watched<TcpStream> {
+impl<S> Watched<S> {
+    /// The stream inside.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl Watched<ClientIo> {
     /// Waits until a read would not block, with no buffer to read into.
     /// (`poll_read_ready` uses the stream's own reader waker slot;
     /// `TcpStream::readable` queues a waiter under the driver's lock, which

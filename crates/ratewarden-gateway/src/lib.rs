@@ -13,4 +13,6 @@ pub mod metrics;
 pub mod proxy;
 pub mod server;
 pub mod store;
+pub mod stream;
+pub mod tls;
 pub mod upstream;

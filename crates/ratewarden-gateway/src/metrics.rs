@@ -83,6 +83,8 @@ pub struct Metrics {
     reloads_failed: AtomicU64,
     /// Store errors not counted by the store itself (e.g. a failed settle).
     store_errors: AtomicU64,
+    /// TLS handshakes with clients that failed or timed out.
+    tls_failures: AtomicU64,
     bans: Mutex<HashMap<(String, String), Instant>>,
 }
 
@@ -123,6 +125,11 @@ impl Metrics {
     /// A store error the store did not count itself.
     pub fn store_error(&self) {
         self.store_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A client's TLS handshake failed or timed out.
+    pub fn tls_failure(&self) {
+        self.tls_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A key is banned until `until`.
@@ -167,6 +174,11 @@ impl Metrics {
         let _ = writeln!(
             out,
             "# HELP ratewarden_store_errors_total Decisions the store could not make.\n# TYPE ratewarden_store_errors_total counter\nratewarden_store_errors_total {errors}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ratewarden_tls_handshake_failures_total Client TLS handshakes that failed or timed out.\n# TYPE ratewarden_tls_handshake_failures_total counter\nratewarden_tls_handshake_failures_total {}",
+            self.tls_failures.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             out,

@@ -10,7 +10,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::{TcpListener, TcpStream};
+use rustls::ServerConfig;
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -18,6 +19,7 @@ use crate::config::{self, Config, Overrides};
 use crate::gateway::Gateway;
 use crate::idle::{Activity, Watched, run_until_idle};
 use crate::proxy;
+use crate::stream::ClientIo;
 
 /// A client connection being served, to its end.
 type BoxFuture = std::pin::Pin<
@@ -115,7 +117,7 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     let mut tasks = vec![];
     {
         let gw = gateway.clone();
-        let proxy = Some(gw.clone());
+        let tls = Tls::of(&gateway, |c| c.tls.as_ref());
         tasks.push(tokio::spawn(serve(
             listener,
             stopped.clone(),
@@ -124,11 +126,14 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
                 let gw = gw.clone();
                 async move { gw.handle(req, peer).await }
             },
-            proxy,
+            gateway.clone(),
+            true,
+            tls,
         )));
     }
     if let Some(l) = admin_listener {
         let gw = gateway.clone();
+        let tls = Tls::of(&gateway, |c| c.admin_tls.as_ref());
         tasks.push(tokio::spawn(serve(
             l,
             stopped.clone(),
@@ -137,7 +142,9 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
                 let gw = gw.clone();
                 async move { crate::admin::handle(&gw, req).await }
             },
-            None,
+            gateway.clone(),
+            false,
+            tls,
         )));
     }
     // Take over SIGHUP before `start` returns, not when the housekeeping task
@@ -159,6 +166,35 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     })
 }
 
+/// A TLS listener's certificates, read from the config in force at each
+/// accept: a reloaded certificate serves the next connection, and the ones
+/// already open keep theirs. Whether a listener speaks TLS is fixed at
+/// start (like its address); a reload that drops `tls` keeps the last one.
+struct Tls {
+    current: fn(&Config) -> Option<&crate::tls::ServerTls>,
+    last: parking_lot::Mutex<Arc<ServerConfig>>,
+}
+
+impl Tls {
+    fn of(gw: &Gateway, current: fn(&Config) -> Option<&crate::tls::ServerTls>) -> Option<Self> {
+        let live = gw.live();
+        let first = current(&live.config)?.config.clone();
+        Some(Self {
+            current,
+            last: parking_lot::Mutex::new(first),
+        })
+    }
+
+    fn config(&self, gw: &Gateway) -> Arc<ServerConfig> {
+        let live = gw.live();
+        let mut last = self.last.lock();
+        if let Some(t) = (self.current)(&live.config) {
+            *last = t.config.clone();
+        }
+        last.clone()
+    }
+}
+
 /// The client timeouts a listener applies, read at start.
 #[derive(Clone, Copy)]
 struct Timeouts {
@@ -170,15 +206,20 @@ struct Timeouts {
 }
 
 /// Accepts connections (HTTP/1 and HTTP/2) until told to stop, then drains;
-/// closes connections idle for `timeouts.idle` (see [`crate::idle`]). With `proxy`,
-/// connections start on the gateway's own HTTP/1.1 path ([`crate::proxy`])
-/// and go over to hyper and `handler` for what that path does not take.
+/// closes connections idle for `timeouts.idle` (see [`crate::idle`]). With
+/// `proxy`, HTTP/1 connections start on the gateway's own HTTP/1.1 path
+/// ([`crate::proxy`]) and go over to hyper and `handler` for what that path
+/// does not take. With `tls`, each connection's handshake comes first, in
+/// its own task, within `client_header_timeout`; ALPN `h2` goes to hyper.
+#[allow(clippy::too_many_arguments)]
 async fn serve<F, Fut>(
     listener: TcpListener,
     mut stop: watch::Receiver<bool>,
     timeouts: Timeouts,
     handler: F,
-    proxy: Option<Arc<Gateway>>,
+    gw: Arc<Gateway>,
+    proxy: bool,
+    tls: Option<Tls>,
 ) where
     F: Fn(http::Request<hyper::body::Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = http::Response<crate::gateway::Body>> + Send + 'static,
@@ -222,25 +263,44 @@ async fn serve<F, Fut>(
                         Ok::<_, Infallible>(resp)
                     }
                 });
-                let io = Watched::new(stream, activity.clone());
                 // Taken now, not when hyper gets the connection: a shutdown
                 // signalled in between is then still seen (see `watcher`).
                 let watcher = graceful.watcher();
                 let builder = builder.clone();
-                let hyper = move |io: Watched<TcpStream>| {
+                let hyper = move |io: Watched<ClientIo>| {
                     watcher.watch(builder.serve_connection(TokioIo::new(io), svc).into_owned())
                 };
-                let conn: BoxFuture = match &proxy {
-                    Some(gw) => Box::pin(proxy::serve_connection(
-                        gw.clone(),
-                        io,
-                        peer,
-                        stop.clone(),
-                        hyper,
-                    )),
-                    None => Box::pin(hyper(io)),
-                };
+                let acceptor = tls.as_ref().map(|t| tokio_rustls::TlsAcceptor::from(t.config(&gw)));
+                let (gw, stop) = (gw.clone(), stop.clone());
                 tokio::spawn(async move {
+                    let io = match acceptor {
+                        None => ClientIo::Plain(stream),
+                        Some(acceptor) => {
+                            match tokio::time::timeout(timeouts.head, acceptor.accept(stream)).await {
+                                Ok(Ok(s)) => ClientIo::Tls(Box::new(s)),
+                                // A client's doing (a scanner, a wrong
+                                // name or version): counted, logged at
+                                // debug, as nginx logs them at info.
+                                Ok(Err(e)) => {
+                                    gw.metrics.tls_failure();
+                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => {
+                                    gw.metrics.tls_failure();
+                                    tracing::debug!(%peer, "TLS handshake timed out");
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    let h2 = io.is_h2();
+                    let io = Watched::new(io, activity.clone());
+                    let conn: BoxFuture = if proxy && !h2 {
+                        Box::pin(proxy::serve_connection(gw, io, peer, stop, hyper))
+                    } else {
+                        Box::pin(hyper(io))
+                    };
                     match run_until_idle(conn, activity, idle).await {
                         Some(Err(e)) => {
                             tracing::debug!(error = %e, "connection ended with an error");
@@ -272,6 +332,7 @@ async fn housekeeping(
         (None, Some(p)) => std::fs::read_to_string(p).ok(),
         (None, None) => None,
     };
+    let mut files = tls_fingerprint(&gw.live().config);
     let mut poll = tokio::time::interval(Duration::from_millis(500));
     let mut purge = tokio::time::interval(Duration::from_secs(10));
     loop {
@@ -291,6 +352,7 @@ async fn housekeeping(
                     last = tokio::fs::read_to_string(path).await.ok();
                 }
                 reload(&gw, &source, last.as_deref());
+                files = tls_fingerprint(&gw.live().config);
             }
             _ = poll.tick() => {
                 let Some(path) = &source.path else { continue };
@@ -300,6 +362,21 @@ async fn housekeeping(
                 if now.is_some() && now != last {
                     tracing::info!(file = %path.display(), "config file changed: reloading");
                     last = now;
+                    reload(&gw, &source, last.as_deref());
+                    files = tls_fingerprint(&gw.live().config);
+                    continue;
+                }
+                // A certificate renewed in place (certbot, cert-manager)
+                // reloads the config as an edit of the file would; a pair
+                // caught half-written fails, is logged, and is tried
+                // again when the next write lands.
+                let config = gw.live().config.clone();
+                let now_files = tokio::task::spawn_blocking(move || tls_fingerprint(&config))
+                    .await
+                    .unwrap_or(files);
+                if now_files != files {
+                    tracing::info!("a TLS certificate, key or CA file changed: reloading");
+                    files = now_files;
                     reload(&gw, &source, last.as_deref());
                 }
             }
@@ -313,6 +390,16 @@ async fn housekeeping(
             }
         }
     }
+}
+
+/// A fingerprint of the contents of every TLS file `config` read.
+fn tls_fingerprint(config: &Config) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    for f in &config.tls_files {
+        std::fs::read(f).ok().hash(&mut h);
+    }
+    h.finish()
 }
 
 /// Validates `text` and swaps it in; an invalid config is logged and ignored.
@@ -330,9 +417,11 @@ pub fn reload(gw: &Gateway, source: &Source, text: Option<&str>) -> bool {
             let old = gw.live();
             if cfg.listen != old.config.listen
                 || cfg.admin.as_ref().map(|a| a.0) != old.config.admin.as_ref().map(|a| a.0)
+                || cfg.tls.is_some() != old.config.tls.is_some()
+                || cfg.admin_tls.is_some() != old.config.admin_tls.is_some()
             {
                 tracing::warn!(
-                    "listen addresses changed: they take effect on restart; everything else applies now"
+                    "listen addresses, or TLS on or off, changed: they take effect on restart; everything else applies now (certificates included)"
                 );
             }
             match gw.swap(cfg) {

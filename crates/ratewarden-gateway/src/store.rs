@@ -35,13 +35,18 @@ impl AnyStore {
                 key_prefix,
                 timeout,
                 on_error,
+                tls,
             } => {
+                // The Redis client builds its rustls config from the
+                // process's provider.
+                crate::tls::install_provider();
                 let redis = RedisStore::new(RedisConfig {
                     url: url.clone(),
                     cluster: cluster.clone(),
                     key_prefix: key_prefix.clone(),
                     timeout: *timeout,
                     local_clock: None,
+                    tls: tls.clone(),
                 })?;
                 AnyStore::Redis(Fallback::new(redis, *on_error, MemoryStore::default()))
             }

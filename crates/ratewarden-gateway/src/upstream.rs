@@ -25,6 +25,9 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+use crate::stream::UpstreamIo;
+use crate::tls::ClientTls;
+
 /// Idle connections kept per upstream (more are opened under load, and
 /// closed when they come back to a full pool).
 const MAX_IDLE: usize = 512;
@@ -38,6 +41,15 @@ pub enum UpstreamError {
         /// `host:port`.
         addr: String,
         /// The cause.
+        source: std::io::Error,
+    },
+    /// The TLS handshake failed (the upstream's certificate is not
+    /// trusted, names another host, or the upstream refused ours).
+    #[error("TLS handshake with {addr}: {source}")]
+    Tls {
+        /// `host:port`.
+        addr: String,
+        /// The cause (rustls's error inside).
         source: std::io::Error,
     },
     /// The HTTP exchange failed.
@@ -62,49 +74,63 @@ struct Link {
 pub struct Pool {
     addr: String,
     host: Option<HeaderValue>,
+    /// For an https upstream: the client and the connector built on it.
+    tls: Option<(ClientTls, tokio_rustls::TlsConnector)>,
     idle: Mutex<Vec<Link>>,
     /// Idle connections of the HTTP/1.1 path ([`crate::proxy`]), which
     /// speaks to the upstream itself.
-    streams: Mutex<Vec<TcpStream>>,
+    streams: Mutex<Vec<UpstreamIo>>,
 }
 
 impl Pool {
     /// A pool for `addr` (`host:port`), empty until the first request;
-    /// `host` is the `Host` header requests to it carry.
-    pub fn new(addr: String, host: Option<HeaderValue>) -> Arc<Self> {
+    /// `host` is the `Host` header requests to it carry; with `tls`, its
+    /// connections are TLS.
+    pub fn new(addr: String, host: Option<HeaderValue>, tls: Option<ClientTls>) -> Arc<Self> {
+        let tls = tls.map(|t| {
+            let connector = tokio_rustls::TlsConnector::from(t.config.clone());
+            (t, connector)
+        });
         Arc::new(Self {
             addr,
             host,
+            tls,
             idle: Mutex::new(Vec::new()),
             streams: Mutex::new(Vec::new()),
         })
     }
 
-    /// An idle connection of the HTTP/1.1 path, if any. Connections that
-    /// became readable while idle are dropped: an idle connection has nothing
-    /// to read but the upstream's close (or garbage). This asks tokio's
-    /// readiness, which the reactor set when the event arrived: no system
-    /// call. A close still in flight is caught by the caller's retry.
-    pub fn take_stream(&self) -> Option<TcpStream> {
-        let mut cx = Context::from_waker(std::task::Waker::noop());
+    /// The TLS client, for an https upstream.
+    pub fn tls(&self) -> Option<&ClientTls> {
+        self.tls.as_ref().map(|(t, _)| t)
+    }
+
+    /// An idle connection of the HTTP/1.1 path, if any. Connections with
+    /// something to read while idle are dropped: an idle connection has
+    /// nothing to say but the upstream's close (or garbage); see
+    /// [`UpstreamIo::is_reusable`]. A close still in flight is caught by
+    /// the caller's retry.
+    pub fn take_stream(&self) -> Option<UpstreamIo> {
         loop {
-            let stream = self.streams.lock().pop()?;
-            if stream.poll_read_ready(&mut cx).is_pending() {
+            let mut stream = self.streams.lock().pop()?;
+            if stream.is_reusable() {
                 return Some(stream);
             }
         }
     }
 
     /// Gives back a connection whose last response was read to its end.
-    pub fn put_stream(&self, stream: TcpStream) {
+    pub fn put_stream(&self, stream: UpstreamIo) {
         let mut idle = self.streams.lock();
         if idle.len() < MAX_IDLE {
             idle.push(stream);
         }
     }
 
-    /// A new connection to the upstream.
-    pub async fn connect_stream(&self) -> Result<TcpStream, UpstreamError> {
+    /// A new connection to the upstream, its TLS handshake done for an
+    /// https upstream (resuming an earlier session when the upstream
+    /// allows: rustls keeps tickets per server name).
+    pub async fn connect_stream(&self) -> Result<UpstreamIo, UpstreamError> {
         let stream =
             TcpStream::connect(&self.addr)
                 .await
@@ -115,7 +141,16 @@ impl Pool {
         // Requests are small writes on kept-alive connections: never hold one
         // back waiting for an ACK (nginx sets tcp_nodelay too).
         let _ = stream.set_nodelay(true);
-        Ok(stream)
+        let Some((tls, connector)) = &self.tls else {
+            return Ok(UpstreamIo::Plain(stream));
+        };
+        match connector.connect(tls.server_name.clone(), stream).await {
+            Ok(s) => Ok(UpstreamIo::Tls(Box::new(s))),
+            Err(source) => Err(UpstreamError::Tls {
+                addr: self.addr.clone(),
+                source,
+            }),
+        }
     }
 
     /// The upstream's `host:port`.

@@ -310,3 +310,100 @@ fn validate_prints_every_error() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A certificate for `localhost` and its key, PEM, and a stranger's key.
+fn pem_pair() -> (String, String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let stranger = rcgen::KeyPair::generate().unwrap();
+    (cert.pem(), key.serialize_pem(), stranger.serialize_pem())
+}
+
+#[test]
+fn tls_files_must_exist_parse_and_belong_together_each_error_at_its_key() {
+    let dir = std::env::temp_dir().join(format!("rw-tls-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key, stranger) = pem_pair();
+    let put = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let (c, k, s) = (
+        put("c.pem", &cert),
+        put("c.key", &key),
+        put("s.key", &stranger),
+    );
+    let junk = put("junk.pem", "not a certificate\n");
+    let missing = dir.join("missing.pem").display().to_string();
+    // A good pair loads; the files are watched.
+    let ok = config::load(
+        &format!("tls: {{cert: {c}, key: {k}}}\nrules: []\n"),
+        "ok.yaml",
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert!(ok.tls.is_some());
+    assert_eq!(ok.tls_files.len(), 2);
+    // Each fault, at its key and line, naming the file.
+    let e = error(&format!("rules: []\ntls: {{cert: {missing}, key: {k}}}\n"));
+    assert_eq!((e.line, e.key.as_str()), (2, "tls.cert"), "{e}");
+    assert!(e.message.contains("missing.pem: cannot be read"), "{e}");
+    let e = error(&format!("tls: {{cert: {junk}, key: {k}}}\n"));
+    assert!(e.message.contains("junk.pem: holds no certificate"), "{e}");
+    let e = error(&format!("tls: {{cert: {c}, key: {s}}}\n"));
+    assert_eq!(e.key, "tls.key", "{e}");
+    assert!(
+        e.message
+            .contains("s.key: is not the key of the certificate in"),
+        "{e}"
+    );
+    let e = error(&format!("tls: {{cert: {c}, key: {junk}}}\n"));
+    assert!(e.message.contains("junk.pem: holds no private key"), "{e}");
+    let e = error(&format!("tls: {{cert: {c}}}\n"));
+    assert!(e.message.contains("`cert` and `key` go together"), "{e}");
+    // Relative paths are the config file's directory's.
+    let rel = config::load(
+        "tls: {cert: c.pem, key: c.key}\n",
+        &dir.join("gw.yaml").display().to_string(),
+        &Overrides::default(),
+    );
+    assert!(rel.is_ok(), "{:?}", rel.err());
+    // Options where they do not apply.
+    let e = error(&format!("tls: {{cert: {c}, key: {k}, client_ca: {c}}}\n"));
+    assert_eq!(e.key, "tls.client_ca", "{e}");
+    let e = error(&format!(
+        "upstream: http://a:1\nupstream_tls: {{ca: {c}}}\n"
+    ));
+    assert_eq!(e.key, "upstream_tls", "{e}");
+    let e = error(&format!(
+        "upstream: https://a:1\nupstream_tls: {{ca: {junk}}}\n"
+    ));
+    assert_eq!(e.key, "upstream_tls.ca", "{e}");
+    let e = error(&format!(
+        "store: {{type: redis, url: 'redis://127.0.0.1:6379', tls: {{ca: {c}}}}}\n"
+    ));
+    assert!(
+        e.message.contains("`store.tls` is for `rediss://` URLs"),
+        "{e}"
+    );
+    // validate exits 2 and names the file.
+    let file = put(
+        "bad.yaml",
+        &format!("tls: {{cert: {c}, key: {s}}}\nrules: []\n"),
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
+        .args(["validate", &file])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.yaml:1:") && err.contains("`tls.key`"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -351,12 +351,29 @@ impl Drop for Binary {
 }
 
 pub fn binary(yaml: &str, upstream: &str) -> Binary {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let dir = std::env::temp_dir().join(format!("rw-hostile-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("rw-hostile");
     let file = dir.join("ratewarden.yaml");
     std::fs::write(&file, format!("admin: {{listen: 127.0.0.1:0}}\n{yaml}")).unwrap();
+    spawn_binary(&file, upstream, &[], dir)
+}
+
+/// A fresh directory under the temp dir, unique per call.
+pub fn scratch_dir(prefix: &str) -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The real binary serving the config `file` (listeners on free ports) in
+/// front of `upstream`, with `env` set; `dir` is removed when it stops.
+pub fn spawn_binary(
+    file: &std::path::Path,
+    upstream: &str,
+    env: &[(&str, &str)],
+    dir: std::path::PathBuf,
+) -> Binary {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
         .args([
             "serve",
@@ -364,11 +381,14 @@ pub fn binary(yaml: &str, upstream: &str) -> Binary {
             "1",
             "--listen",
             "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
             "--upstream",
             upstream,
             "-c",
         ])
-        .arg(&file)
+        .arg(file)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .stdout(std::process::Stdio::piped())
@@ -402,4 +422,20 @@ pub fn binary(yaml: &str, upstream: &str) -> Binary {
         admin,
         dir,
     }
+}
+
+/// An HTTP/1.0 request (which the gateway's own HTTP/1.1 path hands to
+/// hyper) over a raw socket: the whole answer, read to the close.
+pub async fn binary_free_http10(addr: SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
 }

@@ -51,6 +51,8 @@ pub use decision::{Decision, FieldRef, HeaderField, HeaderStyle, RuleDecision};
 pub use limiter::{Admission, Limiter, Pending, assemble, pending};
 pub use rule::{Counting, KeyState, Marks, Penalty, Reason, Rule, RuleError, RuleSpec, Verdict};
 pub use store::memory::MemoryStore;
+#[cfg(feature = "tls")]
+pub use store::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisConfig, RedisStore};
 pub use store::{Fallback, KeyInfo, Mode, OnError, Op, Store, StoreError};

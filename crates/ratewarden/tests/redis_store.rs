@@ -24,13 +24,14 @@ fn wall_now() -> u64 {
 }
 
 fn config(url: Option<String>, cluster: Vec<String>, clock: Option<ManualClock>) -> RedisConfig {
-    RedisConfig {
-        url,
-        cluster,
-        key_prefix: "t:".into(),
-        timeout: Duration::from_millis(500),
-        local_clock: clock.map(|c| Arc::new(c) as Arc<dyn Clock>),
-    }
+    // Field by field: `tls` exists only with the `tls` feature.
+    let mut c = RedisConfig::default();
+    c.url = url;
+    c.cluster = cluster;
+    c.key_prefix = "t:".into();
+    c.timeout = Duration::from_millis(500);
+    c.local_clock = clock.map(|c| Arc::new(c) as Arc<dyn Clock>);
+    c
 }
 
 /// Every algorithm with every modifier: the rules of the case table.

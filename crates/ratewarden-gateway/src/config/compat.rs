@@ -261,6 +261,8 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         client_header_timeout: None,
         client_body_timeout: None,
         underscores_in_headers: None,
+        tls: None,
+        upstream_tls: None,
         admin: default_admin(),
         store: None,
         identity,

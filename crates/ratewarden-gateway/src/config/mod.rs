@@ -7,12 +7,14 @@
 //! * [`validate`]: from one to the other;
 //! * [`diag`]: errors with file, line, column and key;
 //! * [`compat`]: the Go gateway's format of seed 002 (root key
-//!   `rateLimiter:`), translated.
+//!   `rateLimiter:`), translated;
+//! * [`tls`]: the TLS sections, their files read and checked.
 
 mod compat;
 mod diag;
 mod model;
 mod schema;
+mod tls;
 mod validate;
 
 pub use diag::{ConfigError, ConfigErrors, parse_duration, suggest};

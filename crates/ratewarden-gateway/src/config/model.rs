@@ -2,10 +2,13 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use http::{StatusCode, Uri};
-use ratewarden::{HeaderStyle, OnError};
+use ratewarden::{HeaderStyle, OnError, RedisTls};
+
+pub use crate::tls::{ClientTls, ServerTls};
 
 pub use ratewarden_tower::identity::ClientIp;
 pub use ratewarden_tower::policy::{
@@ -41,6 +44,8 @@ pub enum StoreSpec {
         timeout: Duration,
         /// What to do when Redis fails.
         on_error: OnError,
+        /// Certificates for `rediss://` (`store.tls`).
+        tls: Option<RedisTls>,
     },
 }
 
@@ -69,6 +74,17 @@ pub struct Config {
     pub upstream_path: UpstreamPath,
     /// Admin listener and token; `None` turns the admin API off.
     pub admin: Option<(SocketAddr, Option<String>)>,
+    /// TLS on the proxy listener (`tls:`).
+    pub tls: Option<ServerTls>,
+    /// TLS on the admin listener (`admin.tls:`), client certificates
+    /// required with `client_ca`.
+    pub admin_tls: Option<ServerTls>,
+    /// The TLS client of an https upstream (`upstream_tls:`, or the
+    /// system's roots); `None` for http and echo.
+    pub upstream_tls: Option<ClientTls>,
+    /// Every certificate, key and CA file the config read: a change to
+    /// one reloads the config, as a change to the config file does.
+    pub tls_files: Vec<PathBuf>,
     /// The store.
     pub store: StoreSpec,
     /// Identity, `allow`, `deny` and the rules: what the one admission

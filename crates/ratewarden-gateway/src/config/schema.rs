@@ -30,6 +30,8 @@ pub(crate) struct File {
     pub client_header_timeout: Option<Sp<String>>,
     pub client_body_timeout: Option<Sp<String>>,
     pub underscores_in_headers: Option<Sp<bool>>,
+    pub tls: Option<Sp<TlsFile>>,
+    pub upstream_tls: Option<Sp<UpstreamTlsFile>>,
     #[serde(default = "default_admin")]
     pub admin: Option<AdminFile>,
     pub store: Option<StoreFile>,
@@ -48,6 +50,7 @@ pub(crate) fn default_admin() -> Option<AdminFile> {
     Some(AdminFile {
         listen: None,
         token: None,
+        tls: None,
     })
 }
 
@@ -56,6 +59,43 @@ pub(crate) fn default_admin() -> Option<AdminFile> {
 pub(crate) struct AdminFile {
     pub listen: Option<Sp<String>>,
     pub token: Option<Sp<String>>,
+    pub tls: Option<Sp<TlsFile>>,
+}
+
+/// A listener's TLS: one certificate (`cert` + `key`) or several
+/// (`certificates`), and for the admin listener `client_ca`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TlsFile {
+    pub cert: Option<Sp<String>>,
+    pub key: Option<Sp<String>>,
+    pub certificates: Option<Vec<Sp<PairFile>>>,
+    pub client_ca: Option<Sp<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PairFile {
+    pub cert: Sp<String>,
+    pub key: Sp<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UpstreamTlsFile {
+    pub ca: Option<Sp<String>>,
+    pub server_name: Option<Sp<String>>,
+    pub client_cert: Option<Sp<String>>,
+    pub client_key: Option<Sp<String>>,
+}
+
+/// The Redis client's TLS (with `rediss://` URLs).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StoreTlsFile {
+    pub ca: Option<Sp<String>>,
+    pub client_cert: Option<Sp<String>>,
+    pub client_key: Option<Sp<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -69,6 +109,7 @@ pub(crate) struct StoreFile {
     pub key_prefix: Option<Sp<String>>,
     pub timeout: Option<Sp<String>>,
     pub on_error: Option<Sp<String>>,
+    pub tls: Option<Sp<StoreTlsFile>>,
 }
 
 #[derive(Debug, Deserialize)]

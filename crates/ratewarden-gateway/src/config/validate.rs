@@ -169,11 +169,18 @@ pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
         None => Some(None),
         Some(a) => admin(d, a, o, listen).map(Some),
     };
+    let tls = opt(&f.tls, |t| super::tls::listener(d, "tls", t, false));
+    let admin_tls = match f.admin.as_ref().and_then(|a| a.tls.as_ref()) {
+        None => Some(None),
+        Some(t) => super::tls::listener(d, "admin.tls", t, true).map(Some),
+    };
+    let upstream_tls = super::tls::upstream(d, upstream.as_ref(), f.upstream_tls.as_ref());
+    let mut tls_files = vec![];
     let store = match f.store {
         None => Some(StoreSpec::Memory {
             max_keys: 1_000_000,
         }),
-        Some(s) => store_spec(d, s),
+        Some(s) => store_spec(d, s, &mut tls_files),
     };
     let identity = identity(d, f.identity);
     let by_header = matches!(identity, Some(IdentitySource::Header { .. }));
@@ -232,6 +239,12 @@ pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
             None => rules_ok = false,
         }
     }
+    for t in [&tls, &admin_tls].into_iter().flatten().flatten() {
+        tls_files.extend(t.files.iter().cloned());
+    }
+    for t in upstream_tls.iter().flatten() {
+        tls_files.extend(t.files.iter().cloned());
+    }
     Some(Config {
         listen: listen?,
         workers: workers?,
@@ -243,6 +256,10 @@ pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
         client_body_timeout: client_body_timeout?,
         underscores_in_headers: f.underscores_in_headers.is_some_and(|u| u.value),
         admin: admin?,
+        tls_files,
+        tls: tls?,
+        admin_tls: admin_tls?,
+        upstream_tls: upstream_tls?,
         store: store?,
         policy: Policy {
             identity: identity?,
@@ -309,14 +326,16 @@ pub(crate) fn parse_upstream(s: &str) -> Result<Upstream, String> {
         .parse()
         .map_err(|_| format!("`{s}` is not a URL like http://127.0.0.1:9000"))?;
     match uri.scheme_str() {
-        // https loads (seed 002's file names one) but this build has no TLS
-        // client: such a request is answered 502 with a problem saying so.
         Some("http" | "https") if uri.host().is_some() => Ok(Upstream::Url(uri)),
         _ => Err(format!("`{s}` is not a URL like http://127.0.0.1:9000")),
     }
 }
 
-fn store_spec(d: &Diag<'_>, s: StoreFile) -> Option<StoreSpec> {
+fn store_spec(
+    d: &Diag<'_>,
+    s: StoreFile,
+    files: &mut Vec<std::path::PathBuf>,
+) -> Option<StoreSpec> {
     let kind = d.choice("type", &s.kind, &[("memory", true), ("redis", false)])?;
     if kind {
         let mut ok = true;
@@ -326,6 +345,7 @@ fn store_spec(d: &Diag<'_>, s: StoreFile) -> Option<StoreSpec> {
             ("key_prefix", s.key_prefix.is_some()),
             ("timeout", s.timeout.is_some()),
             ("on_error", s.on_error.is_some()),
+            ("tls", s.tls.is_some()),
         ] {
             if present {
                 d.error(
@@ -401,6 +421,29 @@ fn store_spec(d: &Diag<'_>, s: StoreFile) -> Option<StoreSpec> {
         }
         Some(p) => Some(p.value),
     };
+    let tls = match &s.tls {
+        None => Some(None),
+        Some(t) => {
+            let tls_url = s
+                .url
+                .iter()
+                .chain(&cluster)
+                .any(|u| u.value.starts_with("rediss://"));
+            if !tls_url {
+                d.error(
+                    "store.tls",
+                    Some(&t.referenced),
+                    "`store.tls` is for `rediss://` URLs (TLS); these are `redis://`",
+                );
+                None
+            } else {
+                super::tls::store(d, t).map(|(tls, read)| {
+                    files.extend(read);
+                    Some(tls)
+                })
+            }
+        }
+    };
     ok.then_some(())?;
     Some(StoreSpec::Redis {
         url: s.url.map(|u| u.value),
@@ -408,6 +451,7 @@ fn store_spec(d: &Diag<'_>, s: StoreFile) -> Option<StoreSpec> {
         key_prefix: key_prefix?,
         timeout: timeout?,
         on_error: on_error?,
+        tls: tls?,
     })
 }
 

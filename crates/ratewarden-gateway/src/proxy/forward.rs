@@ -250,7 +250,7 @@ pub enum UpstreamFailure {
     /// `error` (which may name internal addresses) only to the log.
     Broken {
         /// What the problem body says.
-        why: &'static str,
+        why: std::borrow::Cow<'static, str>,
         /// What the log says.
         error: String,
     },
@@ -275,6 +275,39 @@ pub(crate) fn upstream_failed(upstream: &str, failure: UpstreamFailure) -> http:
             )
         }
     }
+}
+
+/// What a 502 says about a failed TLS handshake with the upstream: the
+/// reason rustls gives (an untrusted or expired certificate, another
+/// host's, a refused client certificate), which names no address.
+pub(crate) fn tls_failure(e: &std::io::Error) -> std::borrow::Cow<'static, str> {
+    let reason = match e.get_ref() {
+        Some(inner) => inner.to_string(),
+        None => e.to_string(),
+    };
+    format!("the TLS handshake failed: {reason}").into()
+}
+
+/// The TLS alert or error behind an exchange that broke, if TLS broke it:
+/// with TLS 1.3 an upstream refuses a client certificate after the
+/// handshake, and the refusal arrives with the first read.
+pub(crate) fn tls_cause(
+    e: &(dyn std::error::Error + 'static),
+) -> Option<std::borrow::Cow<'static, str>> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(t) = err.downcast_ref::<rustls::Error>() {
+            return Some(format!("the TLS handshake failed: {t}").into());
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+            && let Some(t) = inner.downcast_ref::<rustls::Error>()
+        {
+            return Some(format!("the TLS handshake failed: {t}").into());
+        }
+        cur = err.source();
+    }
+    None
 }
 
 /// Whether an upstream answer's `Content-Length` is dropped before it goes

@@ -23,7 +23,7 @@ use crate::config::Upstream;
 use crate::gateway::{Gateway, add_rate_headers, refusal_answer};
 use crate::proxy::forward::{
     self, Edge, UpstreamFailure, check_host, drops_length, is_hop_by_hop, push_forwarded_for,
-    upstream_failed,
+    tls_cause, tls_failure, upstream_failed,
 };
 use crate::upstream::{BODY_BROKE, BODY_STALLED, ClientBody, Pool, UpstreamError};
 use ratewarden_tower::admission::{Facts, Held, Identity};
@@ -170,15 +170,6 @@ impl Gateway {
         to: &Upstreamed<'_>,
         fault: &AtomicU8,
     ) -> Response<Body> {
-        if to.base.scheme_str() == Some("https") {
-            return upstream_failed(
-                to.pool.addr(),
-                UpstreamFailure::Broken {
-                    why: "https upstreams are not supported by this build",
-                    error: "no TLS client".into(),
-                },
-            );
-        }
         let (mut parts, body) = req.into_parts();
         // Origin form (`/path?query`) on the upstream connection, under the
         // upstream's path prefix if it has one.
@@ -238,8 +229,10 @@ impl Gateway {
             }
             (Err(e), _) => {
                 let why = match &e {
-                    UpstreamError::Connect { .. } => "could not connect",
-                    _ => "the exchange broke before an answer",
+                    UpstreamError::Connect { .. } => "could not connect".into(),
+                    UpstreamError::Tls { source, .. } => tls_failure(source),
+                    other => tls_cause(other)
+                        .unwrap_or_else(|| "the exchange broke before an answer".into()),
                 };
                 let error = e.to_string();
                 upstream_failed(to.pool.addr(), UpstreamFailure::Broken { why, error })

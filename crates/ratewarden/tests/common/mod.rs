@@ -22,6 +22,18 @@ pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
     cluster: bool,
+    /// With TLS: the TLS port (the plain `port` stays open for the test's
+    /// own checks) and the server's arguments.
+    pub tls: Option<(u16, Vec<String>)>,
+}
+
+/// The files of a TLS redis-server: its certificate and key, and the CA
+/// that signs clients' certificates (`require_clients`: they must send one).
+pub struct RedisTlsFiles<'a> {
+    pub cert: &'a std::path::Path,
+    pub key: &'a std::path::Path,
+    pub ca: &'a std::path::Path,
+    pub require_clients: bool,
 }
 
 impl RedisServer {
@@ -39,6 +51,56 @@ impl RedisServer {
             .expect("redis-server did not start on any of 20 free ports")
     }
 
+    /// Starts with a TLS port beside the plain one (`--tls-port`; with
+    /// `cluster`, the cluster bus speaks TLS too).
+    pub fn start_tls(cluster: bool, files: &RedisTlsFiles<'_>) -> Self {
+        (0..20)
+            .find_map(|_| {
+                let port = free_port();
+                let dir = std::env::temp_dir()
+                    .join(format!("ratewarden-redis-{}-{port}", std::process::id()));
+                std::fs::create_dir_all(&dir).unwrap();
+                let tls_port = free_port();
+                let mut args: Vec<String> = vec![
+                    "--tls-port".into(),
+                    tls_port.to_string(),
+                    "--tls-cert-file".into(),
+                    files.cert.display().to_string(),
+                    "--tls-key-file".into(),
+                    files.key.display().to_string(),
+                    "--tls-ca-cert-file".into(),
+                    files.ca.display().to_string(),
+                    "--tls-auth-clients".into(),
+                    if files.require_clients { "yes" } else { "no" }.into(),
+                ];
+                if cluster {
+                    args.extend(["--tls-cluster".into(), "yes".into()]);
+                    // The bus's TLS client certificate: the server's own.
+                    args.extend([
+                        "--tls-client-cert-file".into(),
+                        files.cert.display().to_string(),
+                        "--tls-client-key-file".into(),
+                        files.key.display().to_string(),
+                    ]);
+                }
+                let mut s = Self {
+                    child: None,
+                    port,
+                    dir,
+                    cluster,
+                    tls: Some((tls_port, args)),
+                };
+                s.launch().then_some(s)
+            })
+            .expect("redis-server did not start with TLS on any of 20 free ports")
+    }
+
+    /// The `rediss://` URL of the TLS port.
+    pub fn tls_url(&self) -> String {
+        let (port, _) = self.tls.as_ref().expect("started with TLS");
+        format!("rediss://127.0.0.1:{port}/0")
+    }
+
     /// Starts on `port`; `None` when redis-server could not take it.
     pub fn start_on(port: u16, cluster: bool) -> Option<Self> {
         let dir =
@@ -49,6 +111,7 @@ impl RedisServer {
             port,
             dir,
             cluster,
+            tls: None,
         };
         s.launch().then_some(s)
     }
@@ -72,6 +135,9 @@ impl RedisServer {
             .arg(&self.dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if let Some((_, args)) = &self.tls {
+            cmd.args(args);
+        }
         if self.cluster {
             cmd.args([
                 "--cluster-enabled",
@@ -160,7 +226,23 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_any(true)).collect();
+        Self::of((0..3).map(|_| RedisServer::start_any(true)).collect())
+    }
+
+    /// A cluster whose nodes speak TLS (client port and bus).
+    pub fn start_tls(files: &RedisTlsFiles<'_>) -> Self {
+        Self::of(
+            (0..3)
+                .map(|_| RedisServer::start_tls(true, files))
+                .collect(),
+        )
+    }
+
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::tls_url).collect()
+    }
+
+    fn of(nodes: Vec<RedisServer>) -> Self {
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))

@@ -12,7 +12,6 @@ use std::time::Instant;
 use bytes::{Buf, BytesMut};
 use http::{Method, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
 use super::Conn;
@@ -26,9 +25,10 @@ use super::request::BodyLen;
 use crate::gateway::{Gateway, Live, add_rate_headers};
 use crate::proxy::forward::{
     UpstreamFailure, dropped_request_field, drops_length, is_hop_by_hop, push_forwarded_for,
-    upstream_failed,
+    tls_cause, tls_failure, upstream_failed,
 };
-use crate::upstream::Pool;
+use crate::stream::UpstreamIo;
+use crate::upstream::{Pool, UpstreamError};
 use ratewarden_tower::admission::{Admitted, Held};
 
 /// Bytes read from the upstream at a time while relaying a body.
@@ -48,7 +48,7 @@ pub(crate) enum Failed {
     /// No head within `upstream_timeout`: 504.
     Timeout,
     /// Connect or exchange error: 502, saying `.0` (and logging `.1`).
-    Broken(&'static str, String),
+    Broken(std::borrow::Cow<'static, str>, String),
 }
 
 /// Everything one exchange with the upstream needs besides the buffers.
@@ -167,6 +167,8 @@ impl Conn {
                 false
             }
         };
+        // (TLS: the last records may still wait in rustls; a no-op for TCP.)
+        io.flush().await?;
         body.clear();
         if resp.reusable && ended_clean {
             to.pool.put_stream(up);
@@ -275,7 +277,7 @@ pub(crate) async fn exchange_head(
     up: &mut BytesMut,
     fields: &mut Vec<(Range<usize>, Range<usize>)>,
     method: &Method,
-) -> Result<(TcpStream, UpHead), Failed> {
+) -> Result<(UpstreamIo, UpHead), Failed> {
     let head_request = method == Method::HEAD;
     let mut pooled = pool.take_stream();
     loop {
@@ -285,13 +287,20 @@ pub(crate) async fn exchange_head(
             // Boxed: connecting is rare and its future large.
             None => match within(timer, Box::pin(pool.connect_stream())).await {
                 None => return Err(Failed::Timeout),
-                Some(Err(e)) => return Err(Failed::Broken("could not connect", e.to_string())),
+                Some(Err(e)) => {
+                    let why = match &e {
+                        UpstreamError::Tls { source, .. } => tls_failure(source),
+                        _ => "could not connect".into(),
+                    };
+                    return Err(Failed::Broken(why, e.to_string()));
+                }
                 Some(Ok(s)) => s,
             },
         };
         up.clear();
         let sent = within(timer, async {
             stream.write_all(request).await?;
+            stream.flush().await?;
             read_head(&mut stream, up, fields, head_request).await
         })
         .await;
@@ -303,10 +312,12 @@ pub(crate) async fn exchange_head(
                 continue;
             }
             Some(Err(e)) => {
-                let why = if e.kind() == io::ErrorKind::InvalidData {
-                    "the answer was not valid HTTP"
-                } else {
-                    "the exchange broke before an answer"
+                let why = match tls_cause(&e) {
+                    Some(why) => why,
+                    None if e.kind() == io::ErrorKind::InvalidData => {
+                        "the answer was not valid HTTP".into()
+                    }
+                    None => "the exchange broke before an answer".into(),
                 };
                 return Err(Failed::Broken(why, e.to_string()));
             }
@@ -316,7 +327,7 @@ pub(crate) async fn exchange_head(
 
 /// Reads a response head (skipping interim 1xx ones) into `up`.
 pub(crate) async fn read_head(
-    stream: &mut TcpStream,
+    stream: &mut UpstreamIo,
     up: &mut BytesMut,
     fields: &mut Vec<(Range<usize>, Range<usize>)>,
     head_request: bool,
@@ -348,7 +359,7 @@ pub(crate) async fn read_head(
 
 /// Empties `buf` and reads the upstream's next bytes into it: how many (0
 /// at the end of its stream).
-pub(crate) async fn refill(up: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+pub(crate) async fn refill(up: &mut UpstreamIo, buf: &mut BytesMut) -> io::Result<usize> {
     buf.clear();
     buf.reserve(RELAY);
     up.read_buf(buf).await
@@ -361,7 +372,7 @@ pub(crate) fn cut_short() -> io::Error {
 /// Relays a body of `left` bytes, starting with those in `buf`; bytes past
 /// its end stay in `buf`.
 pub(crate) async fn relay_length<S: AsyncWrite + Unpin>(
-    up: &mut TcpStream,
+    up: &mut UpstreamIo,
     io: &mut S,
     buf: &mut BytesMut,
     mut left: u64,
@@ -383,7 +394,7 @@ pub(crate) async fn relay_length<S: AsyncWrite + Unpin>(
 /// Relays a chunked body as it is, starting with the bytes in `buf`;
 /// `Ok(true)` when it ended exactly where the upstream stopped sending.
 pub(crate) async fn relay_chunked<S: AsyncWrite + Unpin>(
-    up: &mut TcpStream,
+    up: &mut UpstreamIo,
     io: &mut S,
     buf: &mut BytesMut,
 ) -> io::Result<bool> {
@@ -406,7 +417,7 @@ pub(crate) async fn relay_chunked<S: AsyncWrite + Unpin>(
 /// Relays everything the upstream sends until it closes, starting with the
 /// bytes in `buf`.
 pub(crate) async fn relay_to_close<S: AsyncWrite + Unpin>(
-    up: &mut TcpStream,
+    up: &mut UpstreamIo,
     io: &mut S,
     buf: &mut BytesMut,
 ) -> io::Result<()> {

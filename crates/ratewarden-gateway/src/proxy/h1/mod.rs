@@ -20,7 +20,7 @@
 //!
 //! Anything else on a connection (HTTP/1.0, HTTP/2, `Expect`, `Upgrade`,
 //! larger request bodies, absolute-form targets, heads over [`MAX_HEAD`]
-//! or that do not parse, the echo or an https upstream) hands the
+//! or that do not parse, the echo upstream) hands the
 //! connection, with the bytes already read, to hyper for the rest of its
 //! life: hyper's behaviour there is unchanged, including its errors.
 
@@ -35,7 +35,6 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use http::header::HeaderMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Sleep;
 
@@ -51,6 +50,7 @@ use crate::config::Upstream;
 use crate::gateway::{Gateway, refusal_answer};
 use crate::idle::Watched;
 use crate::proxy::forward::{self, Edge};
+use crate::stream::ClientIo;
 use ratewarden_tower::admission::{Facts, Held, Identity, Refusal};
 
 use chunked::{Chunks, valid_trailers};
@@ -113,7 +113,7 @@ impl Conn {
     /// `client_idle_timeout`'s).
     async fn read_head<F: Future<Output = ()>>(
         &mut self,
-        io: &mut Watched<TcpStream>,
+        io: &mut Watched<ClientIo>,
         stopping: &mut Pin<&mut F>,
         gw: &Gateway,
     ) -> io::Result<Next> {
@@ -171,7 +171,7 @@ impl Conn {
     /// body must arrive within `client_body_timeout` of the head.
     async fn read_body(
         &mut self,
-        io: &mut Watched<TcpStream>,
+        io: &mut Watched<ClientIo>,
         head: &Head,
         gw: &Gateway,
     ) -> io::Result<Result<usize, Next>> {
@@ -254,51 +254,70 @@ impl Conn {
 /// client closes, asks to, or `stop` turns true between requests.
 pub async fn serve_connection<H, F, E>(
     gw: Arc<Gateway>,
-    mut io: Watched<TcpStream>,
+    mut io: Watched<ClientIo>,
     peer: SocketAddr,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     hyper: H,
 ) -> Result<(), E>
 where
-    H: FnOnce(Watched<TcpStream>) -> F,
+    H: FnOnce(Watched<ClientIo>) -> F,
     F: Future<Output = Result<(), E>>,
     E: From<io::Error>,
 {
+    match serve(&gw, &mut io, peer, stop).await? {
+        Some(read) => hand_over(io, read, hyper).await,
+        None => {
+            // A TLS client is told the connection ends (close_notify), so
+            // that it can tell an end from a cut; bounded, as the client
+            // may not read it. (TCP: the socket's close says it.)
+            if io.get_ref().is_tls() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), io.shutdown()).await;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Serves requests until the connection ends (`None`) or goes to hyper
+/// (`Some`, with the bytes already read).
+async fn serve(
+    gw: &Gateway,
+    io: &mut Watched<ClientIo>,
+    peer: SocketAddr,
+    mut stop: watch::Receiver<bool>,
+) -> io::Result<Option<BytesMut>> {
     let mut c = Conn::default();
     let mut stopping = pin!(async move {
         let _ = stop.wait_for(|s| *s).await;
     });
     loop {
-        let head = match c.read_head(&mut io, &mut stopping, &gw).await? {
+        let head = match c.read_head(io, &mut stopping, gw).await? {
             Next::Serve(h) => h,
-            Next::Close => return Ok(()),
-            Next::Hyper => return hand_over(io, c.input, hyper).await,
-            Next::Refuse(e) => return Ok(refuse(&mut io, &mut c.out, e).await?),
+            Next::Close => return Ok(None),
+            Next::Hyper => return Ok(Some(c.input)),
+            Next::Refuse(e) => return refuse(io, &mut c.out, e).await.map(|()| None),
         };
-        let whole = match c.read_body(&mut io, &head, &gw).await? {
+        let whole = match c.read_body(io, &head, gw).await? {
             Ok(n) => n,
-            Err(Next::Hyper) => return hand_over(io, c.input, hyper).await,
-            Err(Next::Refuse(e)) => return Ok(refuse(&mut io, &mut c.out, e).await?),
-            Err(_) => return Ok(()),
+            Err(Next::Hyper) => return Ok(Some(c.input)),
+            Err(Next::Refuse(e)) => return refuse(io, &mut c.out, e).await.map(|()| None),
+            Err(_) => return Ok(None),
         };
         let live = gw.live();
         let (Upstream::Url(base), Some(pool)) = (&live.config.upstream, &live.pool) else {
-            return hand_over(io, c.input, hyper).await;
+            return Ok(Some(c.input));
         };
-        if base.scheme_str() == Some("https") {
-            return hand_over(io, c.input, hyper).await;
-        }
         let answering = io.activity().answering();
         // The target is visible ASCII (`parse_request` checked it).
         let target = std::str::from_utf8(&c.input[head.target.clone()]).unwrap_or("/");
         let path = match forward::rule_path(&head.method, target) {
             Ok(p) => p,
             Err(e) => {
-                write_answer(&mut io, &mut c.out, e.answer(), head.close).await?;
+                write_answer(io, &mut c.out, e.answer(), head.close).await?;
                 drop(answering);
                 c.input.advance(whole);
                 if head.close {
-                    return Ok(());
+                    return Ok(None);
                 }
                 continue;
             }
@@ -331,17 +350,18 @@ where
                 let how = (live.config.status, live.config.headers);
                 write_rejection(&mut c.out, &mut c.rate, &d, how, head.close);
                 io.write_all(&c.out).await?;
+                io.flush().await?;
                 drop(answering);
                 !head.close
             }
             (Err(refusal), _) => {
                 let answer = refusal_answer(&refusal, &live.config);
-                write_answer(&mut io, &mut c.out, answer, head.close).await?;
+                write_answer(io, &mut c.out, answer, head.close).await?;
                 drop(answering);
                 !head.close
             }
             (Ok(_), Err(e)) => {
-                write_answer(&mut io, &mut c.out, e.answer(), head.close).await?;
+                write_answer(io, &mut c.out, e.answer(), head.close).await?;
                 drop(answering);
                 !head.close
             }
@@ -351,7 +371,7 @@ where
                 let held = Held::take(&mut admitted, &live.limiter);
                 let prefix = base.path().trim_end_matches('/');
                 let to = Forward {
-                    gw: &gw,
+                    gw,
                     live: &live,
                     pool,
                     prefix,
@@ -361,12 +381,12 @@ where
                     admitted: &admitted,
                     held,
                 };
-                c.exchange(&mut io, to, answering).await?
+                c.exchange(io, to, answering).await?
             }
         };
         c.input.advance(whole);
         if !keep {
-            return Ok(());
+            return Ok(None);
         }
         c.trim();
     }
@@ -375,16 +395,16 @@ where
 /// Answers a request the edge refused; the connection then closes (where
 /// the request ends is unknown, or the client cannot be trusted to frame
 /// the next one).
-async fn refuse(io: &mut Watched<TcpStream>, out: &mut Vec<u8>, e: Edge) -> io::Result<()> {
+async fn refuse(io: &mut Watched<ClientIo>, out: &mut Vec<u8>, e: Edge) -> io::Result<()> {
     tracing::debug!(status = e.status().as_u16(), reason = %e.detail(), "refused at the edge");
     write_answer(io, out, e.answer(), true).await
 }
 
 /// Gives the connection to hyper, the bytes already read to be read again.
 /// (Boxed: only the connections that go there need hyper's 1.8 KB state.)
-async fn hand_over<H, F>(mut io: Watched<TcpStream>, read: BytesMut, hyper: H) -> F::Output
+async fn hand_over<H, F>(mut io: Watched<ClientIo>, read: BytesMut, hyper: H) -> F::Output
 where
-    H: FnOnce(Watched<TcpStream>) -> F,
+    H: FnOnce(Watched<ClientIo>) -> F,
     F: Future,
 {
     io.unread(read.freeze());

@@ -106,7 +106,9 @@ pub(crate) async fn write_answer<S: AsyncWrite + Unpin>(
         push_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
     end_answer(out, &body, close);
-    io.write_all(out).await
+    io.write_all(out).await?;
+    // (TLS: the records may still wait in rustls; a no-op for TCP.)
+    io.flush().await
 }
 
 /// Ends one of the gateway's own answers in `out`: its length, `Date`,

@@ -50,6 +50,48 @@ pub struct RedisConfig {
     /// production: gateways whose clocks disagree then still agree. Tests set
     /// it to run the shared case table on a manual clock.
     pub local_clock: Option<Arc<dyn Clock>>,
+    /// Certificates for `rediss://` URLs (feature `tls`): a CA instead of
+    /// the system's trust store, a client certificate for mTLS. Without
+    /// it, `rediss://` verifies the server against the system's roots.
+    #[cfg(feature = "tls")]
+    pub tls: Option<RedisTls>,
+}
+
+/// The Redis client's certificates, PEM (see [`RedisConfig::tls`]).
+#[cfg(feature = "tls")]
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct RedisTls {
+    /// CA certificates that sign the servers' (replacing the system's).
+    pub ca: Option<Vec<u8>>,
+    /// A client certificate chain and its key, for servers that ask for one.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+#[cfg(feature = "tls")]
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never a key in a log line.
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
+    }
+}
+
+#[cfg(feature = "tls")]
+impl RedisTls {
+    fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self
+                .client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.ca.clone(),
+        }
+    }
 }
 
 impl Default for RedisConfig {
@@ -60,6 +102,8 @@ impl Default for RedisConfig {
             key_prefix: "rw:".into(),
             timeout: Duration::from_millis(50),
             local_clock: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -82,12 +126,17 @@ enum Conn {
     Cluster(ClusterConnection),
 }
 
+/// A connection attempt's outcome, `None` until it is known.
+type Attempt = tokio::sync::watch::Receiver<Option<Result<(), String>>>;
+
 struct Inner {
     config: RedisConfig,
     script: redis::Script,
     /// Connected lazily, and again after a failed first attempt, so a gateway
     /// started while Redis is down serves (per `on_error`) and connects later.
-    conn: tokio::sync::Mutex<Option<Conn>>,
+    conn: parking_lot::Mutex<Option<Conn>>,
+    /// The connection attempt under way, if any: its outcome, once known.
+    connecting: parking_lot::Mutex<Option<Attempt>>,
     breaker: Breaker,
     errors: AtomicU64,
     /// The clock of `local_clock`, else the system's: time for the
@@ -134,6 +183,9 @@ pub fn check_url(url: &str) -> Result<(), String> {
         .map_err(|e| format!("`{url}` is not a usable Redis URL: {e}"))
 }
 
+/// Bound on making a connection (calls keep their own, shorter, timeout).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl RedisStore {
     /// A store for `config`. Checks the configuration (URLs parse) but does not
     /// wait for Redis: the first decision connects.
@@ -160,7 +212,8 @@ impl RedisStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 script: redis::Script::new(SCRIPT),
-                conn: tokio::sync::Mutex::new(None),
+                conn: parking_lot::Mutex::new(None),
+                connecting: parking_lot::Mutex::new(None),
                 breaker: Breaker::new(clock.clone()),
                 errors: AtomicU64::new(0),
                 clock,
@@ -179,23 +232,41 @@ impl RedisStore {
         self.inner.breaker.is_open()
     }
 
+    /// The standalone server's client, with the configured certificates.
+    fn client(&self) -> redis::RedisResult<redis::Client> {
+        let url = self.inner.config.url.as_deref().unwrap_or_default();
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.inner.config.tls {
+            return redis::Client::build_with_tls(url, tls.certificates());
+        }
+        redis::Client::open(url)
+    }
+
     async fn connect(&self) -> Result<Conn, StoreError> {
         let c = &self.inner.config;
         let t = c.timeout.max(Duration::from_millis(10));
+        // A connection (a TLS handshake: two more round trips) may take
+        // longer than one call is allowed to.
+        let connect_t = t.max(CONNECT_TIMEOUT);
         if c.cluster.is_empty() {
-            let client = redis::Client::open(c.url.as_deref().unwrap_or_default())
-                .map_err(StoreError::unavailable_from)?;
+            let client = self.client().map_err(StoreError::unavailable_from)?;
             let cfg = ConnectionManagerConfig::new()
                 .set_response_timeout(Some(t))
-                .set_connection_timeout(Some(t))
+                .set_connection_timeout(Some(connect_t))
                 .set_number_of_retries(1);
             let m = ConnectionManager::new_with_config(client, cfg)
                 .await
                 .map_err(StoreError::unavailable_from)?;
             Ok(Conn::Single(m))
         } else {
-            let client = redis::cluster::ClusterClientBuilder::new(c.cluster.clone())
-                .connection_timeout(t)
+            let builder = redis::cluster::ClusterClientBuilder::new(c.cluster.clone());
+            #[cfg(feature = "tls")]
+            let builder = match &c.tls {
+                Some(tls) => builder.certs(tls.certificates()),
+                None => builder,
+            };
+            let client = builder
+                .connection_timeout(connect_t)
                 .response_timeout(t)
                 .retries(1)
                 .build()
@@ -208,14 +279,53 @@ impl RedisStore {
         }
     }
 
+    /// The connection, made first if there is none. The attempt runs in a
+    /// task of its own: a call that times out waiting for it (its timeout
+    /// is one decision's, a TLS handshake over a long link may take
+    /// longer) leaves it to finish for the calls after it, instead of
+    /// cancelling it and starting over each time.
     async fn conn(&self) -> Result<Conn, StoreError> {
-        let mut slot = self.inner.conn.lock().await;
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
+        let mut outcome = {
+            if let Some(c) = self.inner.conn.lock().as_ref() {
+                return Ok(c.clone());
+            }
+            let mut connecting = self.inner.connecting.lock();
+            match connecting.as_ref() {
+                Some(rx) => rx.clone(),
+                None => {
+                    let (tx, rx) = tokio::sync::watch::channel(None);
+                    *connecting = Some(rx.clone());
+                    let store = self.clone();
+                    tokio::spawn(async move {
+                        let made = match store.connect().await {
+                            Ok(c) => {
+                                *store.inner.conn.lock() = Some(c);
+                                Ok(())
+                            }
+                            Err(e) => Err(e.to_string()),
+                        };
+                        *store.inner.connecting.lock() = None;
+                        let _ = tx.send(Some(made));
+                    });
+                    rx
+                }
+            }
+        };
+        let made = outcome
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| StoreError::unavailable("the connection attempt was abandoned"))?
+            .clone();
+        match made {
+            Some(Ok(())) => self
+                .inner
+                .conn
+                .lock()
+                .clone()
+                .ok_or_else(|| StoreError::unavailable("not connected")),
+            Some(Err(e)) => Err(StoreError::unavailable(e)),
+            None => Err(StoreError::unavailable("not connected")),
         }
-        let c = self.connect().await?;
-        *slot = Some(c.clone());
-        Ok(c)
     }
 
     /// The state key and zset key of `op` (see [`keys`]).
