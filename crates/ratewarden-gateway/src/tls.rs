@@ -18,15 +18,18 @@ use rustls::server::{ClientHello, ResolvesServerCert, ServerConfig, WebPkiClient
 use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, version};
 
-/// The crypto provider: ring, or aws-lc-rs with the `aws-lc` feature
-/// (both measured in BENCHMARKS.md).
+/// The crypto provider: aws-lc-rs (feature `aws-lc`, the default), or
+/// ring (feature `ring`). Both were measured (BENCHMARKS.md, "TLS").
 pub fn provider() -> Arc<CryptoProvider> {
     #[cfg(feature = "aws-lc")]
     let p = rustls::crypto::aws_lc_rs::default_provider();
-    #[cfg(not(feature = "aws-lc"))]
+    #[cfg(all(feature = "ring", not(feature = "aws-lc")))]
     let p = rustls::crypto::ring::default_provider();
     Arc::new(p)
 }
+
+#[cfg(not(any(feature = "aws-lc", feature = "ring")))]
+compile_error!("ratewarden-gateway needs a TLS crypto provider: feature `aws-lc` or `ring`");
 
 /// Makes [`provider`] the process's default, which libraries that build
 /// their own rustls configs (the Redis client) use. Idempotent.
