@@ -217,6 +217,22 @@ async fn the_tls_listener_serves_http1_and_h2_and_limits_over_both() {
     assert_eq!(statuses, [200, 429], "three allowed in all, over both");
     assert_eq!(up.hits(), 3);
 
+    // TLS 1.2 too (the limit is spent: a 429 over it).
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .with_root_certificates(ca.roots())
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let s = connect(gw.listen, "localhost", Arc::new(cfg))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.get_ref().1.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+    assert_eq!(get(&mut h1(s).await, "/twelve").await.0, 429);
+
     // A plain-text request to the TLS port is no request at all.
     let plain = tokio::time::timeout(
         Duration::from_secs(5),
