@@ -39,6 +39,14 @@ impl ConfigErrors {
     }
 }
 
+impl From<Vec<ConfigError>> for ConfigErrors {
+    /// `errors` must not be empty.
+    fn from(errors: Vec<ConfigError>) -> Self {
+        debug_assert!(!errors.is_empty());
+        Self(errors)
+    }
+}
+
 impl From<ConfigError> for ConfigErrors {
     fn from(e: ConfigError) -> Self {
         Self(vec![e])
@@ -231,6 +239,10 @@ pub(crate) fn parse_error(file: &str, text: &str, e: &serde_saphyr::Error) -> Co
             .filter(|k| !k.is_empty())
             .collect();
         message = match suggest(unknown, expected.iter().copied()) {
+            _ if unknown.is_empty() => format!(
+                "an empty key is not valid; valid keys here: {}",
+                expected.join(", ")
+            ),
             Some(s) => format!("unknown key `{unknown}`; did you mean `{s}`?"),
             None => format!(
                 "unknown key `{unknown}`; valid keys here: {}",
@@ -241,6 +253,14 @@ pub(crate) fn parse_error(file: &str, text: &str, e: &serde_saphyr::Error) -> Co
     } else if let Some(rest) = first.strip_prefix("missing field `") {
         key = rest.split('`').next().unwrap_or_default().to_owned();
         message = format!("`{key}` is required here");
+    }
+    // A YAML key can be empty (`"": 1`, or a tag alone); every error still
+    // names something the reader can find.
+    if key.is_empty() {
+        key = "(empty key)".to_owned();
+    }
+    if message.is_empty() {
+        message = "invalid YAML".to_owned();
     }
     ConfigError {
         file: file.to_owned(),
