@@ -78,6 +78,9 @@ pub struct Facts<'a> {
     pub peer: Option<IpAddr>,
     /// Where the identity comes from.
     pub identity: Identity<'a>,
+    /// The route the request takes, when the front end has routes (rules
+    /// may match on it).
+    pub route: Option<&'a str>,
 }
 
 /// Who a client is.
@@ -232,7 +235,7 @@ impl Policy {
         let mut keyed = SmallVec::<[Keyed; 2]>::new();
         if who.limited {
             for (i, r) in self.rules.iter().enumerate() {
-                if !r.matcher.matches(facts.method, facts.path) {
+                if !r.matcher.matches(facts.method, facts.path, facts.route) {
                     continue;
                 }
                 let key =

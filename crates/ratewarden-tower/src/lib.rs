@@ -411,6 +411,7 @@ where
                 }
             };
             let facts = Facts {
+                route: None,
                 method: &parts.method,
                 path: &path,
                 headers: &parts.headers,

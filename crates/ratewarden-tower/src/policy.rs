@@ -117,6 +117,9 @@ pub struct Matcher {
     /// Paths compare in ASCII lower case (the pattern is stored
     /// lower-cased; a regex gets the `i` flag).
     pub case_insensitive: bool,
+    /// Only requests on this route (a front end's own notion: the
+    /// gateway's routes). `None`: any.
+    pub route: Option<String>,
 }
 
 /// A path condition.
@@ -139,20 +142,30 @@ impl Matcher {
             methods: vec![],
             path: PathMatch::Any,
             case_insensitive: false,
+            route: None,
         }
     }
 
-    /// Whether a request with this method and (normalised) path matches.
+    /// Whether a request with this method, (normalised) path and route
+    /// matches.
     ///
     /// ```
     /// use http::Method;
     /// use ratewarden_tower::policy::{Matcher, PathMatch};
-    /// let m = Matcher { methods: vec![], path: PathMatch::Prefix("/api/".into()), case_insensitive: true };
-    /// assert!(m.matches(&Method::GET, "/API/items"));
-    /// assert!(!m.matches(&Method::GET, "/apix"));
+    /// let m = Matcher { methods: vec![], path: PathMatch::Prefix("/api/".into()), case_insensitive: true, route: None };
+    /// assert!(m.matches(&Method::GET, "/API/items", None));
+    /// assert!(!m.matches(&Method::GET, "/apix", None));
+    /// let on = Matcher { route: Some("admin".into()), ..Matcher::any() };
+    /// assert!(on.matches(&Method::GET, "/x", Some("admin")));
+    /// assert!(!on.matches(&Method::GET, "/x", Some("api")));
     /// ```
-    pub fn matches(&self, method: &Method, path: &str) -> bool {
+    pub fn matches(&self, method: &Method, path: &str, route: Option<&str>) -> bool {
         if !(self.methods.is_empty() || self.methods.contains(method)) {
+            return false;
+        }
+        if let Some(r) = &self.route
+            && route != Some(r.as_str())
+        {
             return false;
         }
         let with = |path: &str| match &self.path {

@@ -112,6 +112,7 @@ macro_rules! table {
         }
     };
 }
+#[cfg(feature = "redis")]
 pub(crate) use table;
 
 /// What every algorithm is: a pure transition of its own state.
@@ -244,6 +245,7 @@ macro_rules! define {
             }
 
             /// The algorithm's id and its four parameters, as the Lua port reads them.
+            #[cfg(feature = "redis")]
             pub(crate) fn script_params(&self) -> (u8, [u64; 4]) {
                 match self {
                     $(Params::$variant(p) => ($id, Algorithm::script_params(p)),)*

@@ -172,6 +172,18 @@ pub struct Fallback<P> {
     primary: P,
     local: memory::MemoryStore,
     policy: OnError,
+    /// The primary's current outage, shared by clones.
+    outage: std::sync::Arc<Outage>,
+}
+
+/// An outage of a [`Fallback`]'s primary, for its log lines.
+#[derive(Debug, Default)]
+struct Outage {
+    /// Set while the primary fails (checked per decision without a lock).
+    on: std::sync::atomic::AtomicBool,
+    /// Since when, and how many decisions were made meanwhile (locally,
+    /// admitted unchecked, or refused, per `policy`).
+    since: parking_lot::Mutex<Option<(std::time::Instant, u64)>>,
 }
 
 impl<P: Store> Fallback<P> {
@@ -181,6 +193,50 @@ impl<P: Store> Fallback<P> {
             primary,
             local,
             policy,
+            outage: Default::default(),
+        }
+    }
+
+    /// The primary failed a decision: the first of an outage says so.
+    fn failed(&self, e: &StoreError) {
+        use std::sync::atomic::Ordering;
+        let mut outage = self.outage.since.lock();
+        match outage.as_mut() {
+            Some((_, n)) => *n += 1,
+            None => {
+                *outage = Some((std::time::Instant::now(), 1));
+                self.outage.on.store(true, Ordering::Relaxed);
+                let meanwhile = match self.policy {
+                    OnError::Local => {
+                        "deciding locally (on_error: local): limits hold per instance"
+                    }
+                    OnError::Allow => "admitting every request unchecked (on_error: allow)",
+                    OnError::Deny => "refusing every request, 503 (on_error: deny)",
+                };
+                tracing::warn!(error = %e, "store unavailable: {meanwhile} until it answers");
+            }
+        }
+    }
+
+    /// The primary answered: the end of an outage, if one was on.
+    fn answered(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.outage.on.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some((since, n)) = self.outage.since.lock().take() {
+            self.outage.on.store(false, Ordering::Relaxed);
+            let how = match self.policy {
+                OnError::Local => "decided locally",
+                OnError::Allow => "admitted unchecked",
+                OnError::Deny => "refused",
+            };
+            tracing::info!(
+                outage = ?since.elapsed(),
+                decisions = n,
+                "store answering again after {:?}; {n} decisions were {how} meanwhile",
+                since.elapsed()
+            );
         }
     }
 
@@ -202,7 +258,12 @@ impl<P: Store> Store for Fallback<P> {
         weight: u64,
         mode: Mode,
     ) -> Result<Vec<Verdict>, StoreError> {
-        match self.primary.decide(ops, weight, mode).await {
+        let decided = self.primary.decide(ops, weight, mode).await;
+        match &decided {
+            Ok(_) => self.answered(),
+            Err(e) => self.failed(e),
+        }
+        match decided {
             Ok(v) => Ok(v),
             Err(e) => match self.policy {
                 OnError::Local => Ok(self.local.decide_now(ops, weight, mode)),

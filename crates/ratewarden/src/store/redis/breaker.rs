@@ -19,6 +19,8 @@ const MAX_BACKOFF: Micros = Micros::from_secs(5);
 pub(crate) enum Change {
     /// Nothing changed.
     None,
+    /// The first failure after a success (the circuit is still closed).
+    Failing,
     /// The circuit opened: calls now fail at once.
     Opened,
     /// The circuit closed again after being open for this long.
@@ -83,6 +85,7 @@ impl Breaker {
     pub(crate) fn failure(&self) -> Change {
         let mut s = self.state.lock();
         s.failures += 1;
+        let first = s.failures == 1 && s.open_until.is_none();
         if s.probing || s.failures >= THRESHOLD {
             let now = self.clock.now();
             let opened = s.open_until.is_none();
@@ -95,8 +98,9 @@ impl Breaker {
             if opened {
                 return Change::Opened;
             }
+            return Change::None;
         }
-        Change::None
+        if first { Change::Failing } else { Change::None }
     }
 
     pub(crate) fn is_open(&self) -> bool {
@@ -114,7 +118,7 @@ mod tests {
     fn opens_after_three_failures_probes_after_the_backoff_and_doubles_it() {
         let clock = ManualClock::new(1_000_000);
         let b = Breaker::new(Arc::new(clock.clone()));
-        assert_eq!(b.failure(), Change::None);
+        assert_eq!(b.failure(), Change::Failing);
         assert_eq!(b.failure(), Change::None);
         assert_eq!(b.failure(), Change::Opened);
         assert!(!b.admit(), "open: calls fail at once");

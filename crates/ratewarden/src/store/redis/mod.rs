@@ -31,7 +31,7 @@ use redis::cluster_async::ClusterConnection;
 use crate::clock::{Clock, Micros, SystemClock};
 use crate::rule::Verdict;
 use crate::store::{KeyInfo, Mode, Op, Store, StoreError};
-use breaker::Breaker;
+use breaker::{Breaker, Change};
 use script::{Call, SCRIPT, argv};
 
 /// Where the store connects, and how patiently.
@@ -181,6 +181,28 @@ pub fn check_url(url: &str) -> Result<(), String> {
     redis::Client::open(url)
         .map(drop)
         .map_err(|e| format!("`{url}` is not a usable Redis URL: {e}"))
+}
+
+/// `url` without its password (`redis://:***@host`), for logs.
+///
+/// ```
+/// use ratewarden::store::redis::redact;
+/// assert_eq!(redact("redis://:s3cret@10.0.0.5:6379/0"), "redis://:***@10.0.0.5:6379/0");
+/// assert_eq!(redact("rediss://user:pw@h:6380"), "rediss://user:***@h:6380");
+/// assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+/// ```
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (auth, host) = match rest.rsplit_once('@') {
+        Some(x) => x,
+        None => return url.to_owned(),
+    };
+    match auth.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
 }
 
 /// Bound on making a connection (calls keep their own, shorter, timeout).
@@ -378,13 +400,28 @@ impl RedisStore {
                 "no answer within {timeout:?}"
             ))),
         };
+        // Log lines on changes only: an outage is three lines (the first
+        // failure, the circuit opening, the recovery), not one per call.
+        let target = self.target();
         match &res {
             Ok(_) => {
-                self.inner.breaker.success();
+                if let Change::Closed(after) = self.inner.breaker.success() {
+                    tracing::info!(redis = %target, outage = ?after.as_duration(), "redis answering again: circuit closed");
+                }
             }
-            Err(_) => {
+            Err(e) => {
                 self.inner.errors.fetch_add(1, Ordering::Relaxed);
-                self.inner.breaker.failure();
+                match self.inner.breaker.failure() {
+                    Change::Failing => {
+                        tracing::warn!(redis = %target, error = %e, "redis call failed");
+                    }
+                    Change::Opened => tracing::warn!(
+                        redis = %target,
+                        error = %e,
+                        "redis unreachable: circuit open, calls fail at once (one probe every 100 ms to 5 s)"
+                    ),
+                    _ => tracing::debug!(redis = %target, error = %e, "redis call failed"),
+                }
             }
         }
         res
@@ -404,6 +441,18 @@ impl RedisStore {
             }
         }
         out
+    }
+
+    /// Where the store points, for log lines: the URL or the first seed,
+    /// without a password.
+    fn target(&self) -> String {
+        let c = &self.inner.config;
+        let url = c
+            .url
+            .as_deref()
+            .or(c.cluster.first().map(String::as_str))
+            .unwrap_or("");
+        redact(url)
     }
 
     /// The time the store's breaker reads (tests use a manual one).
