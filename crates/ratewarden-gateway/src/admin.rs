@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::answer::{Body, problem_response, respond};
+use crate::config::KeyPart;
 use crate::gateway::{Gateway, Live};
 use crate::proxy::forward::rule_path;
 
@@ -212,7 +213,13 @@ fn decision_json(d: &Decision, live: &Live) -> Value {
 /// Handles one admin request.
 pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
     let live = gw.live();
-    if let Some((_, Some(token))) = &live.config.admin {
+    // Probes and Prometheus need no secret unless `admin.token_for_probes`.
+    let probe = req.method() == Method::GET
+        && matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
+    let exempt = probe && !live.config.admin_token_for_probes;
+    if let Some((_, Some(token))) = &live.config.admin
+        && !exempt
+    {
         let ok = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -241,11 +248,11 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
                 format!("store unavailable: {e}\n"),
             ),
         },
-        (Method::GET, "/metrics") => respond(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            gw.metrics.render(store.errors()),
-        ),
+        (Method::GET, "/metrics") => respond(StatusCode::OK, "text/plain; version=0.0.4", {
+            let mut text = gw.metrics.render(store.errors(), gw.access_dropped());
+            live.router.render(&mut text);
+            text
+        }),
         (Method::POST, "/v1/check") => match read_json::<CheckBody>(req).await {
             Ok(body) => check(gw, &live, body).await,
             Err(r) => r,
@@ -255,6 +262,9 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
             Err(r) => r,
         },
         (Method::GET, "/v1/explain") => explain(&live, &query(&req)).await,
+        (Method::GET, "/v1/rules") => rules(&live),
+        (Method::GET, "/v1/bans") => bans(gw, &query(&req)),
+        (Method::GET, "/v1/keys") => top_keys(gw, &live, &query(&req)).await,
         (m, p) if p.starts_with("/v1/keys/") && (m == Method::GET || m == Method::DELETE) => {
             let rest = &p["/v1/keys/".len()..];
             let Some((rule, key)) = rest.split_once('/') else {
@@ -298,6 +308,7 @@ async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Response<Body> {
                     Some(id) => Identity::Given(Some(id)),
                     None => Identity::Resolve,
                 },
+                route: Some(live.router.route_name(&facts_store.0, &facts_store.1)),
             };
             let who = match policy.identify(&facts) {
                 Ok(w) => w,
@@ -321,7 +332,7 @@ async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Response<Body> {
     match matched.decide(&live.limiter, body.cost, Mode::Apply).await {
         Ok(a) => match &a.decision {
             Some(d) => {
-                gw.record(live, d);
+                gw.record(live, d, None);
                 json_response(StatusCode::OK, &check_json(d, live, body.rule.is_some()))
             }
             None => json_response(
@@ -330,7 +341,7 @@ async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Response<Body> {
             ),
         },
         Err(Refusal::Limited(d)) => {
-            gw.record(live, &d);
+            gw.record(live, &d, None);
             json_response(StatusCode::OK, &check_json(&d, live, body.rule.is_some()))
         }
         Err(refusal) => refused(gw, live, refusal),
@@ -363,7 +374,7 @@ fn check_json(d: &Decision, live: &Live, named: bool) -> Value {
 fn refused(gw: &Gateway, live: &Live, refusal: Refusal) -> Response<Body> {
     match refusal {
         Refusal::Limited(d) => {
-            gw.record(live, &d);
+            gw.record(live, &d, None);
             json_response(StatusCode::OK, &decision_json(&d, live))
         }
         Refusal::Unavailable(e) => unavailable(e),
@@ -467,6 +478,7 @@ async fn explain(live: &Live, q: &[(String, String)]) -> Response<Body> {
             Some(id) => Identity::Given(Some(id)),
             None => Identity::Resolve,
         },
+        route: Some(live.router.route_name(&method, &path)),
     };
     let head = |identity: &str, would: bool| json!({"method": method.as_str(), "path": path, "identity": identity, "would_allow": would});
     let who = match policy.identify(&facts) {
@@ -536,6 +548,137 @@ async fn explain(live: &Live, q: &[(String, String)]) -> Response<Body> {
         v["headers"] = decision_json(d, live)["headers"].clone();
     }
     json_response(StatusCode::OK, &v)
+}
+
+/// Most entries a listing returns.
+const MAX_LISTED: usize = 1000;
+
+/// `limit=` of a listing: 1 to [`MAX_LISTED`], 100 by default.
+/// A bad one is answered with a 400 (the `Err`).
+fn listing_limit(q: &[(String, String)]) -> Result<usize, Box<Response<Body>>> {
+    match param(q, "limit") {
+        None => Ok(100),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=MAX_LISTED).contains(&n) => Ok(n),
+            _ => Err(Box::new(problem_response(
+                StatusCode::BAD_REQUEST,
+                &format!("`limit` is 1 to {MAX_LISTED}"),
+            ))),
+        },
+    }
+}
+
+/// `GET /v1/rules`: the rules loaded, with their parameters and the
+/// fingerprint that names their state.
+fn rules(live: &Live) -> Response<Body> {
+    let banner = crate::gateway::banner(&live.config);
+    let rules: Vec<Value> = live
+        .config
+        .policy
+        .rules
+        .iter()
+        .zip(&banner.rules)
+        .map(|(r, line)| {
+            let s = r.rule.spec();
+            json!({
+                "name": s.name,
+                "id": format!("{:016x}", r.rule.id()),
+                "algorithm": s.algorithm.to_string(),
+                "limit": s.limit.get(),
+                "window": (!s.algorithm.holds_leases()).then(|| secs(s.window)),
+                "burst": s.burst.map(|b| b.get()),
+                "max_hold": s.max_hold.map(secs),
+                "min_interval": s.min_interval.map(secs),
+                "penalty": s.penalty.map(|p| json!({
+                    "duration": secs(p.duration), "multiplier": p.multiplier,
+                    "max": secs(p.max), "memory": secs(p.memory),
+                })),
+                "count": if r.rule.counts_failures() { "failures" } else { "all" },
+                "count_rejected": s.count_rejected,
+                "cost": s.cost,
+                "shadow": s.shadow,
+                "summary": line,
+            })
+        })
+        .collect();
+    json_response(StatusCode::OK, &json!({ "rules": rules }))
+}
+
+/// `GET /v1/bans?limit=`: active bans this gateway imposed or saw, the
+/// longest first.
+fn bans(gw: &Gateway, q: &[(String, String)]) -> Response<Body> {
+    let limit = match listing_limit(q) {
+        Ok(n) => n,
+        Err(r) => return *r,
+    };
+    let bans: Vec<Value> = gw
+        .metrics
+        .bans(limit)
+        .into_iter()
+        .map(|(rule, key, left)| json!({"rule": rule, "key": key, "ban_left": secs(left)}))
+        .collect();
+    json_response(StatusCode::OK, &json!({ "bans": bans }))
+}
+
+/// `GET /v1/keys?rule=&limit=`: the keys of `rule` using the most of
+/// their limit now. The candidates are keys this gateway saw at or near
+/// their limit lately (sampled); each is read from the store now, so the
+/// numbers are current, and at most [`MAX_LISTED`] are read.
+async fn top_keys(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response<Body> {
+    let limit = match listing_limit(q) {
+        Ok(n) => n,
+        Err(r) => return *r,
+    };
+    let Some(rule) = param(q, "rule") else {
+        return problem_response(StatusCode::BAD_REQUEST, "`rule` is required");
+    };
+    let Some(pr) = live
+        .config
+        .policy
+        .rules
+        .iter()
+        .find(|r| r.rule.name() == rule)
+    else {
+        return problem_response(StatusCode::NOT_FOUND, &format!("no rule `{rule}`"));
+    };
+    let store = live.limiter.store();
+    let mut rows = vec![];
+    for key in gw.metrics.hot_keys(rule).into_iter().take(MAX_LISTED) {
+        // Its group (the Redis hash tag): the identity, which leads a key
+        // of several parts (split from the right, so that an IPv6 group's
+        // colons stay whole), or the key itself.
+        let group = match pr.key.first() {
+            Some(KeyPart::Identity) if pr.key.len() > 1 && pr.grouped_by_identity() => key
+                .rsplitn(pr.key.len(), ':')
+                .last()
+                .unwrap_or(&key)
+                .to_owned(),
+            _ => key.clone(),
+        };
+        let op = ratewarden::Op::grouped(&pr.rule, &key, &group);
+        match store.inspect(op).await {
+            Ok(i) if i.exists => {
+                let limit = pr.rule.limit();
+                let used = limit.saturating_sub(i.remaining);
+                rows.push((used as f64 / limit as f64, key, i));
+            }
+            Ok(_) => {}
+            Err(e) => return unavailable(e),
+        }
+    }
+    rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+    rows.truncate(limit);
+    let keys: Vec<Value> = rows
+        .into_iter()
+        .map(|(share, key, i)| {
+            json!({
+                "key": key, "used": (share * 1000.0).round() / 1000.0,
+                "remaining": i.remaining, "limit": pr.rule.limit(),
+                "reset_after": secs(i.reset_after), "ban_left": i.ban_left.map(secs),
+            })
+        })
+        .collect();
+    json_response(StatusCode::OK, &json!({ "rule": rule, "keys": keys }))
 }
 
 async fn keys(

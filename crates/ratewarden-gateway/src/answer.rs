@@ -17,6 +17,11 @@ pub(crate) fn boxed(body: Full<Bytes>) -> Body {
     body.map_err(|never| match never {}).boxed_unsync()
 }
 
+/// An empty body.
+pub(crate) fn empty_body() -> Body {
+    boxed(Full::new(Bytes::new()))
+}
+
 /// A complete response of `content_type`.
 pub(crate) fn respond(
     status: StatusCode,

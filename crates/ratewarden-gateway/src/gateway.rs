@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use http::header::{HeaderMap, HeaderValue};
+use http::header::HeaderMap;
 use http::{Response, StatusCode};
 use ratewarden::{Decision, HeaderStyle, Limiter, Mode, Reason};
 use ratewarden_tower::admission::{Admitted, Facts, Refusal};
@@ -16,10 +16,10 @@ use ratewarden_tower::insert_headers;
 
 pub use crate::answer::Body;
 use crate::answer::problem_body;
-use crate::config::{Config, Upstream};
+use crate::config::Config;
 use crate::metrics::{Metrics, RuleCounts};
+use crate::route::Router;
 use crate::store::AnyStore;
-use crate::upstream::Pool;
 
 /// The configuration in force and the limiter it runs on; swapped whole on reload.
 pub struct Live {
@@ -28,8 +28,8 @@ pub struct Live {
     /// Decisions over the configured store (shared with the guards that
     /// release `concurrency` leases).
     pub limiter: Arc<Limiter<AnyStore>>,
-    /// Connections to the configured upstream (none for the echo upstream).
-    pub pool: Option<Arc<Pool>>,
+    /// The routes and their upstream servers (with their pools).
+    pub router: Router,
     /// Deciding a request may read its headers (identity or key from a
     /// header, forwarding headers): the HTTP/1.1 path builds a `HeaderMap`
     /// only then.
@@ -42,7 +42,7 @@ impl Live {
     fn new(
         config: Config,
         limiter: Arc<Limiter<AnyStore>>,
-        pool: Option<Arc<Pool>>,
+        router: Router,
         metrics: &Metrics,
     ) -> Self {
         let reads_headers = config.policy.reads_headers();
@@ -55,7 +55,7 @@ impl Live {
         Self {
             config,
             limiter,
-            pool,
+            router,
             reads_headers,
             counts,
         }
@@ -76,6 +76,19 @@ pub struct Gateway {
     clock: Option<Arc<dyn ratewarden::clock::Clock>>,
     /// Metrics, exported by the admin API.
     pub metrics: Metrics,
+    /// The access log, when `access_log:` asks for one (opened at start).
+    pub access: Option<crate::access::AccessLog>,
+}
+
+/// Why the gateway could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The store could not be created.
+    #[error(transparent)]
+    Store(#[from] ratewarden::StoreError),
+    /// The access log could not be opened.
+    #[error("access log: {0}")]
+    AccessLog(#[source] std::io::Error),
 }
 
 /// Adds `decision`'s rate-limit headers (none when no rule matched).
@@ -103,16 +116,33 @@ impl Gateway {
     pub fn new(
         config: Config,
         clock: Option<Arc<dyn ratewarden::clock::Clock>>,
-    ) -> Result<Arc<Self>, ratewarden::StoreError> {
+    ) -> Result<Arc<Self>, GatewayError> {
         let store = AnyStore::new(&config.store, clock.clone())?;
-        let pool = pool_for(&config, None);
         let metrics = Metrics::default();
-        let live = Live::new(config, Arc::new(Limiter::new(store)), pool, &metrics);
+        let router = Router::new(
+            &config.routes,
+            config.default_server().as_ref(),
+            None,
+            &metrics,
+        );
+        let access = match &config.access_log {
+            Some(spec) => {
+                Some(crate::access::AccessLog::start(spec).map_err(GatewayError::AccessLog)?)
+            }
+            None => None,
+        };
+        let live = Live::new(config, Arc::new(Limiter::new(store)), router, &metrics);
         Ok(Arc::new(Self {
             live: ArcSwap::from_pointee(live),
             clock,
             metrics,
+            access,
         }))
+    }
+
+    /// Access log lines dropped because the writer fell behind.
+    pub fn access_dropped(&self) -> u64 {
+        self.access.as_ref().map_or(0, |a| a.dropped())
     }
 
     /// The configuration and limiter in force.
@@ -133,10 +163,15 @@ impl Gateway {
                 self.clock.clone(),
             )?))
         };
-        // Same upstream: keep its warm connections.
-        let pool = pool_for(&config, old.pool.as_ref());
+        // Servers that did not change keep their warm connections.
+        let router = Router::new(
+            &config.routes,
+            config.default_server().as_ref(),
+            Some(&old.router),
+            &self.metrics,
+        );
         self.live
-            .store(Arc::new(Live::new(config, limiter, pool, &self.metrics)));
+            .store(Arc::new(Live::new(config, limiter, router, &self.metrics)));
         Ok(())
     }
 
@@ -147,7 +182,9 @@ impl Gateway {
         &self,
         live: &'l Live,
         facts: &Facts<'_>,
+        rid: &crate::request_id::RequestId,
     ) -> Result<Admitted<'l>, Refusal> {
+        let request = Some((facts.method, facts.path, rid));
         // quanta's clock: std's `Instant` costs a system call's worth here.
         let started = quanta::Instant::now();
         let res = live
@@ -159,16 +196,22 @@ impl Gateway {
             Ok(a) => {
                 if let Some(d) = &a.decision {
                     self.metrics.decision_time(started.elapsed());
-                    self.record(live, d);
+                    self.record(live, d, request);
                 }
             }
             Err(Refusal::Limited(d)) => {
                 self.metrics.decision_time(started.elapsed());
-                self.record(live, d);
+                self.record(live, d, request);
             }
-            Err(Refusal::Denied(identity)) => tracing::info!(identity, "denied by `deny:`"),
+            Err(Refusal::Denied(identity)) => tracing::info!(
+                identity,
+                method = %facts.method,
+                path = facts.path,
+                request_id = %rid,
+                "denied by `deny:`"
+            ),
             Err(Refusal::Unavailable(e)) => {
-                tracing::warn!(error = %e, "limiter unavailable; on_error: deny");
+                tracing::warn!(error = %e, request_id = %rid, "limiter unavailable; on_error: deny: 503");
             }
             Err(Refusal::NoIdentity(_)) => {}
         }
@@ -181,11 +224,24 @@ impl Gateway {
         Ok(admitted)
     }
 
-    /// Counts a decision per rule, tracks bans, logs each rule's rejection.
-    pub(crate) fn record(&self, live: &Live, d: &Decision) {
+    /// Counts a decision per rule, tracks bans, logs each rule's rejection
+    /// (with the request's method, path and id when it is a request's).
+    pub(crate) fn record(
+        &self,
+        live: &Live,
+        d: &Decision,
+        request: Option<(&http::Method, &str, &crate::request_id::RequestId)>,
+    ) {
         for r in &d.rules {
             if let Some(c) = live.counts(r.rule.id()) {
                 c.add(r.label());
+            }
+            // Keys at or near their limit are `/v1/keys`'s candidates: one
+            // in eight sightings (per thread) is enough to catch the hot
+            // ones, and keeps a rejection flood off the table's lock.
+            let near = r.reason.is_some() || r.remaining.saturating_mul(4) <= r.rule.limit();
+            if near && every_eighth() {
+                self.metrics.hot(r.rule.name(), &r.key);
             }
             if let Some(reason) = r.reason {
                 let banned = reason == Reason::Banned
@@ -194,13 +250,25 @@ impl Gateway {
                     self.metrics
                         .banned(r.rule.name(), &r.key, Instant::now() + left);
                 }
-                tracing::info!(
-                    rule = r.rule.name(),
-                    key = r.key,
-                    reason = reason.as_str(),
-                    shadow = r.rule.is_shadow(),
-                    "rejected"
-                );
+                match request {
+                    Some((method, path, rid)) => tracing::info!(
+                        rule = r.rule.name(),
+                        key = r.key,
+                        reason = reason.as_str(),
+                        shadow = r.rule.is_shadow(),
+                        %method,
+                        path,
+                        request_id = %rid,
+                        "rejected"
+                    ),
+                    None => tracing::info!(
+                        rule = r.rule.name(),
+                        key = r.key,
+                        reason = reason.as_str(),
+                        shadow = r.rule.is_shadow(),
+                        "rejected"
+                    ),
+                }
             }
         }
     }
@@ -215,30 +283,94 @@ impl Gateway {
     }
 }
 
-/// The pool for the configured upstream: `old` when it already serves that
-/// address with the same TLS client.
-fn pool_for(config: &Config, old: Option<&Arc<Pool>>) -> Option<Arc<Pool>> {
-    let Upstream::Url(base) = &config.upstream else {
-        return None;
+/// True once in eight calls on each thread.
+fn every_eighth() -> bool {
+    thread_local! {
+        static N: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+    }
+    N.with(|n| {
+        let v = n.get().wrapping_add(1);
+        n.set(v);
+        v % 8 == 0
+    })
+}
+
+/// What the startup log says about the config it loaded.
+#[derive(Debug)]
+pub struct Banner {
+    /// The proxy listener speaks TLS.
+    pub tls: bool,
+    /// The upstream.
+    pub upstream: String,
+    /// The store, without a password.
+    pub store: String,
+    /// One line per rule: name, algorithm, limit, key, what it matches.
+    pub rules: Vec<String>,
+}
+
+/// The banner of `config`.
+pub fn banner(config: &Config) -> Banner {
+    use crate::config::{KeyPart, PathMatch, StoreSpec};
+    use ratewarden::store::redis::redact;
+    let store = match &config.store {
+        StoreSpec::Memory { max_keys } => format!("memory (up to {max_keys} keys)"),
+        StoreSpec::Redis { url: Some(u), .. } => format!("redis {}", redact(u)),
+        StoreSpec::Redis { cluster, .. } => format!(
+            "redis cluster {}",
+            cluster
+                .iter()
+                .map(|u| redact(u))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
-    let name = base.host().unwrap_or("127.0.0.1");
-    let port = base
-        .port_u16()
-        .unwrap_or(if base.scheme_str() == Some("https") {
-            443
-        } else {
-            80
-        });
-    // A bracketed IPv6 literal keeps its brackets: `[::1]:8080`.
-    let addr = format!("{name}:{port}");
-    let host = base
-        .authority()
-        .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
-    let tls = config.upstream_tls.clone();
-    match old {
-        Some(p) if p.addr() == addr && p.host() == host.as_ref() && p.tls() == tls.as_ref() => {
-            Some(p.clone())
-        }
-        _ => Some(Pool::new(addr, host, tls)),
+    let rules = config
+        .policy
+        .rules
+        .iter()
+        .map(|r| {
+            let spec = r.rule.spec();
+            let amount = if spec.algorithm.holds_leases() {
+                format!("{} in flight", spec.limit)
+            } else {
+                format!("{} per {:?}", spec.limit, spec.window)
+            };
+            let key: Vec<String> = r
+                .key
+                .iter()
+                .map(|k| match k {
+                    KeyPart::Identity => "identity".to_owned(),
+                    KeyPart::Method => "method".to_owned(),
+                    KeyPart::Path => "path".to_owned(),
+                    KeyPart::Header(h) => format!("header:{h}"),
+                    KeyPart::Global => "global".to_owned(),
+                })
+                .collect();
+            let methods: Vec<&str> = r.matcher.methods.iter().map(|m| m.as_str()).collect();
+            let methods = if methods.is_empty() {
+                String::new()
+            } else {
+                format!("{} ", methods.join(","))
+            };
+            let path = match &r.matcher.path {
+                PathMatch::Any => "every path".to_owned(),
+                PathMatch::Exact(p) => format!("path {p}"),
+                PathMatch::Prefix(p) => format!("paths {p}*"),
+                PathMatch::Regex(re) => format!("paths ~ {re}"),
+            };
+            format!(
+                "{}: {} {amount} per [{}], {methods}{path}{}",
+                spec.name,
+                spec.algorithm,
+                key.join(", "),
+                if spec.shadow { " (shadow)" } else { "" }
+            )
+        })
+        .collect();
+    Banner {
+        tls: config.tls.is_some(),
+        upstream: config.upstream.to_string(),
+        store,
+        rules,
     }
 }

@@ -2,6 +2,7 @@
 //! before they reach the upstream, configured by one YAML file, with an admin
 //! API that also answers decisions for applications in other languages.
 
+pub mod access;
 pub mod admin;
 pub mod answer;
 pub mod config;
@@ -11,6 +12,8 @@ pub mod gateway;
 pub mod idle;
 pub mod metrics;
 pub mod proxy;
+pub mod request_id;
+pub mod route;
 pub mod server;
 pub mod store;
 pub mod stream;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use ratewarden_gateway::config::{self, Config, Overrides, Upstream};
+use ratewarden_gateway::gateway;
 use ratewarden_gateway::server::{self, Source};
 
 /// A request allocates and frees dozens of small buffers (headers, bodies,
@@ -50,6 +51,38 @@ enum Command {
         /// The file.
         file: PathBuf,
     },
+    /// Ask a running gateway's admin API whether it is healthy (`GET
+    /// /healthz`, plain HTTP); exit 0 if it answers 200 within 2 s, 1 if
+    /// not. For container healthchecks, where there is no curl.
+    Healthcheck {
+        /// The admin listener's address.
+        #[arg(default_value = "127.0.0.1:9090")]
+        admin: String,
+    },
+}
+
+/// `GET /healthz` on `addr`: whether it answered 200 within 2 s.
+fn healthy(addr: &str) -> bool {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    use std::time::Duration;
+    let Some(addr) = addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+        return false;
+    };
+    let t = Duration::from_secs(2);
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, t) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(t));
+    let _ = s.set_write_timeout(Some(t));
+    if s.write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok()
+        && (head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200"))
 }
 
 /// The configuration, the file it came from and the text it was parsed from.
@@ -80,6 +113,13 @@ fn load(path: Option<&PathBuf>, overrides: &Overrides) -> Result<Loaded, ExitCod
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Healthcheck { admin } => {
+            if healthy(&admin) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         Command::Validate { file } => match load(Some(&file), &Overrides::default()) {
             Ok((c, _, _)) => {
                 println!(
@@ -111,12 +151,7 @@ fn main() -> ExitCode {
                 Ok(x) => x,
                 Err(code) => return code,
             };
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-                )
-                .init();
+            init_log(&cfg.log);
             // One worker: a current-thread runtime, like one nginx worker
             // process (no work-stealing queues, no cross-thread wakeups).
             let rt = if cfg.workers == 1 {
@@ -149,8 +184,32 @@ fn main() -> ExitCode {
     }
 }
 
+/// The log as `log:` says (`RUST_LOG` wins over its level); colours only
+/// on a terminal (and never with `NO_COLOR`), so files get plain text.
+fn init_log(spec: &config::LogSpec) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&spec.level));
+    let ansi = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
+    match spec.format {
+        config::LogFormat::Text => b.init(),
+        config::LogFormat::Json => b
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
 async fn run(cfg: Config, source: Source) -> ExitCode {
-    let echo = cfg.upstream == Upstream::Echo;
+    let banner = gateway::banner(&cfg);
+    // The hint for a first run is for a person at a terminal; a JSON log
+    // stays JSON lines only.
+    let echo = cfg.upstream == Upstream::Echo && cfg.log.format == config::LogFormat::Text;
     let running = match server::start(cfg, source).await {
         Ok(r) => r,
         Err(e) => {
@@ -158,11 +217,28 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    tracing::info!(listen = %running.listen, admin = ?running.admin, "ratewarden serving");
+    let scheme = if banner.tls { "https" } else { "http" };
+    tracing::info!(
+        listen = %running.listen,
+        tls = banner.tls,
+        admin = %running.admin.map_or("off".to_owned(), |a| a.to_string()),
+        upstream = %banner.upstream,
+        store = %banner.store,
+        rules = banner.rules.len(),
+        "ratewarden serving"
+    );
+    for r in &banner.rules {
+        tracing::info!("rule {r}");
+    }
     if echo {
+        let rules = if banner.rules.is_empty() {
+            "no rules".to_owned()
+        } else {
+            banner.rules.join("; ")
+        };
         println!(
-            "ratewarden: http://{} in front of the built-in echo upstream (100 requests/minute per client).\n\
-             try: for i in $(seq 105); do curl -si {}/ | grep -iE '^(HTTP|x-ratelimit-remaining|retry-after)'; done",
+            "ratewarden: {scheme}://{} in front of the built-in echo upstream ({rules}).\n\
+             try: for i in $(seq 105); do curl -si {scheme}://{}/ | grep -iE '^(HTTP|x-ratelimit-remaining|retry-after)'; done",
             running.listen, running.listen
         );
     }

@@ -20,6 +20,9 @@ const DECISIONS: [&str; 3] = ["allowed", "rejected", "shadow_rejected"];
 /// Bound on distinct banned keys tracked for the gauge.
 const MAX_BANS_TRACKED: usize = 100_000;
 
+/// Bound on the keys remembered per rule as candidates for `/v1/keys`.
+const MAX_HOT_PER_RULE: usize = 4096;
+
 #[derive(Default)]
 struct Histogram {
     /// Observations per bucket, not cumulative: one atomic add per
@@ -70,9 +73,27 @@ impl RuleCounts {
     }
 }
 
+/// One upstream server's attempts: answered, failed, timed out.
+#[derive(Default)]
+pub struct ServerCounts([AtomicU64; 3]);
+
+impl ServerCounts {
+    /// Counts one attempt.
+    pub fn add(&self, o: crate::route::Outcome) {
+        let i = match o {
+            crate::route::Outcome::Answered => 0,
+            crate::route::Outcome::Failed => 1,
+            crate::route::Outcome::TimedOut => 2,
+        };
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The gateway's metrics.
 #[derive(Default)]
 pub struct Metrics {
+    /// Per (route, server), kept across reloads like the rule counts.
+    servers: Mutex<HashMap<(String, String), Arc<ServerCounts>>>,
     /// Per rule name, kept across reloads. The request path counts on the
     /// `Arc`s it resolved when the config was loaded (see [`Self::counts`]):
     /// no lock and no lookup per decision.
@@ -86,6 +107,9 @@ pub struct Metrics {
     /// TLS handshakes with clients that failed or timed out.
     tls_failures: AtomicU64,
     bans: Mutex<HashMap<(String, String), Instant>>,
+    /// Per rule, keys seen near or over their limit lately (sampled), as
+    /// the candidates `/v1/keys` inspects.
+    hot: Mutex<HashMap<String, HashMap<String, Instant>>>,
 }
 
 impl Metrics {
@@ -96,6 +120,15 @@ impl Metrics {
             Some(c) => c.clone(),
             None => m.entry(rule.to_owned()).or_default().clone(),
         }
+    }
+
+    /// The attempt counts of `server` on `route`, created on first use.
+    pub fn server_counts(&self, route: &str, server: &str) -> Arc<ServerCounts> {
+        self.servers
+            .lock()
+            .entry((route.to_owned(), server.to_owned()))
+            .or_default()
+            .clone()
     }
 
     /// Counts one decision of `rule`: `allowed`, `rejected`, or `shadow_rejected`.
@@ -145,8 +178,56 @@ impl Metrics {
         b.insert((rule.to_owned(), key.to_owned()), until);
     }
 
-    /// Renders the Prometheus text format; `store_errors` is the store's own count.
-    pub fn render(&self, store_errors: u64) -> String {
+    /// Active bans, the longest first, at most `max`: (rule, key, time left).
+    pub fn bans(&self, max: usize) -> Vec<(String, String, Duration)> {
+        let now = Instant::now();
+        let mut v: Vec<_> = self
+            .bans
+            .lock()
+            .iter()
+            .filter(|(_, until)| **until > now)
+            .map(|((r, k), until)| (r.clone(), k.clone(), *until - now))
+            .collect();
+        v.sort_by_key(|b| std::cmp::Reverse(b.2));
+        v.truncate(max);
+        v
+    }
+
+    /// `key` of `rule` was seen near or over its limit (the caller samples).
+    pub fn hot(&self, rule: &str, key: &str) {
+        let mut hot = self.hot.lock();
+        let keys = match hot.get_mut(rule) {
+            Some(k) => k,
+            None => hot.entry(rule.to_owned()).or_default(),
+        };
+        if let Some(t) = keys.get_mut(key) {
+            *t = Instant::now();
+            return;
+        }
+        if keys.len() >= MAX_HOT_PER_RULE {
+            // Forget the oldest half: the hot keys are the recent ones.
+            let mut ages: Vec<Instant> = keys.values().copied().collect();
+            ages.sort();
+            let cut = ages[ages.len() / 2];
+            keys.retain(|_, t| *t > cut);
+        }
+        keys.insert(key.to_owned(), Instant::now());
+    }
+
+    /// The candidates remembered for `rule`, most recent first.
+    pub fn hot_keys(&self, rule: &str) -> Vec<String> {
+        let hot = self.hot.lock();
+        let Some(keys) = hot.get(rule) else {
+            return vec![];
+        };
+        let mut v: Vec<(&String, &Instant)> = keys.iter().collect();
+        v.sort_by(|a, b| b.1.cmp(a.1));
+        v.into_iter().map(|(k, _)| k.clone()).collect()
+    }
+
+    /// Renders the Prometheus text format; `store_errors` is the store's
+    /// own count, `access_dropped` the access log's dropped lines.
+    pub fn render(&self, store_errors: u64, access_dropped: u64) -> String {
         let mut out = String::new();
         out.push_str("# HELP ratewarden_requests_total Decisions per rule.\n# TYPE ratewarden_requests_total counter\n");
         let mut rows: Vec<_> = self
@@ -174,6 +255,26 @@ impl Metrics {
         let _ = writeln!(
             out,
             "# HELP ratewarden_store_errors_total Decisions the store could not make.\n# TYPE ratewarden_store_errors_total counter\nratewarden_store_errors_total {errors}"
+        );
+        let mut servers: Vec<_> = self
+            .servers
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.0.each_ref().map(|n| n.load(Ordering::Relaxed))))
+            .collect();
+        servers.sort();
+        out.push_str("# HELP ratewarden_upstream_requests_total Attempts on each upstream server, by route and result.\n# TYPE ratewarden_upstream_requests_total counter\n");
+        for ((route, server), c) in servers {
+            for (result, n) in ["answered", "failed", "timed_out"].iter().zip(c) {
+                let _ = writeln!(
+                    out,
+                    "ratewarden_upstream_requests_total{{route=\"{route}\",server=\"{server}\",result=\"{result}\"}} {n}"
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ratewarden_access_log_dropped_total Access log lines dropped because the writer fell behind.\n# TYPE ratewarden_access_log_dropped_total counter\nratewarden_access_log_dropped_total {access_dropped}"
         );
         let _ = writeln!(
             out,

@@ -82,9 +82,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
-    /// The store could not be created.
+    /// The gateway's state (store, access log) could not be created.
     #[error(transparent)]
-    Store(#[from] ratewarden::StoreError),
+    Gateway(#[from] crate::gateway::GatewayError),
 }
 
 async fn bind(addr: SocketAddr, admin: bool) -> Result<(TcpListener, SocketAddr), StartError> {
@@ -268,7 +268,11 @@ async fn serve<F, Fut>(
                 let watcher = graceful.watcher();
                 let builder = builder.clone();
                 let hyper = move |io: Watched<ClientIo>| {
-                    watcher.watch(builder.serve_connection(TokioIo::new(io), svc).into_owned())
+                    watcher.watch(
+                        builder
+                            .serve_connection_with_upgrades(TokioIo::new(io), svc)
+                            .into_owned(),
+                    )
                 };
                 let acceptor = tls.as_ref().map(|t| tokio_rustls::TlsAcceptor::from(t.config(&gw)));
                 let (gw, stop) = (gw.clone(), stop.clone());
@@ -415,13 +419,34 @@ pub fn reload(gw: &Gateway, source: &Source, text: Option<&str>) -> bool {
     match config::load(text, &path.display().to_string(), &source.overrides) {
         Ok(cfg) => {
             let old = gw.live();
-            if cfg.listen != old.config.listen
-                || cfg.admin.as_ref().map(|a| a.0) != old.config.admin.as_ref().map(|a| a.0)
-                || cfg.tls.is_some() != old.config.tls.is_some()
-                || cfg.admin_tls.is_some() != old.config.admin_tls.is_some()
-            {
+            // What a running process cannot change: said, not ignored.
+            let admin_addr = |c: &Config| c.admin.as_ref().map(|a| a.0);
+            let restart: Vec<&str> = [
+                ("listen", cfg.listen != old.config.listen),
+                ("admin.listen", admin_addr(&cfg) != admin_addr(&old.config)),
+                ("workers", cfg.workers != old.config.workers),
+                (
+                    "tls (on or off)",
+                    cfg.tls.is_some() != old.config.tls.is_some(),
+                ),
+                (
+                    "admin.tls (on or off)",
+                    cfg.admin_tls.is_some() != old.config.admin_tls.is_some(),
+                ),
+                (
+                    "client_idle_timeout",
+                    cfg.client_idle_timeout != old.config.client_idle_timeout,
+                ),
+                ("log", cfg.log != old.config.log),
+                ("access_log", cfg.access_log != old.config.access_log),
+            ]
+            .into_iter()
+            .filter_map(|(k, changed)| changed.then_some(k))
+            .collect();
+            if !restart.is_empty() {
                 tracing::warn!(
-                    "listen addresses, or TLS on or off, changed: they take effect on restart; everything else applies now (certificates included)"
+                    changed = %restart.join(", "),
+                    "reload: these changed and take effect only on restart; everything else applies now (certificates included)"
                 );
             }
             match gw.swap(cfg) {

@@ -60,6 +60,24 @@ pub enum UpstreamError {
     Timeout(Duration),
 }
 
+/// Why [`Pool::send`] failed, and the request when it was not sent (it
+/// can go to another server).
+pub struct SendFailed {
+    /// What went wrong.
+    pub error: UpstreamError,
+    /// The request, when nothing of it was sent.
+    pub unsent: Option<Request<ClientBody>>,
+}
+
+impl From<UpstreamError> for SendFailed {
+    fn from(error: UpstreamError) -> Self {
+        Self {
+            error,
+            unsent: None,
+        }
+    }
+}
+
 /// A kept-alive connection and its timer. The timer goes with the
 /// connection from request to request and is pushed forward each time:
 /// while the previous deadline has not passed, that is an atomic update in
@@ -173,7 +191,7 @@ impl Pool {
         self: &Arc<Self>,
         req: Request<ClientBody>,
         timeout: Duration,
-    ) -> Result<Response<PooledBody>, UpstreamError> {
+    ) -> Result<Response<PooledBody>, SendFailed> {
         let deadline = Instant::now() + timeout;
         let mut req = req;
         for fresh in [false, true] {
@@ -188,8 +206,15 @@ impl Pool {
                 None => match tokio::time::timeout_at(deadline, Box::pin(self.connect(deadline)))
                     .await
                 {
-                    Ok(l) => l?,
-                    Err(_) => return Err(UpstreamError::Timeout(timeout)),
+                    Ok(Ok(l)) => l,
+                    // Nothing was sent: the request comes back.
+                    Ok(Err(error)) => {
+                        return Err(SendFailed {
+                            error,
+                            unsent: Some(req),
+                        });
+                    }
+                    Err(_) => return Err(UpstreamError::Timeout(timeout).into()),
                 },
             };
             let mut answer = std::pin::pin!(link.sender.try_send_request(req));
@@ -199,7 +224,7 @@ impl Pool {
             })
             .await;
             match answered {
-                None => return Err(UpstreamError::Timeout(timeout)),
+                None => return Err(UpstreamError::Timeout(timeout).into()),
                 Some(Ok(resp)) => {
                     let (parts, body) = resp.into_parts();
                     return Ok(Response::from_parts(
@@ -209,7 +234,12 @@ impl Pool {
                 }
                 Some(Err(mut e)) => match e.take_message() {
                     Some(unsent) if !fresh => req = unsent,
-                    _ => return Err(e.into_error().into()),
+                    unsent => {
+                        return Err(SendFailed {
+                            error: e.into_error().into(),
+                            unsent,
+                        });
+                    }
                 },
             }
         }

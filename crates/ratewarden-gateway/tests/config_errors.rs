@@ -120,17 +120,17 @@ fn the_seed_002_file_loads_unchanged() {
     assert!(
         c.policy.rules[1]
             .matcher
-            .matches(&http::Method::POST, "/api/item/42/comment")
+            .matches(&http::Method::POST, "/api/item/42/comment", None)
     );
     assert!(
         !c.policy.rules[1]
             .matcher
-            .matches(&http::Method::GET, "/api/item/42/comment")
+            .matches(&http::Method::GET, "/api/item/42/comment", None)
     );
     assert!(
         !c.policy.rules[1]
             .matcher
-            .matches(&http::Method::POST, "/api/item/x/comment")
+            .matches(&http::Method::POST, "/api/item/x/comment", None)
     );
     assert!(c.headers.legacy && !c.headers.ietf);
 }

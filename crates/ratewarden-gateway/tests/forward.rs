@@ -91,6 +91,7 @@ both_paths!(
     an_unreachable_upstream_is_a_502_naming_why,
     a_slow_upstream_is_a_504,
     a_rejection_reads_the_same,
+    the_request_id_goes_upstream_and_back,
 );
 
 /// The upstream answers `xff=...;host=...;hop=...;body=...` (see support).
@@ -234,5 +235,45 @@ async fn a_rejection_reads_the_same(path: Path) {
     ] {
         assert_eq!(r.header(name), Some(value), "{name}");
     }
+    gw.shutdown().await;
+}
+
+/// `X-Request-Id`: a valid one is kept, a missing or unsafe one replaced by
+/// a UUIDv7; the same id reaches the upstream and comes back, on
+/// forwarded requests and on rejections.
+async fn the_request_id_goes_upstream_and_back(path: Path) {
+    let up = Upstream::start().await;
+    let gw = gateway(
+        "rules:\n  - {name: two, limit: 2, window: 1h}\n",
+        &up.url(),
+        None,
+    )
+    .await;
+    let r = send(
+        path,
+        gw.listen,
+        "GET",
+        "/",
+        &[("x-request-id", "trace-42.a:b")],
+    )
+    .await;
+    assert_eq!(r.header("x-request-id"), Some("trace-42.a:b"));
+    assert_eq!(field(&r.body, "rid"), "trace-42.a:b");
+    let r = send(
+        path,
+        gw.listen,
+        "GET",
+        "/",
+        &[("x-request-id", "no spaces \"please\"")],
+    )
+    .await;
+    let made = r.header("x-request-id").unwrap().to_owned();
+    assert_eq!(made.len(), 36, "a UUID: {made}");
+    assert_eq!(&made[14..15], "7", "version 7: {made}");
+    assert_eq!(field(&r.body, "rid"), made, "the same id upstream");
+    let rejected = send(path, gw.listen, "GET", "/", &[]).await;
+    assert_eq!(rejected.status, StatusCode::TOO_MANY_REQUESTS);
+    let id = rejected.header("x-request-id").unwrap();
+    assert!(id.len() == 36 && id != made, "{id}");
     gw.shutdown().await;
 }

@@ -55,6 +55,12 @@ async fn upstream_handle(
         .unwrap_or("")
         .to_owned();
     let hop = req.headers().contains_key("x-hop");
+    let rid = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
     let method = req.method().clone();
     let body = req
         .into_body()
@@ -81,7 +87,7 @@ async fn upstream_handle(
         (
             StatusCode::OK,
             format!(
-                "xff={xff};host={host};hop={hop};body={}",
+                "xff={xff};host={host};hop={hop};rid={rid};body={}",
                 String::from_utf8_lossy(&body)
             ),
         )
@@ -340,6 +346,26 @@ pub struct Binary {
     pub listen: SocketAddr,
     pub admin: SocketAddr,
     dir: std::path::PathBuf,
+    /// Every line the binary wrote to its standard output so far.
+    pub lines: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Binary {
+    /// Waits (at most 10 s) for an output line `pred` accepts; the line.
+    pub fn wait_for_line(&self, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(l) = self.lines.lock().unwrap().iter().find(|l| pred(l)) {
+                return l.clone();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no such line in:\n{}",
+                self.lines.lock().unwrap().join("")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Binary {
@@ -374,20 +400,28 @@ pub fn spawn_binary(
     env: &[(&str, &str)],
     dir: std::path::PathBuf,
 ) -> Binary {
+    let file = file.display().to_string();
+    let args = [
+        "serve",
+        "--workers",
+        "1",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--upstream",
+        upstream,
+        "-c",
+        &file,
+    ];
+    spawn_binary_with(&args, env, dir)
+}
+
+/// The real binary run with `args`, which must make it serve with an
+/// admin listener; `dir` is removed when it stops.
+pub fn spawn_binary_with(args: &[&str], env: &[(&str, &str)], dir: std::path::PathBuf) -> Binary {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
-        .args([
-            "serve",
-            "--workers",
-            "1",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--upstream",
-            upstream,
-            "-c",
-        ])
-        .arg(file)
+        .args(args)
         .envs(env.iter().copied())
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
@@ -396,31 +430,48 @@ pub fn spawn_binary(
         .spawn()
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
+    // `key=value` in a text line, or `"key":"value"` in a JSON one.
     let addr_after = |line: &str, key: &str| -> Option<SocketAddr> {
-        let rest = &line[line.find(key)? + key.len()..];
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+            return v[key].as_str()?.parse().ok();
+        }
+        let key = format!("{key}=");
+        let rest = &line[line.find(&key)? + key.len()..];
         let end = rest.find([' ', ')']).unwrap_or(rest.len());
         rest[..end].parse().ok()
     };
+    let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
     let (listen, admin) = loop {
         let mut line = String::new();
         assert!(
             out.read_line(&mut line).unwrap() > 0,
-            "exited before serving"
+            "exited before serving:\n{}",
+            lines.lock().unwrap().join("")
         );
+        lines.lock().unwrap().push(line.clone());
         if line.contains("ratewarden serving") {
             break (
-                addr_after(&line, "listen=").unwrap(),
-                addr_after(&line, "admin=Some(").unwrap(),
+                addr_after(&line, "listen").unwrap(),
+                addr_after(&line, "admin").unwrap(),
             );
         }
     };
-    // Drain the log so the pipe never fills.
-    std::thread::spawn(move || for _ in out.lines() {});
+    // Keep the log (and drain it, so the pipe never fills).
+    let kept = lines.clone();
+    std::thread::spawn(move || {
+        for line in out.lines() {
+            match line {
+                Ok(l) => kept.lock().unwrap().push(l + "\n"),
+                Err(_) => return,
+            }
+        }
+    });
     Binary {
         child,
         listen,
         admin,
         dir,
+        lines,
     }
 }
 

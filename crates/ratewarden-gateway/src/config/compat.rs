@@ -203,6 +203,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
             path_prefix: None,
             path_regex: regex,
             case_insensitive: None,
+            route: None,
         };
         match window(
             d,
@@ -263,6 +264,8 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         underscores_in_headers: None,
         tls: None,
         upstream_tls: None,
+        log: None,
+        access_log: None,
         admin: default_admin(),
         store: None,
         identity,
@@ -271,6 +274,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         headers: Some(vec![nowhere("legacy".into())]),
         status: None,
         rules,
+        routes: vec![],
     };
     let config = validate(file, d, o);
     if ok { config } else { None }

@@ -8,10 +8,12 @@
 //! * [`diag`]: errors with file, line, column and key;
 //! * [`compat`]: the Go gateway's format of seed 002 (root key
 //!   `rateLimiter:`), translated;
-//! * [`tls`]: the TLS sections, their files read and checked.
+//! * [`tls`]: the TLS sections, their files read and checked;
+//! * [`env`]: `${VAR}` from the environment, before parsing.
 
 mod compat;
 mod diag;
+mod env;
 mod model;
 mod schema;
 mod tls;
@@ -24,7 +26,10 @@ pub use validate::{BODY_TIMEOUT, HEADER_TIMEOUT};
 use diag::{Diag, parse_error};
 
 /// Parses and validates a configuration text; `file` names it in errors.
+/// `${VAR}` and `${VAR:-default}` are read from the environment first.
 pub fn load(text: &str, file: &str, overrides: &Overrides) -> Result<Config, ConfigErrors> {
+    let text = &env::interpolate(text, file, |name| std::env::var(name).ok())
+        .map_err(ConfigErrors::from)?;
     let d = Diag::new(file);
     let is_compat = text
         .lines()

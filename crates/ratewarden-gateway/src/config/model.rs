@@ -85,6 +85,15 @@ pub struct Config {
     /// Every certificate, key and CA file the config read: a change to
     /// one reloads the config, as a change to the config file does.
     pub tls_files: Vec<PathBuf>,
+    /// `/healthz`, `/readyz` and `/metrics` need the admin token too
+    /// (`admin.token_for_probes`; off: probes and Prometheus need no secret).
+    pub admin_token_for_probes: bool,
+    /// The log's format and level (read at start).
+    pub log: LogSpec,
+    /// The access log, if any (read at start).
+    pub access_log: Option<crate::access::Spec>,
+    /// Routes to other upstreams, tried in order before the default.
+    pub routes: Vec<RouteSpec>,
     /// The store.
     pub store: StoreSpec,
     /// Identity, `allow`, `deny` and the rules: what the one admission
@@ -94,6 +103,80 @@ pub struct Config {
     pub headers: HeaderStyle,
     /// Status of a rejection.
     pub status: StatusCode,
+}
+
+/// A route: which requests, and where they go.
+#[derive(Debug, Clone)]
+pub struct RouteSpec {
+    /// Its name (rules may match on it).
+    pub name: String,
+    /// Which requests (method, normalised path).
+    pub matcher: Matcher,
+    /// Where they go.
+    pub group: GroupSpec,
+}
+
+/// Upstream servers, balanced and checked.
+#[derive(Debug, Clone)]
+pub struct GroupSpec {
+    /// The servers.
+    pub servers: Vec<ServerSpec>,
+    /// How one is chosen.
+    pub balance: crate::route::Balance,
+    /// Ejection after failures in a row (on by default with two servers or more).
+    pub passive: Option<crate::route::Passive>,
+    /// A periodic `GET`.
+    pub active: Option<crate::route::Active>,
+}
+
+/// One upstream server.
+#[derive(Debug, Clone)]
+pub struct ServerSpec {
+    /// Its URL.
+    pub url: Uri,
+    /// Its TLS client (https).
+    pub tls: Option<ClientTls>,
+}
+
+impl Config {
+    /// The server of the top-level `upstream:` (`None`: the echo upstream).
+    pub fn default_server(&self) -> Option<ServerSpec> {
+        match &self.upstream {
+            Upstream::Url(u) => Some(ServerSpec {
+                url: u.clone(),
+                tls: self.upstream_tls.clone(),
+            }),
+            Upstream::Echo => None,
+        }
+    }
+}
+
+/// `log:`: how the gateway's own log is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSpec {
+    /// Text (coloured only on a terminal) or one JSON object per line.
+    pub format: LogFormat,
+    /// A `tracing` filter: `info`, `warn`, `ratewarden=debug,info`...
+    /// (`RUST_LOG`, when set, wins).
+    pub level: String,
+}
+
+impl Default for LogSpec {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// The log's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// Which target goes upstream (`upstream_path:`).

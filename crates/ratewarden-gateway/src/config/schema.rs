@@ -32,6 +32,8 @@ pub(crate) struct File {
     pub underscores_in_headers: Option<Sp<bool>>,
     pub tls: Option<Sp<TlsFile>>,
     pub upstream_tls: Option<Sp<UpstreamTlsFile>>,
+    pub log: Option<Sp<LogFile>>,
+    pub access_log: Option<Sp<AccessLogFile>>,
     #[serde(default = "default_admin")]
     pub admin: Option<AdminFile>,
     pub store: Option<StoreFile>,
@@ -44,6 +46,55 @@ pub(crate) struct File {
     pub status: Option<Sp<i64>>,
     #[serde(default)]
     pub rules: Vec<RuleFile>,
+    #[serde(default)]
+    pub routes: Vec<RouteFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RouteFile {
+    pub name: Sp<String>,
+    #[serde(rename = "match")]
+    pub matcher: Option<Sp<MatchFile>>,
+    pub upstream: Sp<RouteUpstreamFile>,
+}
+
+/// A route's upstream: one URL, or servers with a balance and checks.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum RouteUpstreamFile {
+    Url(String),
+    Group(GroupFile),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GroupFile {
+    pub servers: Vec<String>,
+    pub balance: Option<String>,
+    pub health: Option<HealthFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HealthFile {
+    pub passive: Option<PassiveFile>,
+    pub active: Option<ActiveFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PassiveFile {
+    pub failures: Option<i64>,
+    pub eject_for: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ActiveFile {
+    pub path: String,
+    pub interval: Option<String>,
+    pub timeout: Option<String>,
 }
 
 pub(crate) fn default_admin() -> Option<AdminFile> {
@@ -51,7 +102,22 @@ pub(crate) fn default_admin() -> Option<AdminFile> {
         listen: None,
         token: None,
         tls: None,
+        token_for_probes: None,
     })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LogFile {
+    pub format: Option<Sp<String>>,
+    pub level: Option<Sp<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AccessLogFile {
+    pub path: Sp<String>,
+    pub format: Option<Sp<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -60,6 +126,7 @@ pub(crate) struct AdminFile {
     pub listen: Option<Sp<String>>,
     pub token: Option<Sp<String>>,
     pub tls: Option<Sp<TlsFile>>,
+    pub token_for_probes: Option<Sp<bool>>,
 }
 
 /// A listener's TLS: one certificate (`cert` + `key`) or several
@@ -172,4 +239,5 @@ pub(crate) struct MatchFile {
     pub path_prefix: Option<Sp<String>>,
     pub path_regex: Option<Sp<String>>,
     pub case_insensitive: Option<Sp<bool>>,
+    pub route: Option<Sp<String>>,
 }

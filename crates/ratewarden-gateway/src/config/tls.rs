@@ -120,29 +120,41 @@ pub(crate) fn listener(
 
 /// `upstream_tls:` for an https `upstream`: the name to verify (the URL's
 /// host unless `server_name`), the CA (else the system's roots) and a
-/// client certificate.
+/// client certificate. `routes_https`: some route has an https server, so
+/// `upstream_tls` applies even with an http default upstream.
 pub(crate) fn upstream(
     d: &Diag<'_>,
     upstream: Option<&Upstream>,
     f: Option<&Sp<UpstreamTlsFile>>,
+    routes_https: bool,
 ) -> Option<Option<ClientTls>> {
-    let https = match upstream {
-        Some(Upstream::Url(u)) => u.scheme_str() == Some("https"),
-        Some(Upstream::Echo) => false,
+    let url = match upstream {
+        Some(Upstream::Url(u)) if u.scheme_str() == Some("https") => u,
+        Some(_) => {
+            if let Some(f) = f
+                && !routes_https
+            {
+                d.error(
+                    "upstream_tls",
+                    Some(&f.referenced),
+                    "`upstream_tls` applies to https upstreams only, and none is",
+                );
+                return None;
+            }
+            return Some(None);
+        }
         // The upstream is wrong already (reported): nothing more to say.
         None => return None,
     };
-    let Some(Upstream::Url(url)) = upstream.filter(|_| https) else {
-        if let Some(f) = f {
-            d.error(
-                "upstream_tls",
-                Some(&f.referenced),
-                "`upstream_tls` applies to an https `upstream` only",
-            );
-            return None;
-        }
-        return Some(None);
-    };
+    client_for(d, url, f).map(Some)
+}
+
+/// The TLS client of the https server `url`, per `upstream_tls`.
+pub(crate) fn client_for(
+    d: &Diag<'_>,
+    url: &http::Uri,
+    f: Option<&Sp<UpstreamTlsFile>>,
+) -> Option<ClientTls> {
     let t = f.map(|f| &f.value);
     let name = match t.and_then(|t| t.server_name.as_ref()) {
         Some(n) => d.check(
@@ -189,7 +201,7 @@ pub(crate) fn upstream(
         _ => pair.map(|(c, _)| ("upstream_tls.client_cert", c)),
     };
     match (r, at) {
-        (Ok(c), _) => Some(Some(c)),
+        (Ok(c), _) => Some(c),
         (Err(e), Some((key, v))) => {
             d.error(key, Some(&v.referenced), e.to_string());
             None

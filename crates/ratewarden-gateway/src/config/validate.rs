@@ -174,7 +174,21 @@ pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
         None => Some(None),
         Some(t) => super::tls::listener(d, "admin.tls", t, true).map(Some),
     };
-    let upstream_tls = super::tls::upstream(d, upstream.as_ref(), f.upstream_tls.as_ref());
+    let routes_https = f.routes.iter().any(|r| match &r.upstream.value {
+        RouteUpstreamFile::Url(u) => u.starts_with("https://"),
+        RouteUpstreamFile::Group(g) => g.servers.iter().any(|u| u.starts_with("https://")),
+    });
+    let upstream_tls =
+        super::tls::upstream(d, upstream.as_ref(), f.upstream_tls.as_ref(), routes_https);
+    let routes = routes(d, &f.routes, f.upstream_tls.as_ref());
+    let route_names: Vec<String> = f.routes.iter().map(|r| r.name.value.clone()).collect();
+    let log = log_spec(d, f.log.as_ref());
+    let access_log = opt(&f.access_log, |a| access_spec(d, a));
+    let admin_token_for_probes = f
+        .admin
+        .as_ref()
+        .and_then(|a| a.token_for_probes.as_ref())
+        .is_some_and(|t| t.value);
     let mut tls_files = vec![];
     let store = match f.store {
         None => Some(StoreSpec::Memory {
@@ -234,7 +248,7 @@ pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
             rules_ok = false;
         }
         names.push(r.name.value.clone());
-        match rule(d, r) {
+        match rule(d, r, &route_names) {
             Some(g) => rules.push(g),
             None => rules_ok = false,
         }
@@ -243,6 +257,16 @@ pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
         tls_files.extend(t.files.iter().cloned());
     }
     for t in upstream_tls.iter().flatten() {
+        tls_files.extend(t.files.iter().cloned());
+    }
+    // (Every https server reads the same `upstream_tls` files.)
+    if let Some(t) = routes
+        .iter()
+        .flatten()
+        .flat_map(|r| &r.group.servers)
+        .find_map(|s| s.tls.as_ref())
+        && tls_files.is_empty()
+    {
         tls_files.extend(t.files.iter().cloned());
     }
     Some(Config {
@@ -257,6 +281,10 @@ pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
         underscores_in_headers: f.underscores_in_headers.is_some_and(|u| u.value),
         admin: admin?,
         tls_files,
+        admin_token_for_probes,
+        log: log?,
+        access_log: access_log?,
+        routes: routes?,
         tls: tls?,
         admin_tls: admin_tls?,
         upstream_tls: upstream_tls?,
@@ -269,6 +297,67 @@ pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
         },
         headers: headers?,
         status: status?,
+    })
+}
+
+fn log_spec(d: &Diag<'_>, f: Option<&Sp<LogFile>>) -> Option<LogSpec> {
+    let Some(f) = f else {
+        return Some(LogSpec::default());
+    };
+    let format = match &f.value.format {
+        None => Some(LogFormat::Text),
+        Some(v) => d.choice(
+            "log.format",
+            v,
+            &[("text", LogFormat::Text), ("json", LogFormat::Json)],
+        ),
+    };
+    let level = match &f.value.level {
+        None => Some("info".to_owned()),
+        Some(v) => d.check(
+            "log.level",
+            Some(&v.referenced),
+            tracing_subscriber::EnvFilter::try_new(&v.value)
+                .map(|_| v.value.clone())
+                .map_err(|e| {
+                    format!(
+                        "`{}` is not a level or filter (error, warn, info, debug, trace): {e}",
+                        v.value
+                    )
+                }),
+        ),
+    };
+    Some(LogSpec {
+        format: format?,
+        level: level?,
+    })
+}
+
+fn access_spec(d: &Diag<'_>, f: &Sp<AccessLogFile>) -> Option<crate::access::Spec> {
+    use crate::access::{Format, Sink, Spec};
+    let sink = match f.value.path.value.as_str() {
+        "stdout" | "-" => Sink::Stdout,
+        "" => {
+            d.error(
+                "access_log.path",
+                Some(&f.value.path.referenced),
+                "a file, or `stdout`",
+            );
+            return None;
+        }
+        p => Sink::File(d.path(p)),
+    };
+    let format = match &f.value.format {
+        None => Some(Format::Json),
+        Some(v) => d.choice(
+            "access_log.format",
+            v,
+            &[("json", Format::Json), ("combined", Format::Combined)],
+        ),
+    };
+    Some(Spec {
+        sink,
+        format: format?,
     })
 }
 
@@ -628,7 +717,182 @@ fn rule_location<'r>(r: &'r RuleFile, key: &str) -> &'r Location {
     at.unwrap_or(&r.name.referenced)
 }
 
-fn rule(d: &Diag<'_>, r: RuleFile) -> Option<PolicyRule> {
+/// `routes:`: names unique (and not `default`), a match each, and servers
+/// that are URLs (each https one with its TLS client).
+fn routes(
+    d: &Diag<'_>,
+    routes: &[RouteFile],
+    upstream_tls: Option<&Sp<UpstreamTlsFile>>,
+) -> Option<Vec<RouteSpec>> {
+    use crate::route::{Active, Balance, Passive};
+    let mut out = Some(vec![]);
+    let mut seen: Vec<&str> = vec![];
+    for r in routes {
+        let name = &r.name;
+        let at = Some(&name.referenced);
+        let name_ok = !name.value.is_empty()
+            && name.value.len() <= 128
+            && name
+                .value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !name_ok {
+            d.error(
+                "name",
+                at,
+                "a route name is 1-128 letters, digits, `-`, `_` or `.`",
+            );
+        } else if name.value == crate::route::DEFAULT {
+            d.error("name", at, "`default` is the top-level `upstream`'s route");
+        } else if seen.contains(&name.value.as_str()) {
+            d.error("name", at, format!("duplicate route name `{}`", name.value));
+        }
+        seen.push(&name.value);
+        let matcher = match &r.matcher {
+            None => Some(Matcher::any()),
+            Some(m) => {
+                if let Some(route) = &m.value.route {
+                    d.error(
+                        "route",
+                        Some(&route.referenced),
+                        "a route's `match` cannot name a route (rules can)",
+                    );
+                    None
+                } else {
+                    matcher(d, m, &[])
+                }
+            }
+        };
+        let up_at = Some(&r.upstream.referenced);
+        let (urls, balance, health): (Vec<&String>, _, _) = match &r.upstream.value {
+            RouteUpstreamFile::Url(u) => (vec![u], None, None),
+            RouteUpstreamFile::Group(g) => (
+                g.servers.iter().collect(),
+                g.balance.as_ref(),
+                g.health.as_ref(),
+            ),
+        };
+        if urls.is_empty() {
+            d.error("servers", up_at, "a route needs at least one server");
+        }
+        let mut servers = Some(vec![]);
+        for u in urls {
+            let server = match parse_upstream(u) {
+                Ok(Upstream::Url(url)) => {
+                    if url.scheme_str() == Some("https") {
+                        super::tls::client_for(d, &url, upstream_tls).map(|t| (url, Some(t)))
+                    } else {
+                        Some((url, None))
+                    }
+                }
+                Ok(Upstream::Echo) => {
+                    d.error(
+                        "servers",
+                        up_at,
+                        "`echo` is for the top-level `upstream` only",
+                    );
+                    None
+                }
+                Err(m) => {
+                    d.error("servers", up_at, m);
+                    None
+                }
+            };
+            match (server, servers.as_mut()) {
+                (Some((url, tls)), Some(v)) => v.push(ServerSpec { url, tls }),
+                _ => servers = None,
+            }
+        }
+        let balance = match balance.map(String::as_str) {
+            None | Some("round_robin") => Some(Balance::RoundRobin),
+            Some("least_requests") => Some(Balance::LeastRequests),
+            Some("hash") => Some(Balance::Hash),
+            Some(other) => {
+                d.error(
+                    "balance",
+                    up_at,
+                    format!("`{other}` is not a balance (round_robin, least_requests or hash)"),
+                );
+                None
+            }
+        };
+        let dur = |key: &str, v: &Option<String>, default: Duration| -> Option<Duration> {
+            match v {
+                None => Some(default),
+                Some(v) => match parse_duration(v) {
+                    Ok(d0) if !d0.is_zero() => Some(d0),
+                    Ok(_) => {
+                        d.error(key, up_at, "must be longer than 0");
+                        None
+                    }
+                    Err(e) => {
+                        d.error(key, up_at, e);
+                        None
+                    }
+                },
+            }
+        };
+        let passive = match health.and_then(|h| h.passive.as_ref()) {
+            None => Some(Some(Passive::default())),
+            Some(p) => {
+                let failures = match p.failures {
+                    None => Some(3),
+                    Some(n) if (1..=1000).contains(&n) => Some(n as u32),
+                    Some(n) => {
+                        d.error("failures", up_at, format!("{n}: between 1 and 1000"));
+                        None
+                    }
+                };
+                let eject_for = dur("eject_for", &p.eject_for, Duration::from_secs(10));
+                failures.zip(eject_for).map(|(failures, eject_for)| {
+                    Some(Passive {
+                        failures,
+                        eject_for,
+                    })
+                })
+            }
+        };
+        let active = match health.and_then(|h| h.active.as_ref()) {
+            None => Some(None),
+            Some(a) => {
+                let path_ok =
+                    a.path.starts_with('/') && a.path.bytes().all(|b| b.is_ascii_graphic());
+                if !path_ok {
+                    d.error("path", up_at, format!("`{}` is not a request path", a.path));
+                }
+                let interval = dur("interval", &a.interval, Duration::from_secs(5));
+                let timeout = dur("timeout", &a.timeout, Duration::from_secs(1));
+                match (path_ok, interval, timeout) {
+                    (true, Some(interval), Some(timeout)) => Some(Some(Active {
+                        path: a.path.clone(),
+                        interval,
+                        timeout,
+                    })),
+                    _ => None,
+                }
+            }
+        };
+        let spec = (|| {
+            Some(RouteSpec {
+                name: name_ok.then(|| name.value.clone())?,
+                matcher: matcher?,
+                group: GroupSpec {
+                    servers: servers?,
+                    balance: balance?,
+                    passive: passive?,
+                    active: active?,
+                },
+            })
+        })();
+        match (spec, out.as_mut()) {
+            (Some(r), Some(v)) => v.push(r),
+            _ => out = None,
+        }
+    }
+    out
+}
+
+fn rule(d: &Diag<'_>, r: RuleFile, routes: &[String]) -> Option<PolicyRule> {
     let kind = match &r.algorithm {
         None => Some(Kind::default()),
         Some(a) => match Kind::from_str(&a.value) {
@@ -786,12 +1050,8 @@ fn rule(d: &Diag<'_>, r: RuleFile) -> Option<PolicyRule> {
         None => Some(NonZeroU64::MIN),
     };
     let matcher = match &r.matcher {
-        None => Some(Matcher {
-            methods: vec![],
-            path: PathMatch::Any,
-            case_insensitive: false,
-        }),
-        Some(m) => matcher(d, m),
+        None => Some(Matcher::any()),
+        Some(m) => matcher(d, m, routes),
     };
     let key = match &r.key {
         None => Some(vec![KeyPart::Identity]),
@@ -863,9 +1123,29 @@ fn rule(d: &Diag<'_>, r: RuleFile) -> Option<PolicyRule> {
     })
 }
 
-fn matcher(d: &Diag<'_>, m: &Sp<MatchFile>) -> Option<Matcher> {
+/// A `match:`; `routes` are the names its `route` may take (besides
+/// `default`).
+fn matcher(d: &Diag<'_>, m: &Sp<MatchFile>, routes: &[String]) -> Option<Matcher> {
     let at = Some(&m.referenced);
     let m = &m.value;
+    let route = match &m.route {
+        None => Some(None),
+        Some(r) if r.value == crate::route::DEFAULT || routes.contains(&r.value) => {
+            Some(Some(r.value.clone()))
+        }
+        Some(r) => {
+            let hint = match suggest(&r.value, routes.iter().map(String::as_str)) {
+                Some(s) => format!("; did you mean `{s}`?"),
+                None => String::new(),
+            };
+            d.error(
+                "route",
+                Some(&r.referenced),
+                format!("no route `{}`{hint}", r.value),
+            );
+            None
+        }
+    };
     let case_insensitive = m.case_insensitive.as_ref().is_some_and(|c| c.value);
     let mut methods = Some(vec![]);
     for meth in m.methods.iter().flatten() {
@@ -983,6 +1263,7 @@ fn matcher(d: &Diag<'_>, m: &Sp<MatchFile>) -> Option<Matcher> {
         methods: methods?,
         path,
         case_insensitive,
+        route: route?,
     })
 }
 

@@ -5,10 +5,9 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -19,13 +18,14 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use crate::answer::{Body, respond};
-use crate::config::Upstream;
 use crate::gateway::{Gateway, add_rate_headers, refusal_answer};
 use crate::proxy::forward::{
     self, Edge, UpstreamFailure, check_host, drops_length, is_hop_by_hop, push_forwarded_for,
     tls_cause, tls_failure, upstream_failed,
 };
-use crate::upstream::{BODY_BROKE, BODY_STALLED, ClientBody, Pool, UpstreamError};
+use crate::request_id::{self, RequestId};
+use crate::route::Outcome;
+use crate::upstream::{BODY_BROKE, BODY_STALLED, ClientBody, SendFailed, UpstreamError};
 use ratewarden_tower::admission::{Facts, Held, Identity};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -34,7 +34,7 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// over the names present (a handful), then hashed removals of only those
 /// found: this runs twice per proxied request, and upstreams commonly send
 /// `Connection: keep-alive`.
-fn strip_hop_by_hop(h: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     let mut found: Vec<HeaderName> = h
         .keys()
         .filter(|k| is_hop_by_hop(k.as_str().as_bytes()))
@@ -105,9 +105,74 @@ pub(crate) fn edge_check(parts: &Parts) -> Result<(), Edge> {
     }
 }
 
+/// What the access log says of an answer besides its status.
+#[derive(Default)]
+struct Seen {
+    identity: Option<String>,
+    rule: Option<String>,
+}
+
 impl Gateway {
-    /// Handles one request on hyper's path.
+    /// Handles one request on hyper's path: the answer carries the
+    /// request's id; the access log gets a line.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let rid = RequestId::keep_or_make(
+            req.headers()
+                .get(request_id::HEADER)
+                .map(HeaderValue::as_bytes),
+        );
+        let arrived = self.access.as_ref().map(|_| {
+            let header = |n: HeaderName| {
+                req.headers()
+                    .get(n)
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            };
+            (
+                SystemTime::now(),
+                Instant::now(),
+                req.method().clone(),
+                req.uri()
+                    .path_and_query()
+                    .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+                version_name(req.version()),
+                header(header::REFERER),
+                header(header::USER_AGENT),
+            )
+        });
+        let mut seen = Seen::default();
+        let mut resp = self.answer(req, peer, &rid, &mut seen).await;
+        if let Ok(v) = HeaderValue::from_bytes(rid.as_bytes()) {
+            resp.headers_mut().insert(request_id::HEADER, v);
+        }
+        if let (Some(log), Some((time, started, method, target, version, referer, user_agent))) =
+            (&self.access, arrived)
+        {
+            log.log(crate::access::Record {
+                time,
+                peer: peer.ip(),
+                method,
+                target,
+                version,
+                status: resp.status().as_u16(),
+                bytes: http_body::Body::size_hint(resp.body()).exact(),
+                duration: started.elapsed(),
+                request_id: rid,
+                identity: seen.identity,
+                rule: seen.rule,
+                referer,
+                user_agent,
+            });
+        }
+        resp
+    }
+
+    async fn answer(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        rid: &RequestId,
+        seen: &mut Seen,
+    ) -> Response<Body> {
         let live = self.live();
         let (mut parts, body) = req.into_parts();
         if let Err(e) = edge_check(&parts) {
@@ -121,31 +186,67 @@ impl Gateway {
             Ok(p) => p.into_owned(),
             Err(e) => return e.answer(),
         };
+        let route = live.router.route(&parts.method, &path);
         let facts = Facts {
             method: &parts.method,
             path: &path,
             headers: &parts.headers,
             peer: Some(peer.ip()),
             identity: Identity::Resolve,
+            route: Some(route.map_or(crate::route::DEFAULT, |(n, _)| n)),
         };
-        let mut admitted = match self.admit(&live, &facts).await {
+        let mut admitted = match self.admit(&live, &facts, rid).await {
             Ok(a) => a,
-            Err(refusal) => return refusal_answer(&refusal, &live.config),
+            Err(refusal) => {
+                if let ratewarden_tower::admission::Refusal::Limited(d) = &refusal
+                    && let Some(by) = d.rules.iter().find(|r| !r.allowed())
+                {
+                    seen.identity = Some(by.key.clone());
+                    seen.rule = Some(by.rule.name().to_owned());
+                }
+                return refusal_answer(&refusal, &live.config);
+            }
         };
+        if admitted.who().limited {
+            seen.identity = Some(admitted.who().identity.clone());
+        }
         // Leases are held until the answer's body is dropped (sent whole,
         // or the client gone).
-        let held = Held::take(&mut admitted, &live.limiter);
-        let mut resp = match &live.config.upstream {
-            Upstream::Echo => echo(&parts, &admitted.who().identity),
-            Upstream::Url(base) => {
-                let pool = live.pool.as_ref().expect("a URL upstream has a pool");
+        let mut held = Held::take(&mut admitted, &live.limiter);
+        let mut resp = match route.map(|(_, g)| g) {
+            None => echo(&parts, &admitted.who().identity),
+            Some(group) if super::tunnel::asked(&parts).is_some() => {
+                let protocol = super::tunnel::asked(&parts).expect("just checked");
+                let on = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+                let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                let target = match forward::upstream_target(sent, live.config.upstream_path) {
+                    Ok(t) => t.into_owned(),
+                    Err(e) => return e.answer(),
+                };
+                let mut headers = super::tunnel::request_fields(std::mem::take(&mut parts.headers));
+                forwarding_fields(&mut headers, peer, rid);
+                let t = super::tunnel::Tunnel {
+                    group,
+                    client: &admitted.who().identity,
+                    target,
+                    headers,
+                    protocol,
+                    method: parts.method.clone(),
+                    timeout: live.config.upstream_timeout,
+                    idle: live.config.client_idle_timeout,
+                    held: held.take(),
+                };
+                super::tunnel::open(t, on).await
+            }
+            Some(group) => {
                 let (body, fault) = ClientBody::new(body, live.config.client_body_timeout);
                 let to = Upstreamed {
-                    base,
-                    pool,
+                    group,
+                    client: &admitted.who().identity,
                     peer,
                     timeout: live.config.upstream_timeout,
                     how: live.config.upstream_path,
+                    rid,
                 };
                 self.forward(Request::from_parts(parts, body), &to, &fault)
                     .await
@@ -163,7 +264,9 @@ impl Gateway {
         resp
     }
 
-    /// Forwards an admitted request to the upstream and its answer back.
+    /// Forwards an admitted request to a server of the route and its
+    /// answer back; a server that could not be connected to got nothing,
+    /// and the next one is tried.
     async fn forward(
         &self,
         req: Request<ClientBody>,
@@ -172,82 +275,131 @@ impl Gateway {
     ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         // Origin form (`/path?query`) on the upstream connection, under the
-        // upstream's path prefix if it has one.
-        let prefix = to.base.path().trim_end_matches('/');
+        // server's path prefix if it has one.
         let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let target = match forward::upstream_target(sent, to.how) {
-            Ok(t) if prefix.is_empty() => t.parse::<Uri>(),
-            Ok(t) => format!("{prefix}{t}").parse(),
+            Ok(t) => t.into_owned(),
             Err(e) => return e.answer(),
-        };
-        parts.uri = match target {
-            Ok(u) => u,
-            Err(_) => {
-                return crate::answer::problem_response(
-                    StatusCode::BAD_REQUEST,
-                    "request target cannot be forwarded",
-                );
-            }
         };
         parts.version = Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
-        let mut xff = Vec::new();
-        push_forwarded_for(
-            &mut xff,
-            parts
-                .headers
-                .get_all(X_FORWARDED_FOR)
-                .iter()
-                .map(HeaderValue::as_bytes),
-            to.peer.ip(),
+        forwarding_fields(&mut parts.headers, to.peer, to.rid);
+        let group = to.group;
+        let mut req = Request::from_parts(parts, body);
+        let mut tried: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
+        let mut last: (std::borrow::Cow<'static, str>, String) = (
+            "no upstream server is up".into(),
+            format!("every server of route {} is ejected", group.route),
         );
-        if let Ok(v) = HeaderValue::from_bytes(&xff) {
-            parts.headers.insert(X_FORWARDED_FOR, v);
-        }
-        if let Some(host) = to.pool.host() {
-            parts.headers.insert(header::HOST, host.clone());
-        }
         let started = Instant::now();
-        let res = to
-            .pool
-            .send(Request::from_parts(parts, body), to.timeout)
-            .await;
-        self.metrics.upstream_time(started.elapsed());
-        match (res, fault.load(Ordering::Relaxed)) {
-            (Ok(resp), _) => {
-                let (mut parts, body) = resp.into_parts();
-                if drops_length(parts.headers.contains_key(header::TRANSFER_ENCODING)) {
-                    parts.headers.remove(header::CONTENT_LENGTH);
+        loop {
+            let Some(chosen) = group.choose(to.client, &tried) else {
+                self.metrics.upstream_time(started.elapsed());
+                return upstream_failed(
+                    &group.route,
+                    UpstreamFailure::Broken {
+                        why: last.0,
+                        error: last.1,
+                    },
+                );
+            };
+            let server = chosen.server();
+            *req.uri_mut() = match format!("{}{target}", server.prefix).parse::<Uri>() {
+                Ok(u) => u,
+                Err(_) => {
+                    return crate::answer::problem_response(
+                        StatusCode::BAD_REQUEST,
+                        "request target cannot be forwarded",
+                    );
                 }
-                strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync())
-            }
-            (Err(_), BODY_BROKE) => Edge::BadBody.answer(),
-            (Err(_), BODY_STALLED) => Edge::BodyTimeout.answer(),
-            (Err(UpstreamError::Timeout(t)), _) => {
-                upstream_failed(to.pool.addr(), UpstreamFailure::Timeout(t))
-            }
-            (Err(e), _) => {
-                let why = match &e {
-                    UpstreamError::Connect { .. } => "could not connect".into(),
-                    UpstreamError::Tls { source, .. } => tls_failure(source),
-                    other => tls_cause(other)
-                        .unwrap_or_else(|| "the exchange broke before an answer".into()),
-                };
-                let error = e.to_string();
-                upstream_failed(to.pool.addr(), UpstreamFailure::Broken { why, error })
-            }
+            };
+            match server.pool.host() {
+                Some(host) => req.headers_mut().insert(header::HOST, host.clone()),
+                None => req.headers_mut().remove(header::HOST),
+            };
+            let res = server.pool.send(req, to.timeout).await;
+            let res = match res {
+                Err(SendFailed {
+                    error: e @ (UpstreamError::Connect { .. } | UpstreamError::Tls { .. }),
+                    unsent: Some(back),
+                }) => {
+                    group.record(chosen.index, Outcome::Failed);
+                    tried.push(chosen.index);
+                    last.0 = match &e {
+                        UpstreamError::Tls { source, .. } => tls_failure(source),
+                        _ => "could not connect".into(),
+                    };
+                    last.1 = e.to_string();
+                    req = back;
+                    continue;
+                }
+                other => other,
+            };
+            self.metrics.upstream_time(started.elapsed());
+            let label = &server.label;
+            return match (res, fault.load(Ordering::Relaxed)) {
+                (Ok(resp), _) => {
+                    group.record(chosen.index, Outcome::Answered);
+                    let (mut parts, body) = resp.into_parts();
+                    if drops_length(parts.headers.contains_key(header::TRANSFER_ENCODING)) {
+                        parts.headers.remove(header::CONTENT_LENGTH);
+                    }
+                    strip_hop_by_hop(&mut parts.headers);
+                    Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync())
+                }
+                (Err(_), BODY_BROKE) => Edge::BadBody.answer(),
+                (Err(_), BODY_STALLED) => Edge::BodyTimeout.answer(),
+                (
+                    Err(SendFailed {
+                        error: UpstreamError::Timeout(t),
+                        ..
+                    }),
+                    _,
+                ) => {
+                    group.record(chosen.index, Outcome::TimedOut);
+                    upstream_failed(label, UpstreamFailure::Timeout(t))
+                }
+                (Err(SendFailed { error: e, .. }), _) => {
+                    group.record(chosen.index, Outcome::Failed);
+                    let why = match &e {
+                        UpstreamError::Connect { .. } => "could not connect".into(),
+                        UpstreamError::Tls { source, .. } => tls_failure(source),
+                        other => tls_cause(other)
+                            .unwrap_or_else(|| "the exchange broke before an answer".into()),
+                    };
+                    let error = e.to_string();
+                    upstream_failed(label, UpstreamFailure::Broken { why, error })
+                }
+            };
         }
+    }
+}
+
+/// `X-Forwarded-For` with the peer appended, and the request id.
+fn forwarding_fields(h: &mut HeaderMap, peer: SocketAddr, rid: &RequestId) {
+    let mut xff = Vec::new();
+    push_forwarded_for(
+        &mut xff,
+        h.get_all(X_FORWARDED_FOR).iter().map(HeaderValue::as_bytes),
+        peer.ip(),
+    );
+    if let Ok(v) = HeaderValue::from_bytes(&xff) {
+        h.insert(X_FORWARDED_FOR, v);
+    }
+    if let Ok(v) = HeaderValue::from_bytes(rid.as_bytes()) {
+        h.insert(request_id::HEADER, v);
     }
 }
 
 /// Where and how an admitted request goes upstream.
 struct Upstreamed<'a> {
-    base: &'a Uri,
-    pool: &'a Arc<Pool>,
+    group: &'a crate::route::Group,
+    /// The identity, for `balance: hash`.
+    client: &'a str,
     peer: SocketAddr,
     timeout: Duration,
     how: crate::config::UpstreamPath,
+    rid: &'a RequestId,
 }
 
 /// A response body holding a request's `concurrency` leases until its
@@ -300,6 +452,18 @@ impl WithHeld for Body {
             held: Some(held),
         }
         .boxed_unsync()
+    }
+}
+
+/// `HTTP/1.1` and the like, for the access log.
+fn version_name(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_11 => "HTTP/1.1",
+        Version::HTTP_2 => "HTTP/2.0",
+        Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP",
     }
 }
 

@@ -5,7 +5,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::{Pin, pin};
-use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
@@ -27,6 +26,7 @@ use crate::proxy::forward::{
     UpstreamFailure, dropped_request_field, drops_length, is_hop_by_hop, push_forwarded_for,
     tls_cause, tls_failure, upstream_failed,
 };
+use crate::route::Outcome;
 use crate::stream::UpstreamIo;
 use crate::upstream::{Pool, UpstreamError};
 use ratewarden_tower::admission::{Admitted, Held};
@@ -47,7 +47,10 @@ pub(crate) async fn within<F: Future>(timer: &mut Pin<Box<Sleep>>, fut: F) -> Op
 pub(crate) enum Failed {
     /// No head within `upstream_timeout`: 504.
     Timeout,
-    /// Connect or exchange error: 502, saying `.0` (and logging `.1`).
+    /// Could not connect (nothing was sent): another server may be tried;
+    /// else 502, saying `.0` (and logging `.1`).
+    Connect(std::borrow::Cow<'static, str>, String),
+    /// The exchange broke: 502, saying `.0` (and logging `.1`).
     Broken(std::borrow::Cow<'static, str>, String),
 }
 
@@ -55,9 +58,8 @@ pub(crate) enum Failed {
 pub(crate) struct Forward<'a> {
     pub(crate) gw: &'a Gateway,
     pub(crate) live: &'a Live,
-    pub(crate) pool: &'a Arc<Pool>,
-    /// The upstream URL's path prefix, without its trailing `/`.
-    pub(crate) prefix: &'a str,
+    /// The route's servers.
+    pub(crate) group: &'a crate::route::Group,
     /// The target sent after `prefix` when it is not the client's as it
     /// came (see [`crate::proxy::forward::upstream_target`]).
     pub(crate) rewritten: Option<&'a str>,
@@ -67,6 +69,18 @@ pub(crate) struct Forward<'a> {
     /// The request's `concurrency` leases, if any (given back when its
     /// answer ends, or when the connection's task is dropped).
     pub(crate) held: Option<Held>,
+    /// Its id, sent upstream and back.
+    pub(crate) rid: &'a crate::request_id::RequestId,
+}
+
+/// How an exchange ended, for the access log.
+pub(crate) struct Answered {
+    /// The client connection may carry another request.
+    pub(crate) keep: bool,
+    /// The status sent.
+    pub(crate) status: u16,
+    /// Body bytes sent, when the answer had a length.
+    pub(crate) bytes: Option<u64>,
 }
 
 /// Gives the leases in `held` back: the request has ended.
@@ -77,37 +91,82 @@ async fn ended(held: &mut Option<Held>) {
 }
 
 impl Conn {
-    /// Forwards the request in `input` and relays the answer; `Ok(false)`
-    /// when the client connection must close afterwards.
+    /// Forwards the request in `input` and relays the answer; `keep` is
+    /// false when the client connection must close afterwards.
     pub(crate) async fn exchange<S: AsyncWrite + Unpin>(
         &mut self,
         io: &mut S,
         mut to: Forward<'_>,
         answering: crate::idle::Answering,
-    ) -> io::Result<bool> {
+    ) -> io::Result<Answered> {
         let head = to.head;
-        self.request_head(&to);
+        let group = to.group;
         let timeout = to.live.config.upstream_timeout;
         let started = Instant::now();
-        let timer = super::arm(&mut self.timer, timeout);
-        let answered = exchange_head(
-            to.pool,
-            timer,
-            &self.out,
-            &mut self.up,
-            &mut self.up_fields,
-            &head.method,
-        )
-        .await;
+        // One deadline for every attempt. (Taken out of `self` while the
+        // attempts also write the request into `self.out`.)
+        let mut slot = self.timer.take();
+        let timer = super::arm(&mut slot, timeout);
+        // A server that could not be connected to got nothing: the next
+        // one is tried, until none is left.
+        let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
+        let client = to.admitted.who().identity.as_str();
+        let mut last: (std::borrow::Cow<'static, str>, String) = (
+            "no upstream server is up".into(),
+            format!("every server of route {} is ejected", group.route),
+        );
+        let answered = loop {
+            let Some(chosen) = group.choose(client, &tried) else {
+                break Err((Failed::Broken(last.0, last.1), None));
+            };
+            let server = chosen.server();
+            self.request_head(&to, server);
+            let answered = exchange_head(
+                &server.pool,
+                timer,
+                &self.out,
+                &mut self.up,
+                &mut self.up_fields,
+                &head.method,
+            )
+            .await;
+            match answered {
+                Ok(a) => {
+                    group.record(chosen.index, Outcome::Answered);
+                    break Ok((a, chosen));
+                }
+                Err(Failed::Connect(why, e)) => {
+                    group.record(chosen.index, Outcome::Failed);
+                    tried.push(chosen.index);
+                    last = (why, format!("{}: {e}", server.label));
+                }
+                Err(f @ Failed::Timeout) => {
+                    group.record(chosen.index, Outcome::TimedOut);
+                    break Err((f, Some(chosen)));
+                }
+                Err(f) => {
+                    group.record(chosen.index, Outcome::Failed);
+                    break Err((f, Some(chosen)));
+                }
+            }
+        };
+        self.timer = slot;
         to.gw.metrics.upstream_time(started.elapsed());
-        let (mut up, resp) = match answered {
+        let ((mut up, resp), chosen) = match answered {
             Ok(a) => a,
-            Err(failed) => {
+            Err((failed, chosen)) => {
                 let failure = match failed {
                     Failed::Timeout => UpstreamFailure::Timeout(timeout),
-                    Failed::Broken(why, error) => UpstreamFailure::Broken { why, error },
+                    Failed::Broken(why, error) | Failed::Connect(why, error) => {
+                        UpstreamFailure::Broken { why, error }
+                    }
                 };
-                let mut answer = upstream_failed(to.pool.addr(), failure);
+                let at = chosen.map_or_else(|| group.route.clone(), |c| c.server().label.clone());
+                let mut answer = upstream_failed(&at, failure);
+                if let Ok(v) = http::HeaderValue::from_bytes(to.rid.as_bytes()) {
+                    answer.headers_mut().insert(crate::request_id::HEADER, v);
+                }
+                let status = answer.status().as_u16();
                 to.gw
                     .settle(to.live, to.admitted, answer.status().as_u16())
                     .await;
@@ -118,10 +177,19 @@ impl Conn {
                 );
                 ended(&mut to.held).await;
                 write_answer(io, &mut self.out, answer, head.close).await?;
-                return Ok(!head.close);
+                return Ok(Answered {
+                    keep: !head.close,
+                    status,
+                    bytes: None,
+                });
             }
         };
         to.gw.settle(to.live, to.admitted, resp.status).await;
+        let bytes = match resp.framing {
+            Framing::Empty => Some(0),
+            Framing::Length(n) => Some(n),
+            _ => None,
+        };
         let close = head.close || resp.framing == Framing::Close;
         self.response_head(&resp, &to, close);
         // From here `up` holds the body bytes read so far.
@@ -171,9 +239,13 @@ impl Conn {
         io.flush().await?;
         body.clear();
         if resp.reusable && ended_clean {
-            to.pool.put_stream(up);
+            chosen.server().pool.put_stream(up);
         }
-        Ok(!close)
+        Ok(Answered {
+            keep: !close,
+            status: resp.status,
+            bytes,
+        })
     }
 
     /// The request to the upstream, in `out`: the target under the
@@ -182,19 +254,19 @@ impl Conn {
     /// `Host` set to the upstream's, the peer appended to
     /// `X-Forwarded-For`, then the body: as read, or decoded from chunks and
     /// sent with its length.
-    pub(crate) fn request_head(&mut self, to: &Forward<'_>) {
+    pub(crate) fn request_head(&mut self, to: &Forward<'_>, server: &crate::route::Server) {
         let (input, out, head) = (&self.input, &mut self.out, to.head);
         let keep_underscores = to.live.config.underscores_in_headers;
         out.clear();
         out.extend_from_slice(head.method.as_str().as_bytes());
         out.push(b' ');
-        out.extend_from_slice(to.prefix.as_bytes());
+        out.extend_from_slice(server.prefix.as_bytes());
         match to.rewritten {
             Some(t) => out.extend_from_slice(t.as_bytes()),
             None => out.extend_from_slice(&input[head.target.clone()]),
         }
         out.extend_from_slice(b" HTTP/1.1\r\n");
-        let host = to.pool.host();
+        let host = server.pool.host();
         if let Some(h) = host {
             push_field(out, b"host", h.as_bytes());
         }
@@ -203,6 +275,8 @@ impl Conn {
             let (name, value) = (&input[name.clone()], &input[value.clone()]);
             if name.eq_ignore_ascii_case(b"x-forwarded-for") {
                 chain.push(value);
+            } else if name.eq_ignore_ascii_case(b"x-request-id") {
+                // Ours goes instead (the client's, when it was valid).
             } else {
                 let replaced = host.is_some() && name.eq_ignore_ascii_case(b"host");
                 if !dropped_request_field(name, keep_underscores) && !replaced {
@@ -218,6 +292,7 @@ impl Conn {
                 itoa::Buffer::new().format(n).as_bytes(),
             );
         }
+        push_field(out, b"x-request-id", to.rid.as_bytes());
         out.extend_from_slice(b"x-forwarded-for: ");
         push_forwarded_for(out, chain, to.peer.ip());
         out.extend_from_slice(b"\r\n\r\n");
@@ -243,6 +318,7 @@ impl Conn {
                     .iter()
                     .any(|l| up[l.clone()].eq_ignore_ascii_case(name_bytes))
                 || rate.sets(name_bytes)
+                || name_bytes.eq_ignore_ascii_case(b"x-request-id")
                 || (drops_length(resp.transfer_encoding)
                     && name_bytes.eq_ignore_ascii_case(b"content-length"));
             if !dropped {
@@ -258,6 +334,7 @@ impl Conn {
         if close {
             push_field(out, b"connection", b"close");
         }
+        push_field(out, b"x-request-id", to.rid.as_bytes());
         out.extend_from_slice(&rate.lines);
         out.extend_from_slice(b"\r\n");
     }
@@ -292,7 +369,7 @@ pub(crate) async fn exchange_head(
                         UpstreamError::Tls { source, .. } => tls_failure(source),
                         _ => "could not connect".into(),
                     };
-                    return Err(Failed::Broken(why, e.to_string()));
+                    return Err(Failed::Connect(why, e.to_string()));
                 }
                 Some(Ok(s)) => s,
             },

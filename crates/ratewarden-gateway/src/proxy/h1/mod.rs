@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Buf, BytesMut};
 use http::header::HeaderMap;
@@ -50,6 +50,7 @@ use crate::config::Upstream;
 use crate::gateway::{Gateway, refusal_answer};
 use crate::idle::Watched;
 use crate::proxy::forward::{self, Edge};
+use crate::request_id::RequestId;
 use crate::stream::ClientIo;
 use ratewarden_tower::admission::{Facts, Held, Identity, Refusal};
 
@@ -304,92 +305,185 @@ async fn serve(
             Err(_) => return Ok(None),
         };
         let live = gw.live();
-        let (Upstream::Url(base), Some(pool)) = (&live.config.upstream, &live.pool) else {
+        // The echo upstream is hyper's (with no routes, nothing else is).
+        if live.config.upstream == Upstream::Echo && !live.router.has_routes() {
             return Ok(Some(c.input));
-        };
+        }
+        let arrived = gw
+            .access
+            .is_some()
+            .then(|| (SystemTime::now(), Instant::now()));
+        let rid = RequestId::keep_or_make(field(&c.input, &c.fields, b"x-request-id"));
         let answering = io.activity().answering();
         // The target is visible ASCII (`parse_request` checked it).
         let target = std::str::from_utf8(&c.input[head.target.clone()]).unwrap_or("/");
-        let path = match forward::rule_path(&head.method, target) {
-            Ok(p) => p,
+        let mut logged = Logged::default();
+        let mut to_hyper = false;
+        let keep = match forward::rule_path(&head.method, target) {
             Err(e) => {
-                write_answer(io, &mut c.out, e.answer(), head.close).await?;
-                drop(answering);
-                c.input.advance(whole);
-                if head.close {
-                    return Ok(None);
-                }
-                continue;
-            }
-        };
-        let headers = if live.reads_headers {
-            header_map(&c.input, &c.fields, live.config.underscores_in_headers)
-        } else {
-            HeaderMap::new()
-        };
-        let facts = Facts {
-            method: &head.method,
-            path: &path,
-            headers: &headers,
-            peer: Some(peer.ip()),
-            identity: Identity::Resolve,
-        };
-        let admitted = gw.admit(&live, &facts).await;
-        drop(path);
-        // Only what goes upstream needs its target rewritten.
-        let rewritten = match &admitted {
-            Err(_) => Ok(None),
-            Ok(_) => match forward::upstream_target(target, live.config.upstream_path) {
-                Ok(std::borrow::Cow::Owned(t)) => Ok(Some(t)),
-                Ok(std::borrow::Cow::Borrowed(_)) => Ok(None),
-                Err(e) => Err(e),
-            },
-        };
-        let keep = match (admitted, rewritten) {
-            (Err(Refusal::Limited(d)), _) => {
-                let how = (live.config.status, live.config.headers);
-                write_rejection(&mut c.out, &mut c.rate, &d, how, head.close);
-                io.write_all(&c.out).await?;
-                io.flush().await?;
+                logged.status = e.status().as_u16();
+                write_answer(io, &mut c.out, with_id(e.answer(), &rid), head.close).await?;
                 drop(answering);
                 !head.close
             }
-            (Err(refusal), _) => {
-                let answer = refusal_answer(&refusal, &live.config);
-                write_answer(io, &mut c.out, answer, head.close).await?;
-                drop(answering);
-                !head.close
-            }
-            (Ok(_), Err(e)) => {
-                write_answer(io, &mut c.out, e.answer(), head.close).await?;
-                drop(answering);
-                !head.close
-            }
-            (Ok(mut admitted), Ok(rewritten)) => {
-                // Leases are held for the exchange; if the client goes
-                // away meanwhile, dropping the guard gives them back.
-                let held = Held::take(&mut admitted, &live.limiter);
-                let prefix = base.path().trim_end_matches('/');
-                let to = Forward {
-                    gw,
-                    live: &live,
-                    pool,
-                    prefix,
-                    rewritten: rewritten.as_deref(),
-                    peer,
-                    head: &head,
-                    admitted: &admitted,
-                    held,
+            Ok(path) => 'arm: {
+                let Some((route, group)) = live.router.route(&head.method, &path) else {
+                    // A request for the echo upstream (no route took it):
+                    // hyper's, once `path` lets go of the input.
+                    to_hyper = true;
+                    break 'arm false;
                 };
-                c.exchange(io, to, answering).await?
+                let headers = if live.reads_headers {
+                    header_map(&c.input, &c.fields, live.config.underscores_in_headers)
+                } else {
+                    HeaderMap::new()
+                };
+                let facts = Facts {
+                    method: &head.method,
+                    path: &path,
+                    headers: &headers,
+                    peer: Some(peer.ip()),
+                    identity: Identity::Resolve,
+                    route: Some(route),
+                };
+                let admitted = gw.admit(&live, &facts, &rid).await;
+                drop(path);
+                // Only what goes upstream needs its target rewritten.
+                let rewritten = match &admitted {
+                    Err(_) => Ok(None),
+                    Ok(_) => match forward::upstream_target(target, live.config.upstream_path) {
+                        Ok(std::borrow::Cow::Owned(t)) => Ok(Some(t)),
+                        Ok(std::borrow::Cow::Borrowed(_)) => Ok(None),
+                        Err(e) => Err(e),
+                    },
+                };
+                match (admitted, rewritten) {
+                    (Err(Refusal::Limited(d)), _) => {
+                        let how = (live.config.status, live.config.headers);
+                        let body =
+                            write_rejection(&mut c.out, &mut c.rate, &d, how, head.close, &rid);
+                        io.write_all(&c.out).await?;
+                        io.flush().await?;
+                        drop(answering);
+                        if arrived.is_some() {
+                            logged = Logged::refused(live.config.status.as_u16(), body, &d);
+                        }
+                        !head.close
+                    }
+                    (Err(refusal), _) => {
+                        let answer = refusal_answer(&refusal, &live.config);
+                        logged.status = answer.status().as_u16();
+                        write_answer(io, &mut c.out, with_id(answer, &rid), head.close).await?;
+                        drop(answering);
+                        !head.close
+                    }
+                    (Ok(_), Err(e)) => {
+                        logged.status = e.status().as_u16();
+                        write_answer(io, &mut c.out, with_id(e.answer(), &rid), head.close).await?;
+                        drop(answering);
+                        !head.close
+                    }
+                    (Ok(mut admitted), Ok(rewritten)) => {
+                        // Leases are held for the exchange; if the client goes
+                        // away meanwhile, dropping the guard gives them back.
+                        let held = Held::take(&mut admitted, &live.limiter);
+                        if arrived.is_some() && admitted.who().limited {
+                            logged.identity = Some(admitted.who().identity.clone());
+                        }
+                        let to = Forward {
+                            gw,
+                            live: &live,
+                            group,
+                            rewritten: rewritten.as_deref(),
+                            peer,
+                            head: &head,
+                            admitted: &admitted,
+                            held,
+                            rid: &rid,
+                        };
+                        let answered = c.exchange(io, to, answering).await?;
+                        (logged.status, logged.bytes) = (answered.status, answered.bytes);
+                        answered.keep
+                    }
+                }
             }
         };
+        if to_hyper {
+            return Ok(Some(c.input));
+        }
+        if let (Some(log), Some((time, started))) = (&gw.access, arrived) {
+            // (Read again: the exchange needed the connection's buffers.)
+            let target = std::str::from_utf8(&c.input[head.target.clone()]).unwrap_or("/");
+            let header = |name: &[u8]| {
+                field(&c.input, &c.fields, name).map(|v| String::from_utf8_lossy(v).into_owned())
+            };
+            log.log(crate::access::Record {
+                time,
+                peer: peer.ip(),
+                method: head.method.clone(),
+                target: target.to_owned(),
+                version: "HTTP/1.1",
+                status: logged.status,
+                bytes: logged.bytes,
+                duration: started.elapsed(),
+                request_id: rid,
+                identity: logged.identity,
+                rule: logged.rule,
+                referer: header(b"referer"),
+                user_agent: header(b"user-agent"),
+            });
+        }
         c.input.advance(whole);
         if !keep {
             return Ok(None);
         }
         c.trim();
     }
+}
+
+/// What the access log says of an answer, gathered as it is written.
+#[derive(Default)]
+struct Logged {
+    status: u16,
+    bytes: Option<u64>,
+    identity: Option<String>,
+    rule: Option<String>,
+}
+
+impl Logged {
+    /// A rejection of `body` bytes: the rule that refused, on which key.
+    fn refused(status: u16, body: usize, d: &ratewarden::Decision) -> Self {
+        let by = d.rules.iter().find(|r| !r.allowed());
+        Self {
+            status,
+            bytes: Some(body as u64),
+            identity: by.map(|r| r.key.clone()),
+            rule: by.map(|r| r.rule.name().to_owned()),
+        }
+    }
+}
+
+/// The value of the request's first field called `name`.
+fn field<'a>(
+    input: &'a [u8],
+    fields: &[(Range<usize>, Range<usize>)],
+    name: &[u8],
+) -> Option<&'a [u8]> {
+    fields
+        .iter()
+        .find(|(n, _)| input[n.clone()].eq_ignore_ascii_case(name))
+        .map(|(_, v)| &input[v.clone()])
+}
+
+/// `answer` with the request's id.
+fn with_id(
+    mut answer: http::Response<crate::gateway::Body>,
+    rid: &RequestId,
+) -> http::Response<crate::gateway::Body> {
+    if let Ok(v) = http::HeaderValue::from_bytes(rid.as_bytes()) {
+        answer.headers_mut().insert(crate::request_id::HEADER, v);
+    }
+    answer
 }
 
 /// Answers a request the edge refused; the connection then closes (where

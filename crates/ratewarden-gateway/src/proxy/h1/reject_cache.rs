@@ -5,28 +5,30 @@ use ratewarden::decision::whole_secs;
 
 use super::write::{RateFields, end_answer, http_date, push_field, status_line};
 
-/// A rejection, whole, in `out`: what [`crate::answer::rejection`] answers
-/// on hyper's path, written without a `HeaderMap` or a body to collect.
-/// When it would read as the thread's last one (see [`LastRejection`]),
-/// that one is copied with a fresh `Date`.
+/// A rejection, whole, in `out`, carrying the request's id: what
+/// [`crate::answer::rejection`] answers on hyper's path, written without a
+/// `HeaderMap` or a body to collect. When it would read as the thread's
+/// last one (see [`LastRejection`]), that one is copied with a fresh
+/// `Date` and this request's id. Returns the body's length.
 pub(crate) fn write_rejection(
     out: &mut Vec<u8>,
     rate: &mut RateFields,
     d: &ratewarden::Decision,
     (status, style): (StatusCode, ratewarden::HeaderStyle),
     close: bool,
-) {
+    rid: &crate::request_id::RequestId,
+) -> usize {
     let reused = LAST_REJECTION.with_borrow(|last| {
         if !last.renders_as(d, status, style, close) {
-            return false;
+            return None;
         }
         out.clear();
-        out.extend_from_slice(&last.bytes);
+        splice_id(out, &last.bytes, last.head_end, rid);
         out[last.date_at..last.date_at + 29].copy_from_slice(&http_date());
-        true
+        Some(last.bytes.len() - last.head_end - 2)
     });
-    if reused {
-        return;
+    if let Some(body) = reused {
+        return body;
     }
     rate.body.clear();
     d.push_rejection_body(status.as_u16(), &mut rate.body);
@@ -36,7 +38,23 @@ pub(crate) fn write_rejection(
     rate.render(Some(d), style);
     out.extend_from_slice(&rate.lines);
     let date_at = end_answer(out, rate.body.as_bytes(), close);
-    LAST_REJECTION.with_borrow_mut(|last| last.keep(d, status, style, close, out, date_at));
+    let body = rate.body.len();
+    // The id goes in per request: kept without it.
+    let head_end = out.len() - body - 2;
+    LAST_REJECTION.with_borrow_mut(|last| {
+        last.keep(d, status, style, close, out, (date_at, head_end));
+        out.clear();
+        splice_id(out, &last.bytes, head_end, rid);
+    });
+    body
+}
+
+/// `bytes` (an answer whose head ends at `head_end`, before its blank
+/// line) into `out` with an `x-request-id` field added to the head.
+fn splice_id(out: &mut Vec<u8>, bytes: &[u8], head_end: usize, rid: &crate::request_id::RequestId) {
+    out.extend_from_slice(&bytes[..head_end]);
+    push_field(out, b"x-request-id", rid.as_bytes());
+    out.extend_from_slice(&bytes[head_end..]);
 }
 
 thread_local! {
@@ -59,6 +77,8 @@ pub(crate) struct LastRejection {
     bytes: Vec<u8>,
     /// Where the value of `Date` starts in `bytes`.
     date_at: usize,
+    /// Where the head's blank line starts in `bytes`.
+    head_end: usize,
 }
 
 /// What an answer shows of one rule's decision: the rule (its spec: name,
@@ -115,7 +135,7 @@ impl LastRejection {
         style: ratewarden::HeaderStyle,
         close: bool,
         bytes: &[u8],
-        date_at: usize,
+        (date_at, head_end): (usize, usize),
     ) {
         self.status = Some(status);
         self.style = Some(style);
@@ -125,12 +145,17 @@ impl LastRejection {
         self.bytes.clear();
         self.bytes.extend_from_slice(bytes);
         self.date_at = date_at;
+        self.head_end = head_end;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rid() -> crate::request_id::RequestId {
+        crate::request_id::RequestId::new()
+    }
 
     #[test]
     fn a_rejection_is_reused_only_while_it_would_read_the_same() {
@@ -160,18 +185,22 @@ mod tests {
         let fresh = |d: &Decision, close: bool| {
             LAST_REJECTION.with_borrow_mut(|l| *l = LastRejection::default());
             let mut out = vec![];
-            write_rejection(&mut out, &mut RateFields::default(), d, how, close);
+            write_rejection(&mut out, &mut RateFields::default(), d, how, close, &rid());
             String::from_utf8(out).unwrap()
         };
         let written = |d: &Decision, close: bool| {
             let mut out = vec![];
-            write_rejection(&mut out, &mut RateFields::default(), d, how, close);
+            write_rejection(&mut out, &mut RateFields::default(), d, how, close, &rid());
             String::from_utf8(out).unwrap()
         };
-        // The date is the only part that may differ between two renderings.
+        // The date and the request id are the only parts that may differ
+        // between two renderings.
         let undated = |s: String| {
             let at = s.find("date: ").unwrap() + 6;
-            format!("{}{}", &s[..at], &s[at + 29..])
+            let s = format!("{}{}", &s[..at], &s[at + 29..]);
+            let id = s.find("x-request-id: ").unwrap() + 14;
+            assert_eq!(&s[id + 36..id + 38], "\r\n", "one id per answer: {s}");
+            format!("{}{}", &s[..id], &s[id + 36..])
         };
         let api = rule("api");
         let first = fresh(&rejected(&api, 1500, 2000), false);

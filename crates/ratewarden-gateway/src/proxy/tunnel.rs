@@ -1,0 +1,237 @@
+//! `Upgrade` (WebSocket) requests: decided like any request, then sent to
+//! a server on a connection of their own; when it answers 101, both
+//! connections are spliced into a byte tunnel until either side closes or
+//! nothing moves for `client_idle_timeout`. The tunnel is one request: it
+//! holds a `concurrency` slot while it is open.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Response, StatusCode, Uri, Version};
+use http_body_util::{BodyExt, Empty};
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::answer::Body;
+use crate::proxy::forward::{UpstreamFailure, tls_failure, upstream_failed};
+use crate::route::{Group, Outcome};
+use crate::upstream::UpstreamError;
+use ratewarden_tower::admission::Held;
+
+/// The protocol a request asks to switch to: an HTTP/1.1 request with
+/// `Connection: upgrade` and an `Upgrade` field.
+pub(crate) fn asked(parts: &Parts) -> Option<HeaderValue> {
+    if parts.version != Version::HTTP_11 {
+        return None;
+    }
+    let upgrade = parts
+        .headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    if !upgrade {
+        return None;
+    }
+    parts.headers.get(header::UPGRADE).cloned()
+}
+
+/// What a tunnelled request needs.
+pub(crate) struct Tunnel<'a> {
+    pub(crate) group: &'a Group,
+    /// The identity, for `balance: hash`.
+    pub(crate) client: &'a str,
+    /// The target after the server's prefix.
+    pub(crate) target: String,
+    /// The request's fields to send (hop-by-hop ones already gone,
+    /// `X-Forwarded-For` and the request id set).
+    pub(crate) headers: HeaderMap,
+    /// The protocol asked for.
+    pub(crate) protocol: HeaderValue,
+    pub(crate) method: http::Method,
+    pub(crate) timeout: Duration,
+    pub(crate) idle: Duration,
+    pub(crate) held: Option<Held>,
+}
+
+/// Opens the tunnel for a request whose upgrade is `on`: the server's
+/// answer (101, or what it said instead) goes back to the client.
+pub(crate) async fn open(mut t: Tunnel<'_>, on: Option<OnUpgrade>) -> Response<Body> {
+    let mut tried: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
+    let mut last: (std::borrow::Cow<'static, str>, String) = (
+        "no upstream server is up".into(),
+        format!("every server of route {} is ejected", t.group.route),
+    );
+    loop {
+        let Some(chosen) = t.group.choose(t.client, &tried) else {
+            return upstream_failed(
+                &t.group.route,
+                UpstreamFailure::Broken {
+                    why: last.0,
+                    error: last.1,
+                },
+            );
+        };
+        let server = chosen.server();
+        let io = match tokio::time::timeout(t.timeout, server.pool.connect_stream()).await {
+            Ok(Ok(io)) => io,
+            Ok(Err(e)) => {
+                t.group.record(chosen.index, Outcome::Failed);
+                tried.push(chosen.index);
+                last.0 = match &e {
+                    UpstreamError::Tls { source, .. } => tls_failure(source),
+                    _ => "could not connect".into(),
+                };
+                last.1 = e.to_string();
+                continue;
+            }
+            Err(_) => {
+                t.group.record(chosen.index, Outcome::TimedOut);
+                return upstream_failed(&server.label, UpstreamFailure::Timeout(t.timeout));
+            }
+        };
+        let mut req = http::Request::new(Empty::<bytes::Bytes>::new());
+        *req.method_mut() = t.method.clone();
+        *req.uri_mut() = match format!("{}{}", server.prefix, t.target).parse::<Uri>() {
+            Ok(u) => u,
+            Err(_) => {
+                return crate::answer::problem_response(
+                    StatusCode::BAD_REQUEST,
+                    "request target cannot be forwarded",
+                );
+            }
+        };
+        *req.headers_mut() = std::mem::take(&mut t.headers);
+        if let Some(host) = server.pool.host() {
+            req.headers_mut().insert(header::HOST, host.clone());
+        }
+        req.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        req.headers_mut()
+            .insert(header::UPGRADE, t.protocol.clone());
+        let exchanged = tokio::time::timeout(t.timeout, async {
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+            tokio::spawn(async move {
+                let _ = conn.with_upgrades().await;
+            });
+            sender.send_request(req).await
+        })
+        .await;
+        let mut resp = match exchanged {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                t.group.record(chosen.index, Outcome::Failed);
+                return upstream_failed(
+                    &server.label,
+                    UpstreamFailure::Broken {
+                        why: "the exchange broke before an answer".into(),
+                        error: e.to_string(),
+                    },
+                );
+            }
+            Err(_) => {
+                t.group.record(chosen.index, Outcome::TimedOut);
+                return upstream_failed(&server.label, UpstreamFailure::Timeout(t.timeout));
+            }
+        };
+        t.group.record(chosen.index, Outcome::Answered);
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            // No tunnel: the server's answer, as any other.
+            let (mut parts, body) = resp.into_parts();
+            super::hyper::strip_hop_by_hop(&mut parts.headers);
+            return Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync());
+        }
+        let up = hyper::upgrade::on(&mut resp);
+        let (parts, _) = resp.into_parts();
+        let mut answer = Response::new(crate::answer::empty_body());
+        *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        // The 101's fields as the server sent them (its Upgrade and
+        // Connection included: they are what switches the client too).
+        *answer.headers_mut() = parts.headers;
+        let (held, idle) = (t.held.take(), t.idle);
+        tokio::spawn(async move {
+            let (Some(client), Ok(server)) = (on, up.await) else {
+                return;
+            };
+            let Ok(client) = client.await else { return };
+            splice(TokioIo::new(client), TokioIo::new(server), idle).await;
+            // The tunnel has ended: its slot is free.
+            drop(held);
+        });
+        return answer;
+    }
+}
+
+/// Copies bytes both ways until either side closes, or until nothing
+/// moved either way for `idle`.
+async fn splice<A, B>(a: A, b: B, idle: Duration)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let start = Instant::now();
+    let last = Arc::new(AtomicU64::new(0));
+    let (mut ar, mut aw) = tokio::io::split(a);
+    let (mut br, mut bw) = tokio::io::split(b);
+    let stamp =
+        |last: &AtomicU64| last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    let one = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match ar.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if bw.write_all(&buf[..n]).await.is_err() || bw.flush().await.is_err() {
+                        break;
+                    }
+                    stamp(&last);
+                }
+            }
+        }
+        let _ = bw.shutdown().await;
+    };
+    let two = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match br.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if aw.write_all(&buf[..n]).await.is_err() || aw.flush().await.is_err() {
+                        break;
+                    }
+                    stamp(&last);
+                }
+            }
+        }
+        let _ = aw.shutdown().await;
+    };
+    let watchdog = async {
+        let idle_ms = idle.as_millis() as u64;
+        loop {
+            tokio::time::sleep(idle / 4).await;
+            let quiet = start.elapsed().as_millis() as u64 - last.load(Ordering::Relaxed);
+            if quiet >= idle_ms {
+                tracing::debug!(?idle, "tunnel idle: closed");
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = async { tokio::join!(one, two) } => {}
+        () = watchdog => {}
+    }
+}
+
+/// The fields of an upgrade request that go to the server: none of the
+/// hop-by-hop ones but `Upgrade` (set again by [`open`]).
+pub(crate) fn request_fields(mut h: HeaderMap) -> HeaderMap {
+    super::hyper::strip_hop_by_hop(&mut h);
+    h.remove(HeaderName::from_static("upgrade"));
+    h
+}

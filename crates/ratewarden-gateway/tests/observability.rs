@@ -1,0 +1,294 @@
+//! What an operator sees: the log (JSON lines, the startup banner, one
+//! line per rejection with its request id, the store's outage and
+//! recovery, reload warnings), the access log, the admin listings, probes
+//! without the token, and values from the environment.
+
+#[path = "../../ratewarden/tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{scratch_dir, send, spawn_binary};
+
+fn json(line: &str) -> Value {
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_say_what_happened_and_redis_outages_are_logged_both_ways() {
+    let mut redis = common::RedisServer::start();
+    let dir = scratch_dir("rw-logs");
+    let file = dir.join("ratewarden.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "log: {{format: json}}\nstore: {{type: redis, url: '{}', on_error: local}}\n\
+             rules:\n  - {{name: per-client, limit: 2, window: 1h}}\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let bin = spawn_binary(&file, "echo", &[], dir.clone());
+    // Every line is JSON; the banner says what was loaded.
+    let banner = json(&bin.wait_for_line(|l| l.contains("ratewarden serving")));
+    assert_eq!(banner["level"], "INFO");
+    assert_eq!(banner["rules"], 1);
+    assert!(
+        banner["store"]
+            .as_str()
+            .unwrap()
+            .starts_with("redis redis://127.0.0.1:")
+    );
+    let rule = json(&bin.wait_for_line(|l| l.contains("rule per-client")));
+    assert!(
+        rule["message"]
+            .as_str()
+            .unwrap()
+            .contains("per-client: sliding_window_counter 2 per 3600s"),
+        "{rule}"
+    );
+    // A rejection: rule, key, reason, method, path and request id.
+    for _ in 0..2 {
+        send(bin.listen, "GET", "/a", &[], "").await;
+    }
+    let r = send(bin.listen, "POST", "/b", &[("x-request-id", "req-7")], "").await;
+    assert_eq!(r.status, 429);
+    let line = json(&bin.wait_for_line(|l| l.contains("\"rejected\"")));
+    for (k, v) in [
+        ("rule", "per-client"),
+        ("key", "127.0.0.1"),
+        ("reason", "limit"),
+        ("method", "POST"),
+        ("path", "/b"),
+        ("request_id", "req-7"),
+    ] {
+        assert_eq!(line[k], v, "{k} in {line}");
+    }
+    // Redis goes away: one WARN that decisions go local, one when the
+    // circuit opens; back: INFO with how long and how many were local.
+    redis.kill();
+    for _ in 0..5 {
+        // Decided locally: allowed or 429, never a 5xx.
+        assert!(send(bin.listen, "GET", "/c", &[], "").await.status.as_u16() < 500);
+    }
+    let warn = json(&bin.wait_for_line(|l| l.contains("deciding locally")));
+    assert_eq!(warn["level"], "WARN");
+    assert!(
+        warn["message"]
+            .as_str()
+            .unwrap()
+            .contains("deciding locally"),
+        "{warn}"
+    );
+    bin.wait_for_line(|l| l.contains("circuit open"));
+    redis.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let back = loop {
+        send(bin.listen, "GET", "/d", &[("x-user", "late")], "").await;
+        if let Some(l) = bin
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| l.contains("store answering again"))
+        {
+            break json(l);
+        }
+        assert!(std::time::Instant::now() < deadline, "never recovered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(back["level"], "INFO");
+    assert!(back["decisions"].as_u64().unwrap() >= 5, "{back}");
+    assert!(back["outage"].is_string(), "{back}");
+    let lines = bin.lines.lock().unwrap().clone();
+    for l in &lines {
+        json(l);
+    }
+    assert!(
+        !lines.iter().any(|l| l.contains('\u{1b}')),
+        "no colour codes in a pipe"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_has_a_line_per_answer_with_its_request_id() {
+    let dir = scratch_dir("rw-access");
+    let log = dir.join("access.log");
+    let file = dir.join("ratewarden.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "access_log: {{path: {}, format: json}}\nrules:\n  - {{name: one, limit: 1, window: 1h}}\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let up = support::Upstream::start().await;
+    let bin = spawn_binary(&file, &up.url(), &[], dir.clone());
+    let ok = send(bin.listen, "GET", "/x?y=1", &[("user-agent", "t/1")], "").await;
+    let no = send(bin.listen, "GET", "/z", &[], "").await;
+    assert_eq!((ok.status.as_u16(), no.status.as_u16()), (200, 429));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let lines: Vec<Value> = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().count() >= 2 {
+            break text.lines().map(json).collect();
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(lines[0]["status"], 200);
+    assert_eq!(lines[0]["target"], "/x?y=1");
+    assert_eq!(lines[0]["user_agent"], "t/1");
+    assert_eq!(lines[0]["request_id"], ok.header("x-request-id").unwrap());
+    assert_eq!(lines[0]["identity"], "127.0.0.1");
+    assert_eq!(lines[1]["status"], 429);
+    assert_eq!(lines[1]["rule"], "one");
+    assert_eq!(lines[1]["request_id"], no.header("x-request-id").unwrap());
+    let metrics = send(bin.admin, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        metrics.contains("ratewarden_access_log_dropped_total 0"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn probes_and_metrics_need_no_token_unless_asked_to() {
+    let gw = support::gateway("admin: {token: s3cret}\nrules: []\n", "echo", None).await;
+    let admin = gw.admin.unwrap();
+    for p in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(send(admin, "GET", p, &[], "").await.status, 200, "{p}");
+    }
+    assert_eq!(send(admin, "GET", "/v1/rules", &[], "").await.status, 401);
+    let auth = [("authorization", "Bearer s3cret")];
+    assert_eq!(send(admin, "GET", "/v1/rules", &auth, "").await.status, 200);
+    gw.shutdown().await;
+    let gw = support::gateway(
+        "admin: {token: s3cret, token_for_probes: true}\nrules: []\n",
+        "echo",
+        None,
+    )
+    .await;
+    let admin = gw.admin.unwrap();
+    assert_eq!(send(admin, "GET", "/healthz", &[], "").await.status, 401);
+    assert_eq!(send(admin, "GET", "/healthz", &auth, "").await.status, 200);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_admin_api_lists_rules_the_hottest_keys_and_bans() {
+    let clock = ratewarden::clock::ManualClock::new(support::now());
+    let gw = support::gateway(
+        "rules:\n  - {name: api, limit: 10, window: 1h}\n  - {name: login, limit: 1, window: 1m, penalty: 10m, match: {path: /login}}\n",
+        "echo",
+        Some(clock),
+    )
+    .await;
+    let admin = gw.admin.unwrap();
+    let rules = send(admin, "GET", "/v1/rules", &[], "").await;
+    let v: Value = serde_json::from_str(&rules.body).unwrap();
+    let names: Vec<&str> = v["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["api", "login"]);
+    assert_eq!(v["rules"][1]["penalty"]["duration"], 600.0);
+    assert_eq!(v["rules"][0]["id"].as_str().unwrap().len(), 16);
+    // One client spends its 10 and goes on; /login earns it a ban.
+    for _ in 0..40 {
+        send(gw.listen, "GET", "/", &[], "").await;
+        send(gw.listen, "GET", "/login", &[], "").await;
+    }
+    let top = send(admin, "GET", "/v1/keys?rule=api&limit=5", &[], "").await;
+    assert_eq!(top.status, 200, "{}", top.body);
+    let v: Value = serde_json::from_str(&top.body).unwrap();
+    let keys = v["keys"].as_array().unwrap();
+    assert_eq!(keys[0]["key"], "127.0.0.1", "{v}");
+    assert_eq!(keys[0]["remaining"], 0);
+    assert_eq!(keys[0]["used"], 1.0);
+    let bans = send(admin, "GET", "/v1/bans", &[], "").await;
+    let v: Value = serde_json::from_str(&bans.body).unwrap();
+    let ban = &v["bans"][0];
+    assert_eq!(
+        (ban["rule"].as_str(), ban["key"].as_str()),
+        (Some("login"), Some("127.0.0.1"))
+    );
+    assert!(ban["ban_left"].as_f64().unwrap() > 500.0, "{v}");
+    assert_eq!(
+        send(admin, "GET", "/v1/keys?rule=nope", &[], "")
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        send(admin, "GET", "/v1/keys?rule=api&limit=0", &[], "")
+            .await
+            .status,
+        400
+    );
+    gw.shutdown().await;
+}
+
+#[test]
+fn config_values_come_from_the_environment_and_an_unset_one_is_named() {
+    let dir = scratch_dir("rw-env");
+    let file = dir.join("ratewarden.yaml");
+    std::fs::write(
+        &file,
+        "admin: {token: '${RW_TEST_TOKEN}'}\nrules:\n  - {name: r, limit: ${RW_TEST_LIMIT:-7}, window: 1m}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ratewarden"))
+        .arg("validate")
+        .arg(&file)
+        .env_remove("RW_TEST_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ratewarden.yaml:1:17") && err.contains("`RW_TEST_TOKEN` is not set"),
+        "{err}"
+    );
+    let bin = spawn_binary(&file, "echo", &[("RW_TEST_TOKEN", "from-env")], dir);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let auth = [("authorization", "Bearer from-env")];
+        let r = send(bin.admin, "GET", "/v1/rules", &auth, "").await;
+        assert_eq!(r.status, 200);
+        assert!(r.body.contains("\"limit\":7"), "{}", r.body);
+    });
+}
+
+#[test]
+fn a_reload_that_changes_what_needs_a_restart_says_so() {
+    let dir = scratch_dir("rw-reload");
+    let file = dir.join("ratewarden.yaml");
+    // No command-line overrides: they would win over the file on reload.
+    let base = "admin: {listen: '127.0.0.1:0'}\nupstream: echo\n";
+    std::fs::write(
+        &file,
+        format!("{base}listen: 127.0.0.1:0\nworkers: 1\nrules: []\n"),
+    )
+    .unwrap();
+    let path = file.display().to_string();
+    let bin = support::spawn_binary_with(&["serve", "-c", &path], &[], dir);
+    std::fs::write(
+        &file,
+        format!("{base}listen: 127.0.0.1:1\nworkers: 3\nrules: []\n"),
+    )
+    .unwrap();
+    let line = bin.wait_for_line(|l| l.contains("take effect only on restart"));
+    assert!(
+        line.contains("WARN") && line.contains("listen, workers"),
+        "{line}"
+    );
+}
