@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Alternating A/B of two ratewarden builds on one config: which one is faster?
 #
-#   bash bench/ab.sh CONFIG.yaml BIN_A BIN_B [ROUNDS]     # ROUNDS=3, D=5 (seconds)
+#   bash bench/ab.sh CONFIG.yaml BIN_A BIN_B [ROUNDS] [CONFIG_B.yaml]   # ROUNDS=3, D=5 (seconds)
+#
+# With CONFIG_B, B runs on that config instead (one binary, two configs:
+# BIN_A and BIN_B may be the same file; the means are then labelled A and B).
 #
 # Each round runs A then B as a proxy (--workers 1) pinned to CPU 0, in front of
 # an nginx `return 200` origin on CPU 1, under `wrk -t2 -c64` on CPU 1, and
@@ -13,7 +16,7 @@
 # BUDGET=0.5: the proxy also limited to half of CPU 0 (see gateway.sh), so
 # that it, not wrk, limits the run.
 set -euo pipefail
-CONF=$1; A=$2; B=$3; ROUNDS=${4:-3}; D=${D:-5}
+CONF=$1; A=$2; B=$3; ROUNDS=${4:-3}; D=${D:-5}; CONF_B=${5:-$1}
 . "$(dirname "$0")/lib.sh"
 install_missing nginx:nginx-light wrk:wrk
 UP=$(port); RW=$(port)
@@ -24,8 +27,11 @@ TICK=$(getconf CLK_TCK)
 UNDER_TEST=""
 if [ -n "${BUDGET:-}" ]; then cpu_budget "$BUDGET"; UNDER_TEST=in_budget; fi
 for _ in $(seq "$ROUNDS"); do
-  for bin in "$A" "$B"; do
-    RUST_LOG=off $UNDER_TEST taskset -c 0 "$bin" serve -c "$CONF" --listen 127.0.0.1:$RW --upstream http://127.0.0.1:$UP --workers 1 > /dev/null &
+  for side in A B; do
+    if [ $side = A ]; then bin=$A; conf=$CONF; else bin=$B; conf=$CONF_B; fi
+    label=$bin
+    [ "$A" = "$B" ] && label="$side:$bin"
+    RUST_LOG=off $UNDER_TEST taskset -c 0 "$bin" serve -c "$conf" --listen 127.0.0.1:$RW --upstream http://127.0.0.1:$UP --workers 1 > /dev/null &
     P=$!
     wait_port "$RW"
     t0=$(awk '{print $14 + $15}' /proc/$P/stat)
@@ -34,7 +40,7 @@ for _ in $(seq "$ROUNDS"); do
     kill $P; wait $P 2>/dev/null || true
     n=$(awk '/requests in/ {print $1}' <<< "$out")
     rps=$(awk '/Requests\/sec/ {print $2}' <<< "$out")
-    awk -v b="$bin" -v r="$rps" -v t="$((t1 - t0))" -v n="$n" -v k="$TICK" \
+    awk -v b="$label" -v r="$rps" -v t="$((t1 - t0))" -v n="$n" -v k="$TICK" \
       'BEGIN { printf "%-40s %10.0f req/s %7.3f us CPU/req\n", b, r, t * 1e6 / k / n }'
   done
 done | awk '{ print; r[$1] += $2; c[$1] += $4; m[$1]++ }
