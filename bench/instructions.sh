@@ -3,7 +3,9 @@
 # counted by valgrind's callgrind: unlike CPU time, a count that does not
 # drift from run to run, so a change of 1% shows.
 #
-#   bash bench/instructions.sh CONFIG.yaml BIN_A BIN_B   # N1=500 N2=2500 requests
+#   bash bench/instructions.sh CONFIG.yaml BIN_A BIN_B [CONFIG_B.yaml]   # N1=500 N2=2500 requests
+#
+# With CONFIG_B, B runs on that config (BIN_A and BIN_B may be the same file).
 #
 # Each build runs as a proxy (--workers 1) under callgrind, collecting only
 # inside `serve_connection` (one client connection's task: parsing, the
@@ -14,7 +16,7 @@
 # request, connection set-up cancelled out. Prints it per build and B / A.
 # Everything on 127.0.0.1; each run stops when h2load is done.
 set -euo pipefail
-CONF=$1; A=$2; B=$3; N1=${N1:-500}; N2=${N2:-2500}
+CONF_A=$1; A=$2; B=$3; CONF_B=${4:-$1}; N1=${N1:-500}; N2=${N2:-2500}
 . "$(dirname "$0")/lib.sh"
 install_missing nginx:nginx-light valgrind:valgrind h2load:nghttp2-client
 UP=$(port)
@@ -22,7 +24,7 @@ origin_conf "$WORK/origin" "$UP"
 nginx -p "$WORK/origin" -c "$WORK/origin/nginx.conf" & PIDS+=($!)
 wait_port "$UP"
 
-# count BIN N: instructions inside serve_connection for N requests.
+# count BIN N: instructions inside serve_connection for N requests, on $CONF.
 count() {
   local rw out=$WORK/cg.out
   rw=$(port)
@@ -43,6 +45,6 @@ per_request() {
   echo $(( (b - a) / (N2 - N1) ))
 }
 
-ia=$(per_request "$A"); ib=$(per_request "$B")
-printf '%-40s %8d instructions/request\n' "$A" "$ia" "$B" "$ib"
+CONF=$CONF_A; ia=$(per_request "$A"); CONF=$CONF_B; ib=$(per_request "$B")
+printf '%-40s %8d instructions/request\n' "A $A $CONF_A" "$ia" "B $B $CONF_B" "$ib"
 awk -v a="$ia" -v b="$ib" 'BEGIN { printf "B / A = %.3f\n", b / a }'

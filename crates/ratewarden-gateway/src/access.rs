@@ -1,24 +1,34 @@
 //! The access log (`access_log:`): one line per answered request, admitted
 //! or refused, as JSON or in nginx's `combined` format.
 //!
-//! A request never waits for it: the request thread hands a [`Record`] to
-//! a bounded channel and goes on; a thread of its own formats and writes.
-//! When the channel is full (the disk or the terminal cannot keep up), the
-//! record is dropped and counted (`ratewarden_access_log_dropped_total`).
+//! A request never waits for it. The request's thread renders its line
+//! (no allocation: into a per-thread buffer) and appends it to a shared,
+//! bounded buffer under a lock held only for the copy; a thread of its own
+//! takes the whole buffer when it has grown past [`BATCH`] or every
+//! [`FLUSH`], and writes it with one call, as nginx's `access_log ...
+//! buffer= flush=` does. When the buffer is full (the disk or the terminal
+//! cannot keep up), the line is dropped and counted
+//! (`ratewarden_access_log_dropped_total`).
 
-use std::fmt::Write as _;
+use std::cell::RefCell;
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A wall-clock time as the time since the Unix epoch.
+pub type Wall = Duration;
 
 use crate::request_id::RequestId;
 
-/// Records waiting to be written, at most.
-const QUEUE: usize = 16 * 1024;
+/// Bytes waiting to be written, at most; past this, lines are dropped.
+const CAPACITY: usize = 8 << 20;
+/// Bytes after which the writer is woken at once.
+const BATCH: usize = 256 << 10;
+/// The longest a line waits before it is written.
+const FLUSH: Duration = Duration::from_millis(200);
 
 /// How lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,17 +57,17 @@ pub struct Spec {
     pub format: Format,
 }
 
-/// One answered request.
-#[derive(Debug, Clone)]
-pub struct Record {
+/// One answered request, borrowed from the connection that answered it.
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
     /// When the request arrived.
-    pub time: SystemTime,
+    pub time: Wall,
     /// The peer's address.
     pub peer: IpAddr,
     /// `GET`, ...
-    pub method: http::Method,
+    pub method: &'a str,
     /// The target as the client sent it.
-    pub target: String,
+    pub target: &'a str,
     /// `HTTP/1.1`, `HTTP/2.0`, ...
     pub version: &'static str,
     /// The status answered.
@@ -69,22 +79,46 @@ pub struct Record {
     /// for the gateway's own).
     pub duration: Duration,
     /// Its id.
-    pub request_id: RequestId,
-    /// Who the rules saw (the identity), if any rule looked.
-    pub identity: Option<String>,
+    pub request_id: &'a RequestId,
+    /// The key the refusing rule counted, if a rule refused, or the
+    /// identity the rules saw.
+    pub identity: Option<&'a str>,
     /// The rule that refused it, if one did.
-    pub rule: Option<String>,
-    /// `Referer`, for `combined`.
-    pub referer: Option<String>,
-    /// `User-Agent`, for `combined`.
-    pub user_agent: Option<String>,
+    pub rule: Option<&'a str>,
+    /// `Referer`, as sent.
+    pub referer: Option<&'a [u8]>,
+    /// `User-Agent`, as sent.
+    pub user_agent: Option<&'a [u8]>,
+}
+
+/// When a request arrived, for its line: a TSC read, cheaper than the
+/// system clocks (two of them would be read per request otherwise).
+pub fn arrived() -> quanta::Instant {
+    quanta::Instant::now()
+}
+
+/// The wall-clock time a request that arrived at `at` arrived, and how
+/// long it has taken since: a [`Record`]'s `time` and `duration`.
+pub fn since(at: quanta::Instant) -> (Wall, Duration) {
+    let took = at.elapsed();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (now.saturating_sub(took), took)
+}
+
+/// What the request threads and the writer share.
+struct Shared {
+    pending: Mutex<Vec<u8>>,
+    wake: Condvar,
+    dropped: AtomicU64,
 }
 
 /// The running access log. Cheap to clone.
 #[derive(Clone)]
 pub struct AccessLog {
-    tx: SyncSender<Record>,
-    dropped: Arc<AtomicU64>,
+    shared: Arc<Shared>,
+    format: Format,
 }
 
 impl std::fmt::Debug for AccessLog {
@@ -107,102 +141,276 @@ impl AccessLog {
                     .open(p)?,
             ),
         };
-        let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
-        let format = spec.format;
+        let log = Self::unstarted(spec.format);
+        let shared = Arc::clone(&log.shared);
         std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || write_all(rx, out, format))?;
-        Ok(Self {
-            tx,
-            dropped: Arc::new(AtomicU64::new(0)),
-        })
+            .spawn(move || write_all(&shared, || Arc::strong_count(&shared) == 1, out))?;
+        Ok(log)
     }
 
-    /// Hands `r` to the writer; never waits. A full queue drops it.
-    pub fn log(&self, r: Record) {
-        match self.tx.try_send(r) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+    fn unstarted(format: Format) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                pending: Mutex::new(Vec::with_capacity(BATCH * 2)),
+                wake: Condvar::new(),
+                dropped: AtomicU64::new(0),
+            }),
+            format,
         }
     }
 
-    /// Records dropped so far.
+    /// Renders `r` and hands the line to the writer; never waits for a
+    /// write. A full buffer drops it.
+    pub fn log(&self, r: &Record<'_>) {
+        thread_local! {
+            static LINE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(512));
+        }
+        LINE.with_borrow_mut(|line| {
+            line.clear();
+            render(line, r, self.format);
+            let Ok(mut pending) = self.shared.pending.lock() else {
+                return;
+            };
+            if pending.len() + line.len() > CAPACITY {
+                drop(pending);
+                self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            let before = pending.len();
+            pending.extend_from_slice(line);
+            let crossed = before < BATCH && pending.len() >= BATCH;
+            drop(pending);
+            if crossed {
+                self.shared.wake.notify_one();
+            }
+        });
+    }
+
+    /// Lines dropped so far.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.shared.dropped.load(Ordering::Relaxed)
     }
 }
 
-/// The writer: lines in batches, flushed when the queue runs dry.
-fn write_all(rx: Receiver<Record>, out: Box<dyn std::io::Write + Send>, format: Format) {
-    let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
-    let mut line = String::with_capacity(512);
-    while let Ok(first) = rx.recv() {
-        let mut next = Some(first);
-        while let Some(r) = next {
-            line.clear();
-            render(&mut line, &r, format);
-            if out.write_all(line.as_bytes()).is_err() {
+/// The writer: takes what is pending when woken or every [`FLUSH`] and
+/// writes it in one call. It holds one reference to `shared`; when it
+/// holds the only one, every handle is gone, and after that last write it
+/// ends.
+fn write_all(shared: &Shared, alone: impl Fn() -> bool, mut out: Box<dyn std::io::Write + Send>) {
+    let mut batch = Vec::with_capacity(BATCH * 2);
+    loop {
+        let last = {
+            let Ok(pending) = shared.pending.lock() else {
+                return;
+            };
+            let Ok((mut pending, _)) = shared
+                .wake
+                .wait_timeout_while(pending, FLUSH, |p| p.len() < BATCH)
+            else {
+                return;
+            };
+            // Under the lock: with no handle left, nothing more can come.
+            let last = alone();
+            std::mem::swap(&mut *pending, &mut batch);
+            last
+        };
+        if !batch.is_empty() {
+            if out.write_all(&batch).and_then(|()| out.flush()).is_err() {
                 return;
             }
-            next = rx.try_recv().ok();
+            batch.clear();
         }
-        if out.flush().is_err() {
+        if last {
             return;
         }
     }
 }
 
+/// Appends `s` as the inside of a JSON string: quotes, backslashes and
+/// control characters escaped; bytes that are not UTF-8 as U+FFFD.
+fn json_str(out: &mut Vec<u8>, s: &[u8]) {
+    // Most values (ids, methods, targets) need nothing: copied whole.
+    /// Bytes copied as they are.
+    const PLAIN: [bool; 256] = {
+        let mut t = [false; 256];
+        let mut b = 0x20;
+        while b < 0x7f {
+            t[b] = b != b'"' as usize && b != b'\\' as usize;
+            b += 1;
+        }
+        t
+    };
+    if s.iter().all(|&b| PLAIN[usize::from(b)]) {
+        out.extend_from_slice(s);
+        return;
+    }
+    for chunk in s.utf8_chunks() {
+        for &b in chunk.valid().as_bytes() {
+            match b {
+                b'"' => out.extend_from_slice(b"\\\""),
+                b'\\' => out.extend_from_slice(b"\\\\"),
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                b'\t' => out.extend_from_slice(b"\\t"),
+                0..0x20 | 0x7f => {
+                    const HEX: &[u8; 16] = b"0123456789abcdef";
+                    out.extend_from_slice(b"\\u00");
+                    out.push(HEX[usize::from(b >> 4)]);
+                    out.push(HEX[usize::from(b & 0xf)]);
+                }
+                _ => out.push(b),
+            }
+        }
+        if !chunk.invalid().is_empty() {
+            out.extend_from_slice("\u{fffd}".as_bytes());
+        }
+    }
+}
+
+/// `ip` as `Display` writes it; IPv4 without the formatting machinery
+/// (it is on every line).
+fn ip(out: &mut Vec<u8>, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                if octet >= 100 {
+                    out.push(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    out.push(b'0' + octet / 10 % 10);
+                }
+                out.push(b'0' + octet % 10);
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
+/// `"s"` or `null`.
+fn json_opt(out: &mut Vec<u8>, s: Option<&[u8]>) {
+    match s {
+        Some(s) => {
+            out.push(b'"');
+            json_str(out, s);
+            out.push(b'"');
+        }
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+/// `s` inside a `combined` quoted field: `"` and `\` escaped, as nginx
+/// escapes them (with control and non-ASCII bytes as `\xHH`).
+fn clf_str(out: &mut Vec<u8>, s: &[u8]) {
+    for &b in s {
+        match b {
+            b'"' | b'\\' => {
+                out.push(b'\\');
+                out.push(b);
+            }
+            0x20..0x7f => out.push(b),
+            _ => {
+                let _ = write!(out, "\\x{b:02X}");
+            }
+        }
+    }
+}
+
 /// One line, with its newline.
-pub fn render(line: &mut String, r: &Record, format: Format) {
+pub fn render(out: &mut Vec<u8>, r: &Record<'_>, format: Format) {
+    let mut n = itoa::Buffer::new();
     match format {
         Format::Json => {
-            let v = serde_json::json!({
-                "time": rfc3339(r.time),
-                "remote_addr": r.peer.to_string(),
-                "method": r.method.as_str(),
-                "target": r.target,
-                "protocol": r.version,
-                "status": r.status,
-                "bytes": r.bytes,
-                "duration_ms": (r.duration.as_secs_f64() * 1e6).round() / 1e3,
-                "request_id": r.request_id.as_str(),
-                "identity": r.identity,
-                "rule": r.rule,
-                "referer": r.referer,
-                "user_agent": r.user_agent,
-            });
-            let _ = write!(line, "{v}");
+            out.extend_from_slice(b"{\"time\":\"");
+            rfc3339(out, r.time);
+            out.extend_from_slice(b"\",\"remote_addr\":\"");
+            ip(out, r.peer);
+            out.extend_from_slice(b"\",\"method\":\"");
+            // A method is a token: nothing in it needs escaping.
+            out.extend_from_slice(r.method.as_bytes());
+            out.extend_from_slice(b"\",\"target\":\"");
+            json_str(out, r.target.as_bytes());
+            match r.version {
+                "HTTP/1.1" => out.extend_from_slice(b"\",\"protocol\":\"HTTP/1.1\",\"status\":"),
+                v => {
+                    out.extend_from_slice(b"\",\"protocol\":\"");
+                    out.extend_from_slice(v.as_bytes());
+                    out.extend_from_slice(b"\",\"status\":");
+                }
+            }
+            out.extend_from_slice(n.format(r.status).as_bytes());
+            out.extend_from_slice(b",\"bytes\":");
+            match r.bytes {
+                Some(b) => out.extend_from_slice(n.format(b).as_bytes()),
+                None => out.extend_from_slice(b"null"),
+            }
+            out.extend_from_slice(b",\"duration_ms\":");
+            millis(out, r.duration);
+            out.extend_from_slice(b",\"request_id\":\"");
+            // Ids are checked (`request_id::valid`): nothing to escape.
+            out.extend_from_slice(r.request_id.as_bytes());
+            out.extend_from_slice(b"\",\"identity\":");
+            json_opt(out, r.identity.map(str::as_bytes));
+            out.extend_from_slice(b",\"rule\":");
+            json_opt(out, r.rule.map(str::as_bytes));
+            out.extend_from_slice(b",\"referer\":");
+            json_opt(out, r.referer);
+            out.extend_from_slice(b",\"user_agent\":");
+            json_opt(out, r.user_agent);
+            out.push(b'}');
         }
         Format::Combined => {
             // $remote_addr - - [$time_local] "$request" $status
             // $body_bytes_sent "$http_referer" "$http_user_agent", then the
             // request id and the time taken (seconds), as many sites add.
-            let quoted = |s: Option<&str>| -> String {
-                match s {
-                    Some(s) => s.replace('\\', "\\\\").replace('"', "\\\""),
-                    None => "-".into(),
+            ip(out, r.peer);
+            out.extend_from_slice(b" - - [");
+            clf_time(out, r.time);
+            out.extend_from_slice(b"] \"");
+            clf_str(out, r.method.as_bytes());
+            out.push(b' ');
+            clf_str(out, r.target.as_bytes());
+            out.push(b' ');
+            out.extend_from_slice(r.version.as_bytes());
+            out.extend_from_slice(b"\" ");
+            out.extend_from_slice(n.format(r.status).as_bytes());
+            out.push(b' ');
+            out.extend_from_slice(n.format(r.bytes.unwrap_or(0)).as_bytes());
+            for v in [r.referer, r.user_agent] {
+                out.extend_from_slice(b" \"");
+                match v {
+                    Some(v) => clf_str(out, v),
+                    None => out.push(b'-'),
                 }
-            };
-            let _ = write!(
-                line,
-                "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\" {} {:.3}",
-                r.peer,
-                clf_time(r.time),
-                r.method,
-                quoted(Some(&r.target)),
-                r.version,
-                r.status,
-                r.bytes.unwrap_or(0),
-                quoted(r.referer.as_deref()),
-                quoted(r.user_agent.as_deref()),
-                r.request_id,
-                r.duration.as_secs_f64(),
-            );
+                out.push(b'"');
+            }
+            out.push(b' ');
+            clf_str(out, r.request_id.as_bytes());
+            out.push(b' ');
+            let ms = r.duration.as_millis();
+            let _ = write!(out, "{}.{:03}", ms / 1000, ms % 1000);
         }
     }
-    line.push('\n');
+    out.push(b'\n');
+}
+
+/// `d` in milliseconds with three decimals (`1.234`).
+fn millis(out: &mut Vec<u8>, d: Duration) {
+    let us = d.as_micros();
+    let mut n = itoa::Buffer::new();
+    out.extend_from_slice(n.format(us / 1000).as_bytes());
+    out.push(b'.');
+    let frac = (us % 1000) as u16;
+    out.extend_from_slice(&[
+        b'0' + (frac / 100) as u8,
+        b'0' + (frac / 10 % 10) as u8,
+        b'0' + (frac % 10) as u8,
+    ]);
 }
 
 /// Days since 1970-01-01 as (year, month 1-12, day 1-31) (Howard
@@ -219,8 +427,7 @@ fn civil(days: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
-fn parts(t: SystemTime) -> ((i64, u32, u32), u64, u32) {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+fn parts(d: Wall) -> ((i64, u32, u32), u64, u32) {
     let secs = d.as_secs();
     (
         civil((secs / 86_400) as i64),
@@ -229,90 +436,201 @@ fn parts(t: SystemTime) -> ((i64, u32, u32), u64, u32) {
     )
 }
 
+/// The second `t` falls in, rendered once per second per thread by
+/// `render`: lines come many to a second.
+fn cached_second(
+    out: &mut Vec<u8>,
+    t: Wall,
+    which: usize,
+    render: fn(&mut Vec<u8>, (i64, u32, u32), u64),
+) {
+    thread_local! {
+        static SECOND: RefCell<[(u64, Vec<u8>); 2]> = const { RefCell::new([(u64::MAX, Vec::new()), (u64::MAX, Vec::new())]) };
+    }
+    let secs = t.as_secs();
+    SECOND.with_borrow_mut(|cache| {
+        let (at, text) = &mut cache[which];
+        if *at != secs {
+            let (date, s, _) = parts(t);
+            text.clear();
+            render(text, date, s);
+            *at = secs;
+        }
+        out.extend_from_slice(text);
+    });
+}
+
 /// `2026-11-24T01:02:03.456Z`
-fn rfc3339(t: SystemTime) -> String {
-    let ((y, mo, d), s, ms) = parts(t);
-    format!(
-        "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        s / 3600,
-        s / 60 % 60,
-        s % 60
-    )
+fn rfc3339(out: &mut Vec<u8>, t: Wall) {
+    cached_second(out, t, 0, |text, (y, mo, d), s| {
+        let _ = write!(
+            text,
+            "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}",
+            s / 3600,
+            s / 60 % 60,
+            s % 60
+        );
+    });
+    let ms = t.subsec_millis();
+    out.extend_from_slice(&[
+        b'.',
+        b'0' + (ms / 100) as u8,
+        b'0' + (ms / 10 % 10) as u8,
+        b'0' + (ms % 10) as u8,
+        b'Z',
+    ]);
 }
 
 /// `24/Nov/2026:01:02:03 +0000` (nginx's `$time_local`, in UTC).
-fn clf_time(t: SystemTime) -> String {
+fn clf_time(out: &mut Vec<u8>, t: Wall) {
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];
-    let ((y, mo, d), s, _) = parts(t);
-    format!(
-        "{d:02}/{}/{y:04}:{:02}:{:02}:{:02} +0000",
-        MONTHS[(mo - 1) as usize],
-        s / 3600,
-        s / 60 % 60,
-        s % 60
-    )
+    cached_second(out, t, 1, |text, (y, mo, d), s| {
+        let _ = write!(
+            text,
+            "{d:02}/{}/{y:04}:{:02}:{:02}:{:02} +0000",
+            MONTHS[(mo - 1) as usize],
+            s / 3600,
+            s / 60 % 60,
+            s % 60
+        );
+    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn record() -> Record {
+    fn record() -> Record<'static> {
+        let id = Box::leak(Box::new(RequestId::keep_or_make(Some(b"abc-1"))));
         Record {
-            time: UNIX_EPOCH + Duration::from_millis(1_795_482_123_456),
+            time: Duration::from_millis(1_795_482_123_456),
             peer: "203.0.113.7".parse().unwrap(),
-            method: http::Method::POST,
-            target: "/api/\"x\"?q=1".into(),
+            method: "POST",
+            target: "/api/\"x\"?q=1",
             version: "HTTP/1.1",
             status: 429,
             bytes: Some(251),
             duration: Duration::from_micros(1234),
-            request_id: RequestId::keep_or_make(Some(b"abc-1")),
-            identity: Some("203.0.113.7".into()),
-            rule: Some("per-ip".into()),
+            request_id: id,
+            identity: Some("203.0.113.7"),
+            rule: Some("per-ip"),
             referer: None,
-            user_agent: Some("curl/8".into()),
+            user_agent: Some(b"curl/8"),
         }
+    }
+
+    fn line(r: &Record<'_>, format: Format) -> String {
+        let mut out = Vec::new();
+        render(&mut out, r, format);
+        String::from_utf8(out).unwrap()
     }
 
     #[test]
     fn json_lines_parse_and_carry_every_field() {
-        let mut line = String::new();
-        render(&mut line, &record(), Format::Json);
+        let line = line(&record(), Format::Json);
         assert!(line.ends_with('\n'));
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["time"], "2026-11-24T01:02:03.456Z");
-        assert_eq!(v["status"], 429);
+        assert_eq!(v["remote_addr"], "203.0.113.7");
+        assert_eq!(v["method"], "POST");
         assert_eq!(v["target"], "/api/\"x\"?q=1");
+        assert_eq!(v["protocol"], "HTTP/1.1");
+        assert_eq!(v["status"], 429);
+        assert_eq!(v["bytes"], 251);
         assert_eq!(v["request_id"], "abc-1");
+        assert_eq!(v["identity"], "203.0.113.7");
         assert_eq!(v["rule"], "per-ip");
         assert_eq!(v["duration_ms"], 1.234);
         assert_eq!(v["referer"], serde_json::Value::Null);
+        assert_eq!(v["user_agent"], "curl/8");
+    }
+
+    #[test]
+    fn hostile_header_bytes_stay_one_valid_json_line() {
+        let mut r = record();
+        r.user_agent = Some(b"a\"b\\c\nd\x01\xff\x7fe");
+        r.referer = Some(b"\r\t");
+        r.bytes = None;
+        r.duration = Duration::from_micros(12_000_007);
+        let line = line(&r, Format::Json);
+        assert_eq!(line.matches('\n').count(), 1, "{line}");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["user_agent"], "a\"b\\c\nd\u{1}\u{fffd}\u{7f}e");
+        assert_eq!(v["referer"], "\r\t");
+        assert_eq!(v["bytes"], serde_json::Value::Null);
+        assert_eq!(v["duration_ms"], 12000.007);
+    }
+
+    #[test]
+    fn addresses_read_as_display_writes_them() {
+        for a in ["0.0.0.0", "255.255.255.255", "10.0.200.7", "2001:db8::1", "::ffff:1.2.3.4"] {
+            let mut out = Vec::new();
+            ip(&mut out, a.parse().unwrap());
+            assert_eq!(String::from_utf8(out).unwrap(), a);
+        }
     }
 
     #[test]
     fn combined_lines_read_as_nginx_writes_them() {
-        let mut line = String::new();
-        render(&mut line, &record(), Format::Combined);
         assert_eq!(
-            line,
+            line(&record(), Format::Combined),
             "203.0.113.7 - - [24/Nov/2026:01:02:03 +0000] \"POST /api/\\\"x\\\"?q=1 HTTP/1.1\" 429 251 \"-\" \"curl/8\" abc-1 0.001\n"
         );
+        let mut r = record();
+        r.user_agent = Some(b"x\ny\xff");
+        assert!(line(&r, Format::Combined).contains("\"x\\x0Ay\\xFF\""));
     }
 
     #[test]
-    fn a_full_queue_drops_and_counts_instead_of_waiting() {
-        // A writer that never drains: a sink blocked forever.
-        let (tx, _rx) = std::sync::mpsc::sync_channel(2);
-        let log = AccessLog {
-            tx,
-            dropped: Arc::new(AtomicU64::new(0)),
-        };
-        for _ in 0..5 {
-            log.log(record());
+    fn the_cached_second_follows_the_clock() {
+        let mut r = record();
+        let a = line(&r, Format::Json);
+        r.time += Duration::from_millis(1_000);
+        let b = line(&r, Format::Json);
+        assert!(a.contains("01:02:03.456Z") && b.contains("01:02:04.456Z"), "{a}{b}");
+        r.time += Duration::from_secs(86_400);
+        assert!(line(&r, Format::Combined).contains("[25/Nov/2026:01:02:04 +0000]"));
+    }
+
+    #[test]
+    fn a_full_buffer_drops_and_counts_instead_of_waiting() {
+        // No writer: nothing is ever taken from the buffer.
+        let log = AccessLog::unstarted(Format::Json);
+        let one = line(&record(), Format::Json).len();
+        let fit = CAPACITY / one;
+        for _ in 0..fit + 5 {
+            log.log(&record());
         }
-        assert_eq!(log.dropped(), 3);
+        assert_eq!(log.dropped(), 5);
+        assert_eq!(log.shared.pending.lock().unwrap().len(), fit * one);
+    }
+
+    #[test]
+    fn the_writer_writes_every_line_and_the_last_ones_when_dropped() {
+        let dir = std::env::temp_dir().join(format!("rw-access-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("access.log");
+        let log = AccessLog::start(&Spec {
+            sink: Sink::File(path.clone()),
+            format: Format::Combined,
+        })
+        .unwrap();
+        for _ in 0..1000 {
+            log.log(&record());
+        }
+        drop(log);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(&path).unwrap();
+            if text.lines().count() == 1000 {
+                assert!(text.lines().all(|l| l.starts_with("203.0.113.7 - - [")));
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{} lines", text.lines().count());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -122,14 +122,9 @@ impl Gateway {
                 .map(HeaderValue::as_bytes),
         );
         let arrived = self.access.as_ref().map(|_| {
-            let header = |n: HeaderName| {
-                req.headers()
-                    .get(n)
-                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            };
+            let header = |n: HeaderName| req.headers().get(n).map(|v| v.as_bytes().to_vec());
             (
-                SystemTime::now(),
-                Instant::now(),
+                crate::access::arrived(),
                 req.method().clone(),
                 req.uri()
                     .path_and_query()
@@ -144,23 +139,24 @@ impl Gateway {
         if let Ok(v) = HeaderValue::from_bytes(rid.as_bytes()) {
             resp.headers_mut().insert(request_id::HEADER, v);
         }
-        if let (Some(log), Some((time, started, method, target, version, referer, user_agent))) =
+        if let (Some(log), Some((arrived, method, target, version, referer, user_agent))) =
             (&self.access, arrived)
         {
-            log.log(crate::access::Record {
+            let (time, duration) = crate::access::since(arrived);
+            log.log(&crate::access::Record {
                 time,
                 peer: peer.ip(),
-                method,
-                target,
+                method: method.as_str(),
+                target: &target,
                 version,
                 status: resp.status().as_u16(),
                 bytes: http_body::Body::size_hint(resp.body()).exact(),
-                duration: started.elapsed(),
-                request_id: rid,
-                identity: seen.identity,
-                rule: seen.rule,
-                referer,
-                user_agent,
+                duration,
+                request_id: &rid,
+                identity: seen.identity.as_deref(),
+                rule: seen.rule.as_deref(),
+                referer: referer.as_deref(),
+                user_agent: user_agent.as_deref(),
             });
         }
         resp

@@ -111,13 +111,17 @@ impl Conn {
         // one is tried, until none is left.
         let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
         let client = to.admitted.who().identity.as_str();
-        let mut last: (std::borrow::Cow<'static, str>, String) = (
-            "no upstream server is up".into(),
-            format!("every server of route {} is ejected", group.route),
-        );
+        // Why the last server tried could not be used (none yet).
+        let mut last: Option<(std::borrow::Cow<'static, str>, String)> = None;
         let answered = loop {
             let Some(chosen) = group.choose(client, &tried) else {
-                break Err((Failed::Broken(last.0, last.1), None));
+                let (why, error) = last.unwrap_or_else(|| {
+                    (
+                        "no upstream server is up".into(),
+                        format!("every server of route {} is ejected", group.route),
+                    )
+                });
+                break Err((Failed::Broken(why, error), None));
             };
             let server = chosen.server();
             self.request_head(&to, server);
@@ -138,7 +142,7 @@ impl Conn {
                 Err(Failed::Connect(why, e)) => {
                     group.record(chosen.index, Outcome::Failed);
                     tried.push(chosen.index);
-                    last = (why, format!("{}: {e}", server.label));
+                    last = Some((why, format!("{}: {e}", server.label)));
                 }
                 Err(f @ Failed::Timeout) => {
                     group.record(chosen.index, Outcome::TimedOut);

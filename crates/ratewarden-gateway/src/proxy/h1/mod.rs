@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use http::header::HeaderMap;
@@ -309,10 +309,7 @@ async fn serve(
         if live.config.upstream == Upstream::Echo && !live.router.has_routes() {
             return Ok(Some(c.input));
         }
-        let arrived = gw
-            .access
-            .is_some()
-            .then(|| (SystemTime::now(), Instant::now()));
+        let arrived = gw.access.is_some().then(crate::access::arrived);
         let rid = RequestId::keep_or_make(field(&c.input, &c.fields, b"x-request-id"));
         let answering = io.activity().answering();
         // The target is visible ASCII (`parse_request` checked it).
@@ -411,26 +408,37 @@ async fn serve(
         if to_hyper {
             return Ok(Some(c.input));
         }
-        if let (Some(log), Some((time, started))) = (&gw.access, arrived) {
+        if let (Some(log), Some(arrived)) = (&gw.access, arrived) {
+            let (time, duration) = crate::access::since(arrived);
+            let (mut referer, mut user_agent) = (None, None);
+            // One pass over the fields for both; the length first.
+            for (n, v) in &c.fields {
+                let name = &c.input[n.clone()];
+                let slot = match name.len() {
+                    7 if name.eq_ignore_ascii_case(b"referer") => &mut referer,
+                    10 if name.eq_ignore_ascii_case(b"user-agent") => &mut user_agent,
+                    _ => continue,
+                };
+                if slot.is_none() {
+                    *slot = Some(&c.input[v.clone()]);
+                }
+            }
             // (Read again: the exchange needed the connection's buffers.)
             let target = std::str::from_utf8(&c.input[head.target.clone()]).unwrap_or("/");
-            let header = |name: &[u8]| {
-                field(&c.input, &c.fields, name).map(|v| String::from_utf8_lossy(v).into_owned())
-            };
-            log.log(crate::access::Record {
+            log.log(&crate::access::Record {
                 time,
                 peer: peer.ip(),
-                method: head.method.clone(),
-                target: target.to_owned(),
+                method: head.method.as_str(),
+                target,
                 version: "HTTP/1.1",
                 status: logged.status,
                 bytes: logged.bytes,
-                duration: started.elapsed(),
-                request_id: rid,
-                identity: logged.identity,
-                rule: logged.rule,
-                referer: header(b"referer"),
-                user_agent: header(b"user-agent"),
+                duration,
+                request_id: &rid,
+                identity: logged.identity.as_deref(),
+                rule: logged.rule.as_deref(),
+                referer,
+                user_agent,
             });
         }
         c.input.advance(whole);
