@@ -216,7 +216,10 @@ fn write_all(shared: &Shared, alone: impl Fn() -> bool, mut out: Box<dyn std::io
             last
         };
         if !batch.is_empty() {
-            if out.write_all(&batch).and_then(|()| out.flush()).is_err() {
+            if let Err(e) = out.write_all(&batch).and_then(|()| out.flush()) {
+                // From here the buffer fills and every line is counted as
+                // dropped; the requests go on.
+                tracing::error!(error = %e, "the access log cannot be written; its lines are dropped from now on");
                 return;
             }
             batch.clear();
@@ -565,7 +568,13 @@ mod tests {
 
     #[test]
     fn addresses_read_as_display_writes_them() {
-        for a in ["0.0.0.0", "255.255.255.255", "10.0.200.7", "2001:db8::1", "::ffff:1.2.3.4"] {
+        for a in [
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.0.200.7",
+            "2001:db8::1",
+            "::ffff:1.2.3.4",
+        ] {
             let mut out = Vec::new();
             ip(&mut out, a.parse().unwrap());
             assert_eq!(String::from_utf8(out).unwrap(), a);
@@ -589,7 +598,10 @@ mod tests {
         let a = line(&r, Format::Json);
         r.time += Duration::from_millis(1_000);
         let b = line(&r, Format::Json);
-        assert!(a.contains("01:02:03.456Z") && b.contains("01:02:04.456Z"), "{a}{b}");
+        assert!(
+            a.contains("01:02:03.456Z") && b.contains("01:02:04.456Z"),
+            "{a}{b}"
+        );
         r.time += Duration::from_secs(86_400);
         assert!(line(&r, Format::Combined).contains("[25/Nov/2026:01:02:04 +0000]"));
     }
@@ -628,7 +640,11 @@ mod tests {
                 assert!(text.lines().all(|l| l.starts_with("203.0.113.7 - - [")));
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "{} lines", text.lines().count());
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} lines",
+                text.lines().count()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         std::fs::remove_dir_all(&dir).unwrap();

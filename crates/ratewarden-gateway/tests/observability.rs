@@ -292,3 +292,66 @@ fn a_reload_that_changes_what_needs_a_restart_says_so() {
         "{line}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_502_and_a_504_are_logged_with_the_upstream_and_the_reason() {
+    // A port nothing listens on (502), and a server that accepts and never
+    // answers (504).
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let refused = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut kept = vec![];
+        while let Ok((s, _)) = silent.accept().await {
+            kept.push(s);
+        }
+    });
+    let dir = scratch_dir("rw-5xx");
+    let file = dir.join("ratewarden.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "log: {{format: json}}\nupstream_timeout: 300ms\n\
+             routes:\n  - {{name: slow, match: {{path_prefix: /slow/}}, upstream: {{servers: ['{silent_url}']}}}}\n"
+        ),
+    )
+    .unwrap();
+    let bin = spawn_binary(&file, &refused, &[], dir);
+    let r = send(bin.listen, "GET", "/x", &[], "").await;
+    assert_eq!(r.status, 502);
+    let line = json(&bin.wait_for_line(|l| l.contains(": 502")));
+    assert_eq!(line["level"], "WARN");
+    assert!(
+        line["upstream"]
+            .as_str()
+            .unwrap()
+            .contains(refused.trim_start_matches("http://")),
+        "{line}"
+    );
+    assert!(
+        line["message"]
+            .as_str()
+            .unwrap()
+            .contains("upstream failed ("),
+        "{line}"
+    );
+    assert!(
+        line["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{line}"
+    );
+    let r = send(bin.listen, "GET", "/slow/y", &[], "").await;
+    assert_eq!(r.status, 504);
+    let line = json(&bin.wait_for_line(|l| l.contains(": 504")));
+    assert_eq!(line["level"], "WARN");
+    assert!(
+        line["upstream"]
+            .as_str()
+            .unwrap()
+            .contains(silent_url.trim_start_matches("http://")),
+        "{line}"
+    );
+    assert_eq!(line["timeout"], "300ms");
+    held.abort();
+}

@@ -165,11 +165,13 @@ pub trait Clock: Send + Sync + 'static {
 /// restart or a ban vanish. The monotonic clock is quanta's (the CPU's
 /// invariant TSC where it has one, calibrated against the OS clock): reading
 /// `std::time::Instant` cost 30 ns here, more than a whole decision should.
+///
+/// Every `SystemClock` reads quanta's process-wide clock: it is calibrated
+/// once (up to 200 ms, on first use), not once per clock.
 #[derive(Debug, Clone)]
 pub struct SystemClock {
     origin_wall: Micros,
     origin: quanta::Instant,
-    clock: quanta::Clock,
 }
 
 impl SystemClock {
@@ -179,11 +181,9 @@ impl SystemClock {
             .duration_since(UNIX_EPOCH)
             .map(micros)
             .unwrap_or(Micros::ZERO);
-        let clock = quanta::Clock::new();
         Self {
             origin_wall,
-            origin: clock.now(),
-            clock,
+            origin: quanta::Instant::now(),
         }
     }
 }
@@ -196,7 +196,7 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Micros {
-        let d = self.clock.now().saturating_duration_since(self.origin);
+        let d = quanta::Instant::now().saturating_duration_since(self.origin);
         self.origin_wall + Micros(d.as_secs() * 1_000_000 + u64::from(d.subsec_micros()))
     }
 }

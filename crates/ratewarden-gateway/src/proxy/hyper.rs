@@ -283,21 +283,20 @@ impl Gateway {
         let group = to.group;
         let mut req = Request::from_parts(parts, body);
         let mut tried: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
-        let mut last: (std::borrow::Cow<'static, str>, String) = (
-            "no upstream server is up".into(),
-            format!("every server of route {} is ejected", group.route),
-        );
+        // Why the last server tried could not be used, and which (none yet).
+        let mut last: Option<(std::borrow::Cow<'static, str>, String, &str)> = None;
         let started = Instant::now();
         loop {
             let Some(chosen) = group.choose(to.client, &tried) else {
                 self.metrics.upstream_time(started.elapsed());
-                return upstream_failed(
-                    &group.route,
-                    UpstreamFailure::Broken {
-                        why: last.0,
-                        error: last.1,
-                    },
-                );
+                let (why, error, at) = last.unwrap_or_else(|| {
+                    (
+                        "no upstream server is up".into(),
+                        format!("every server of route {} is ejected", group.route),
+                        &group.route,
+                    )
+                });
+                return upstream_failed(at, UpstreamFailure::Broken { why, error });
             };
             let server = chosen.server();
             *req.uri_mut() = match format!("{}{target}", server.prefix).parse::<Uri>() {
@@ -321,11 +320,11 @@ impl Gateway {
                 }) => {
                     group.record(chosen.index, Outcome::Failed);
                     tried.push(chosen.index);
-                    last.0 = match &e {
+                    let why = match &e {
                         UpstreamError::Tls { source, .. } => tls_failure(source),
                         _ => "could not connect".into(),
                     };
-                    last.1 = e.to_string();
+                    last = Some((why, e.to_string(), &server.label));
                     req = back;
                     continue;
                 }

@@ -112,15 +112,21 @@ impl Conn {
         let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
         let client = to.admitted.who().identity.as_str();
         // Why the last server tried could not be used (none yet).
-        let mut last: Option<(std::borrow::Cow<'static, str>, String)> = None;
+        let mut last: Option<(std::borrow::Cow<'static, str>, String, &str)> = None;
+        // The server a failure is logged against, when none answers.
+        let mut failed_at = None;
         let answered = loop {
             let Some(chosen) = group.choose(client, &tried) else {
-                let (why, error) = last.unwrap_or_else(|| {
-                    (
+                let (why, error) = match last {
+                    Some((why, error, label)) => {
+                        failed_at = Some(label);
+                        (why, error)
+                    }
+                    None => (
                         "no upstream server is up".into(),
                         format!("every server of route {} is ejected", group.route),
-                    )
-                });
+                    ),
+                };
                 break Err((Failed::Broken(why, error), None));
             };
             let server = chosen.server();
@@ -142,7 +148,7 @@ impl Conn {
                 Err(Failed::Connect(why, e)) => {
                     group.record(chosen.index, Outcome::Failed);
                     tried.push(chosen.index);
-                    last = Some((why, format!("{}: {e}", server.label)));
+                    last = Some((why, format!("{}: {e}", server.label), &server.label));
                 }
                 Err(f @ Failed::Timeout) => {
                     group.record(chosen.index, Outcome::TimedOut);
@@ -165,7 +171,11 @@ impl Conn {
                         UpstreamFailure::Broken { why, error }
                     }
                 };
-                let at = chosen.map_or_else(|| group.route.clone(), |c| c.server().label.clone());
+                let at = match (&chosen, failed_at) {
+                    (Some(c), _) => c.server().label.clone(),
+                    (None, Some(label)) => label.to_owned(),
+                    (None, None) => group.route.clone(),
+                };
                 let mut answer = upstream_failed(&at, failure);
                 if let Ok(v) = http::HeaderValue::from_bytes(to.rid.as_bytes()) {
                     answer.headers_mut().insert(crate::request_id::HEADER, v);
