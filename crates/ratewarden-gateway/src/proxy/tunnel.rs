@@ -4,7 +4,6 @@
 //! nothing moves for `client_idle_timeout`. The tunnel is one request: it
 //! holds a `concurrency` slot while it is open.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -176,41 +175,12 @@ where
     B: AsyncRead + AsyncWrite + Unpin,
 {
     let start = Instant::now();
-    let last = Arc::new(AtomicU64::new(0));
-    let (mut ar, mut aw) = tokio::io::split(a);
-    let (mut br, mut bw) = tokio::io::split(b);
-    let stamp =
-        |last: &AtomicU64| last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
-    let one = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match ar.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if bw.write_all(&buf[..n]).await.is_err() || bw.flush().await.is_err() {
-                        break;
-                    }
-                    stamp(&last);
-                }
-            }
-        }
-        let _ = bw.shutdown().await;
-    };
-    let two = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match br.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if aw.write_all(&buf[..n]).await.is_err() || aw.flush().await.is_err() {
-                        break;
-                    }
-                    stamp(&last);
-                }
-            }
-        }
-        let _ = aw.shutdown().await;
-    };
+    // Milliseconds from `start` to the last byte moved, either way.
+    let last = AtomicU64::new(0);
+    let (ar, aw) = tokio::io::split(a);
+    let (br, bw) = tokio::io::split(b);
+    let one = pump(ar, bw, start, &last);
+    let two = pump(br, aw, start, &last);
     let watchdog = async {
         let idle_ms = idle.as_millis() as u64;
         loop {
@@ -226,6 +196,28 @@ where
         _ = async { tokio::join!(one, two) } => {}
         () = watchdog => {}
     }
+}
+
+/// Copies `from` to `to` until `from` ends or either side fails, noting in
+/// `last` when bytes last moved; then shuts `to` for writing.
+async fn pump<R, W>(mut from: R, mut to: W, start: Instant, last: &AtomicU64)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).await.is_err() || to.flush().await.is_err() {
+                    break;
+                }
+                last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+    let _ = to.shutdown().await;
 }
 
 /// The fields of an upgrade request that go to the server: none of the
