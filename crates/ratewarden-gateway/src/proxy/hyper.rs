@@ -299,19 +299,9 @@ impl Gateway {
                 return upstream_failed(at, UpstreamFailure::Broken { why, error });
             };
             let server = chosen.server();
-            *req.uri_mut() = match format!("{}{target}", server.prefix).parse::<Uri>() {
-                Ok(u) => u,
-                Err(_) => {
-                    return crate::answer::problem_response(
-                        StatusCode::BAD_REQUEST,
-                        "request target cannot be forwarded",
-                    );
-                }
-            };
-            match server.pool.host() {
-                Some(host) => req.headers_mut().insert(header::HOST, host.clone()),
-                None => req.headers_mut().remove(header::HOST),
-            };
+            if let Err(refused) = aim(&mut req, server, &target) {
+                return *refused;
+            }
             let res = server.pool.send(req, to.timeout).await;
             let res = match res {
                 Err(SendFailed {
@@ -371,6 +361,30 @@ impl Gateway {
 }
 
 /// `X-Forwarded-For` with the peer appended, and the request id.
+/// Points `req` at `server`: the target under its path prefix, and its
+/// `Host`. A target that cannot be made a URI is answered with a 400 (the
+/// `Err`).
+pub(super) fn aim<B>(
+    req: &mut Request<B>,
+    server: &crate::route::Server,
+    target: &str,
+) -> Result<(), Box<Response<Body>>> {
+    *req.uri_mut() = match format!("{}{target}", server.prefix).parse::<Uri>() {
+        Ok(u) => u,
+        Err(_) => {
+            return Err(Box::new(crate::answer::problem_response(
+                StatusCode::BAD_REQUEST,
+                "request target cannot be forwarded",
+            )));
+        }
+    };
+    match server.pool.host() {
+        Some(host) => req.headers_mut().insert(header::HOST, host.clone()),
+        None => req.headers_mut().remove(header::HOST),
+    };
+    Ok(())
+}
+
 fn forwarding_fields(h: &mut HeaderMap, peer: SocketAddr, rid: &RequestId) {
     let mut xff = Vec::new();
     push_forwarded_for(

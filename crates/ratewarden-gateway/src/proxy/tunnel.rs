@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
-use http::{Response, StatusCode, Uri, Version};
+use http::{Response, StatusCode, Version};
 use http_body_util::{BodyExt, Empty};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
@@ -96,18 +96,9 @@ pub(crate) async fn open(mut t: Tunnel<'_>, on: Option<OnUpgrade>) -> Response<B
         };
         let mut req = http::Request::new(Empty::<bytes::Bytes>::new());
         *req.method_mut() = t.method.clone();
-        *req.uri_mut() = match format!("{}{}", server.prefix, t.target).parse::<Uri>() {
-            Ok(u) => u,
-            Err(_) => {
-                return crate::answer::problem_response(
-                    StatusCode::BAD_REQUEST,
-                    "request target cannot be forwarded",
-                );
-            }
-        };
         *req.headers_mut() = std::mem::take(&mut t.headers);
-        if let Some(host) = server.pool.host() {
-            req.headers_mut().insert(header::HOST, host.clone());
+        if let Err(refused) = super::hyper::aim(&mut req, server, &t.target) {
+            return *refused;
         }
         req.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
