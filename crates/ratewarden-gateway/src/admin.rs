@@ -16,7 +16,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::answer::{Body, problem_response, respond};
-use crate::config::KeyPart;
 use crate::gateway::{Gateway, Live};
 use crate::proxy::forward::rule_path;
 
@@ -644,17 +643,8 @@ async fn top_keys(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response
     let store = live.limiter.store();
     let mut rows = vec![];
     for key in gw.metrics.hot_keys(rule).into_iter().take(MAX_LISTED) {
-        // Its group (the Redis hash tag): the identity, which leads a key
-        // of several parts (split from the right, so that an IPv6 group's
-        // colons stay whole), or the key itself.
-        let group = match pr.key.first() {
-            Some(KeyPart::Identity) if pr.key.len() > 1 && pr.grouped_by_identity() => key
-                .rsplitn(pr.key.len(), ':')
-                .last()
-                .unwrap_or(&key)
-                .to_owned(),
-            _ => key.clone(),
-        };
+        // Its group (the Redis hash tag), from the key alone.
+        let group = pr.group_of_key(&key);
         let op = ratewarden::Op::grouped(&pr.rule, &key, &group);
         match store.inspect(op).await {
             Ok(i) if i.exists => {

@@ -240,6 +240,34 @@ impl PolicyRule {
         }
     }
 
+    /// The group of a key this rule made, from the key alone, for keys
+    /// listed without their request (`/v1/keys?rule=`): the identity's
+    /// place in the key, which joins its parts with `:`. The parts around
+    /// the identity are taken to hold no `:` (an identity may, as an IPv6
+    /// group does); a key with too few parts is its own group.
+    pub fn group_of_key(&self, key: &str) -> String {
+        let Some(at) = self.key.iter().position(|p| *p == KeyPart::Identity) else {
+            return key.to_owned();
+        };
+        let after = self.key.len() - 1 - at;
+        // Skip `at` parts from the left and `after` from the right.
+        let mut start = 0;
+        for _ in 0..at {
+            match key[start..].find(':') {
+                Some(i) => start += i + 1,
+                None => return key.to_owned(),
+            }
+        }
+        let mut end = key.len();
+        for _ in 0..after {
+            match key[start..end].rfind(':') {
+                Some(i) => end = start + i,
+                None => return key.to_owned(),
+            }
+        }
+        key[start..end].to_owned()
+    }
+
     /// Whether `status` is a failure for this rule.
     pub fn is_failure(&self, status: u16) -> bool {
         self.failure_status
@@ -275,5 +303,48 @@ impl Policy {
                 .rules
                 .iter()
                 .any(|r| r.key.iter().any(|k| matches!(k, KeyPart::Header(_))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn keyed(key: Vec<KeyPart>) -> PolicyRule {
+        let rule = ratewarden::Rule::builder("r")
+            .limit(1, Duration::from_secs(1))
+            .build()
+            .unwrap();
+        PolicyRule {
+            key,
+            ..PolicyRule::everywhere(rule)
+        }
+    }
+
+    #[test]
+    fn a_keys_group_is_its_identity_wherever_the_identity_stands() {
+        use KeyPart::{Global, Identity, Method};
+        assert_eq!(
+            keyed(vec![Identity]).group_of_key("2001:db8::/64"),
+            "2001:db8::/64"
+        );
+        assert_eq!(
+            keyed(vec![Identity, Method]).group_of_key("2001:db8::/64:GET"),
+            "2001:db8::/64"
+        );
+        assert_eq!(
+            keyed(vec![Method, Identity]).group_of_key("POST:10.0.0.1"),
+            "10.0.0.1"
+        );
+        assert_eq!(
+            keyed(vec![Method, Identity, Global]).group_of_key("POST:2001:db8::/64:global"),
+            "2001:db8::/64"
+        );
+        assert_eq!(
+            keyed(vec![Method, Global]).group_of_key("GET:global"),
+            "GET:global"
+        );
+        assert_eq!(keyed(vec![Method, Identity]).group_of_key("short"), "short");
     }
 }
