@@ -262,7 +262,7 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
         },
         (Method::GET, "/v1/explain") => explain(&live, &query(&req)).await,
         (Method::GET, "/v1/rules") => rules(&live),
-        (Method::GET, "/v1/bans") => bans(gw, &query(&req)),
+        (Method::GET, "/v1/bans") => bans(gw, &live, &query(&req)).await,
         (Method::GET, "/v1/keys") => top_keys(gw, &live, &query(&req)).await,
         (m, p) if p.starts_with("/v1/keys/") && (m == Method::GET || m == Method::DELETE) => {
             let rest = &p["/v1/keys/".len()..];
@@ -603,26 +603,117 @@ fn rules(live: &Live) -> Response<Body> {
     json_response(StatusCode::OK, &json!({ "rules": rules }))
 }
 
-/// `GET /v1/bans?limit=`: active bans this gateway imposed or saw, the
-/// longest first.
-fn bans(gw: &Gateway, q: &[(String, String)]) -> Response<Body> {
+/// Names one listing's `SCAN` examines on each Redis server, at most.
+const SCAN_BUDGET: usize = 10_000;
+
+/// Store reads a listing keeps in flight.
+const INSPECTING: usize = 64;
+
+/// A key a listing found, with its state now.
+struct Found {
+    key: String,
+    info: ratewarden::KeyInfo,
+}
+
+/// The keys of `pr` that exist now, with their state: on Redis, those a
+/// bounded `SCAN` finds (`complete` says whether it went through every
+/// server), and those this gateway saw at or near their limit lately
+/// (sampled: the memory store keeps hashes, not names, so on it these are
+/// all there is).
+async fn existing(
+    gw: &Gateway,
+    live: &Live,
+    pr: &ratewarden_tower::policy::PolicyRule,
+) -> Result<(Vec<Found>, bool), ratewarden::StoreError> {
+    let store = live.limiter.store();
+    let mut candidates: Vec<(String, String)> = gw
+        .metrics
+        .hot_keys(pr.rule.name())
+        .into_iter()
+        .map(|key| (pr.group_of_key(&key), key))
+        .collect();
+    let mut complete = true;
+    if let crate::store::AnyStore::Redis(f) = store {
+        let scanned = f.primary().scan(&pr.rule, SCAN_BUDGET).await?;
+        complete = scanned.complete;
+        let known: std::collections::HashSet<(String, String)> =
+            candidates.iter().cloned().collect();
+        candidates.extend(scanned.keys.into_iter().filter(|k| !known.contains(k)));
+    }
+    let mut found = vec![];
+    for chunk in candidates.chunks(INSPECTING) {
+        let infos = futures_util::future::join_all(
+            chunk
+                .iter()
+                .map(|(group, key)| store.inspect(Op::grouped(&pr.rule, key, group))),
+        )
+        .await;
+        for ((_, key), info) in chunk.iter().zip(infos) {
+            let info = info?;
+            if info.exists && !found.iter().any(|f: &Found| f.key == *key) {
+                found.push(Found {
+                    key: key.clone(),
+                    info,
+                });
+            }
+        }
+    }
+    Ok((found, complete))
+}
+
+/// `GET /v1/bans?limit=`: active bans, the longest first: those this
+/// gateway imposed or saw, and on Redis those a bounded `SCAN` of each
+/// rule with a `penalty` finds.
+async fn bans(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response<Body> {
     let limit = match listing_limit(q) {
         Ok(n) => n,
         Err(r) => return *r,
     };
-    let bans: Vec<Value> = gw
-        .metrics
-        .bans(limit)
+    let mut bans = gw.metrics.bans(MAX_LISTED);
+    let mut complete = true;
+    if matches!(live.limiter.store(), crate::store::AnyStore::Redis(_)) {
+        for pr in live
+            .config
+            .policy
+            .rules
+            .iter()
+            .filter(|r| r.rule.spec().penalty.is_some())
+        {
+            let (found, whole) = match existing(gw, live, pr).await {
+                Ok(f) => f,
+                Err(e) => return unavailable(e),
+            };
+            complete &= whole;
+            for f in found {
+                let Some(left) = f.info.ban_left.filter(|l| !l.is_zero()) else {
+                    continue;
+                };
+                match bans
+                    .iter_mut()
+                    .find(|(r, k, _)| r == pr.rule.name() && *k == f.key)
+                {
+                    // The store's word is the current one.
+                    Some(b) => b.2 = left,
+                    None => bans.push((pr.rule.name().to_owned(), f.key, left)),
+                }
+            }
+        }
+    }
+    bans.sort_by_key(|b| std::cmp::Reverse(b.2));
+    bans.truncate(limit);
+    let bans: Vec<Value> = bans
         .into_iter()
         .map(|(rule, key, left)| json!({"rule": rule, "key": key, "ban_left": secs(left)}))
         .collect();
-    json_response(StatusCode::OK, &json!({ "bans": bans }))
+    json_response(
+        StatusCode::OK,
+        &json!({ "bans": bans, "complete": complete }),
+    )
 }
 
 /// `GET /v1/keys?rule=&limit=`: the keys of `rule` using the most of
-/// their limit now. The candidates are keys this gateway saw at or near
-/// their limit lately (sampled); each is read from the store now, so the
-/// numbers are current, and at most [`MAX_LISTED`] are read.
+/// their limit now, each read from the store now (see [`existing`] for
+/// where the candidates come from and how they are bounded).
 async fn top_keys(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response<Body> {
     let limit = match listing_limit(q) {
         Ok(n) => n,
@@ -640,35 +731,34 @@ async fn top_keys(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response
     else {
         return problem_response(StatusCode::NOT_FOUND, &format!("no rule `{rule}`"));
     };
-    let store = live.limiter.store();
-    let mut rows = vec![];
-    for key in gw.metrics.hot_keys(rule).into_iter().take(MAX_LISTED) {
-        // Its group (the Redis hash tag), from the key alone.
-        let group = pr.group_of_key(&key);
-        let op = ratewarden::Op::grouped(&pr.rule, &key, &group);
-        match store.inspect(op).await {
-            Ok(i) if i.exists => {
-                let limit = pr.rule.limit();
-                let used = limit.saturating_sub(i.remaining);
-                rows.push((used as f64 / limit as f64, key, i));
-            }
-            Ok(_) => {}
-            Err(e) => return unavailable(e),
-        }
-    }
+    let (found, complete) = match existing(gw, live, pr).await {
+        Ok(f) => f,
+        Err(e) => return unavailable(e),
+    };
+    let limit_of = pr.rule.limit();
+    let mut rows: Vec<(f64, Found)> = found
+        .into_iter()
+        .map(|f| {
+            let used = limit_of.saturating_sub(f.info.remaining);
+            (used as f64 / limit_of as f64, f)
+        })
+        .collect();
     rows.sort_by(|a, b| b.0.total_cmp(&a.0));
     rows.truncate(limit);
     let keys: Vec<Value> = rows
         .into_iter()
-        .map(|(share, key, i)| {
+        .map(|(share, f)| {
             json!({
-                "key": key, "used": (share * 1000.0).round() / 1000.0,
-                "remaining": i.remaining, "limit": pr.rule.limit(),
-                "reset_after": secs(i.reset_after), "ban_left": i.ban_left.map(secs),
+                "key": f.key, "used": (share * 1000.0).round() / 1000.0,
+                "remaining": f.info.remaining, "limit": limit_of,
+                "reset_after": secs(f.info.reset_after), "ban_left": f.info.ban_left.map(secs),
             })
         })
         .collect();
-    json_response(StatusCode::OK, &json!({ "rule": rule, "keys": keys }))
+    json_response(
+        StatusCode::OK,
+        &json!({ "rule": rule, "keys": keys, "complete": complete }),
+    )
 }
 
 async fn keys(

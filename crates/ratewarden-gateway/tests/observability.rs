@@ -10,7 +10,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use support::{scratch_dir, send, spawn_binary};
 
 fn json(line: &str) -> Value {
@@ -232,6 +232,74 @@ async fn the_admin_api_lists_rules_the_hottest_keys_and_bans() {
         400
     );
     gw.shutdown().await;
+}
+
+/// Gateway A decides for 300 clients; gateway B, on the same store, saw
+/// none of them, and lists them (and A's bans) from a SCAN of the store.
+async fn listings_come_from_the_store(store: &str) {
+    let yaml = format!(
+        "store: {store}\nrules:\n  - {{name: api, limit: 3, window: 1h}}\n  - {{name: login, limit: 1, window: 1m, penalty: 10m}}\n"
+    );
+    let a = support::gateway(&yaml, "echo", None).await;
+    let b = support::gateway(&yaml, "echo", None).await;
+    let check = |gw: &ratewarden_gateway::server::Running, rule: &str, key: String| {
+        let admin = gw.admin.unwrap();
+        let body = json!({"rule": rule, "key": key}).to_string();
+        async move { send(admin, "POST", "/v1/check", &[], &body).await }
+    };
+    for i in 0..300 {
+        // Client i spends i % 4 of its 3: some full, some not.
+        for _ in 0..i % 4 {
+            check(&a, "api", format!("10.0.{}.{}", i / 256, i % 256)).await;
+        }
+    }
+    for i in 0..5 {
+        for _ in 0..2 {
+            check(&a, "login", format!("10.9.0.{i}")).await;
+        }
+    }
+    let admin = b.admin.unwrap();
+    let top = send(admin, "GET", "/v1/keys?rule=api&limit=1000", &[], "").await;
+    assert_eq!(top.status, 200, "{}", top.body);
+    let v: Value = serde_json::from_str(&top.body).unwrap();
+    assert_eq!(v["complete"], true);
+    let keys = v["keys"].as_array().unwrap();
+    // Every client that spent something (225 of 300), the fullest first.
+    // (`remaining` is what the next request would leave: 3 - spent - 1.)
+    assert_eq!(keys.len(), 225, "{v}");
+    assert_eq!(keys[0]["remaining"], 0);
+    assert_eq!(keys[224]["remaining"], 1);
+    assert_eq!(keys.iter().filter(|k| k["remaining"] == 0).count(), 150);
+    let bans = send(admin, "GET", "/v1/bans?limit=3", &[], "").await;
+    let v: Value = serde_json::from_str(&bans.body).unwrap();
+    assert_eq!(v["complete"], true);
+    let bans = v["bans"].as_array().unwrap();
+    assert_eq!(bans.len(), 3, "bounded by limit: {v}");
+    for ban in bans {
+        assert_eq!(ban["rule"], "login");
+        assert!(ban["key"].as_str().unwrap().starts_with("10.9.0."), "{ban}");
+        assert!(ban["ban_left"].as_f64().unwrap() > 500.0, "{ban}");
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn listings_on_redis_come_from_a_bounded_scan_not_from_what_this_gateway_saw() {
+    let redis = common::RedisServer::start();
+    listings_come_from_the_store(&format!("{{type: redis, url: '{}'}}", redis.url())).await;
+}
+
+#[tokio::test]
+async fn listings_on_redis_cluster_scan_every_master() {
+    let cluster = common::RedisCluster::start();
+    let seeds = cluster
+        .urls()
+        .iter()
+        .map(|u| format!("'{u}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    listings_come_from_the_store(&format!("{{type: redis, cluster: [{seeds}]}}")).await;
 }
 
 #[test]

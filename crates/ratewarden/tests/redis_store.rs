@@ -512,3 +512,59 @@ fn the_redis_helper_never_takes_a_port_another_server_holds() {
     assert!(RedisServer::start_on(port, false).is_none());
     assert_eq!(other.cli(&["ping"]), "PONG");
 }
+
+/// Decides 2,500 keys of a sliding_window_log rule (a hash and a zset
+/// each) and of another rule, then lists the first rule's back by SCAN.
+async fn scan_lists_what_was_decided(store: RedisStore) {
+    let rule = Rule::builder("scanned")
+        .algorithm(Kind::SlidingWindowLog)
+        .limit(5, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let other = Rule::builder("other")
+        .limit(5, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..2500).map(|i| format!("user:{i}")).collect();
+    for k in &keys {
+        let op = Op::grouped(&rule, k, k);
+        store.decide(&[op], 1, Mode::Apply).await.unwrap();
+        store
+            .decide(&[Op::grouped(&other, k, k)], 1, Mode::Apply)
+            .await
+            .unwrap();
+    }
+    // A key whose own name ends in `:log`.
+    let odd = Op::grouped(&rule, "x:log", "g");
+    store.decide(&[odd], 1, Mode::Apply).await.unwrap();
+
+    let all = store.scan(&rule, 1_000_000).await.unwrap();
+    assert!(all.complete);
+    let mut found: Vec<&(String, String)> = all.keys.iter().collect();
+    found.sort();
+    found.dedup();
+    assert_eq!(found.len(), all.keys.len(), "each once");
+    for k in &keys {
+        assert!(all.keys.contains(&(k.clone(), k.clone())), "{k}");
+    }
+    assert!(all.keys.contains(&("g".into(), "x:log".into())));
+    // Only this rule's keys, and no zset read as a key.
+    assert_eq!(all.keys.len(), keys.len() + 1);
+    // A budget smaller than the keyspace stops early and says so.
+    let some = store.scan(&rule, 1_000).await.unwrap();
+    assert!(!some.complete);
+    assert!(some.keys.len() < keys.len(), "{}", some.keys.len());
+}
+
+#[tokio::test]
+async fn a_bounded_scan_lists_a_rules_keys_on_standalone_redis() {
+    let server = RedisServer::start();
+    scan_lists_what_was_decided(RedisStore::new(config(Some(server.url()), vec![], None)).unwrap())
+        .await;
+}
+
+#[tokio::test]
+async fn a_bounded_scan_lists_a_rules_keys_on_every_cluster_master() {
+    let cluster = RedisCluster::start();
+    scan_lists_what_was_decided(RedisStore::new(config(None, cluster.urls(), None)).unwrap()).await;
+}

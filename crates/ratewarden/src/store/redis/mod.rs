@@ -34,6 +34,45 @@ use crate::store::{KeyInfo, Mode, Op, Store, StoreError};
 use breaker::{Breaker, Change};
 use script::{Call, SCRIPT, argv};
 
+/// How many names one `SCAN` step examines (its `COUNT`).
+pub const SCAN_COUNT: usize = 1000;
+
+/// What [`RedisStore::scan`] found.
+#[derive(Debug, Clone, Default)]
+pub struct Scanned {
+    /// `(group, key)`, each once, in the order found.
+    pub keys: Vec<(String, String)>,
+    /// Whether every server was scanned to its end within the budget.
+    pub complete: bool,
+}
+
+/// The masters' addresses in a `CLUSTER SLOTS` reply: each range's first
+/// node is its master.
+fn masters(slots: &redis::Value) -> Result<Vec<(String, u16)>, StoreError> {
+    let bad = || StoreError::Protocol("CLUSTER SLOTS: unexpected reply".into());
+    let redis::Value::Array(ranges) = slots else {
+        return Err(bad());
+    };
+    let mut out: Vec<(String, u16)> = vec![];
+    for range in ranges {
+        let redis::Value::Array(parts) = range else {
+            return Err(bad());
+        };
+        let Some(redis::Value::Array(node)) = parts.get(2) else {
+            return Err(bad());
+        };
+        let (Some(host), Some(port)) = (node.first(), node.get(1)) else {
+            return Err(bad());
+        };
+        let host: String = redis::from_redis_value_ref(host).map_err(|_| bad())?;
+        let port: u16 = redis::from_redis_value_ref(port).map_err(|_| bad())?;
+        if !out.iter().any(|(h, p)| *h == host && *p == port) {
+            out.push((host, port));
+        }
+    }
+    Ok(out)
+}
+
 /// Where the store connects, and how patiently.
 #[derive(Clone)]
 pub struct RedisConfig {
@@ -453,6 +492,90 @@ impl RedisStore {
             .or(c.cluster.first().map(String::as_str))
             .unwrap_or("");
         redact(url)
+    }
+
+    /// The keys of `rule` held in Redis, by a bounded `SCAN`: on each
+    /// server (every master of a cluster) at most `budget` names are
+    /// examined, `COUNT` [`SCAN_COUNT`] at a time, each step a call of its
+    /// own under the timeout and the breaker. `(group, key)` pairs, as
+    /// [`Op::grouped`] takes them. Only hashes are listed: every stored
+    /// state is one (`store` in `lua/rule.lua`), and a key's zset (`:log`)
+    /// would otherwise read as another key.
+    pub async fn scan(&self, rule: &crate::Rule, budget: usize) -> Result<Scanned, StoreError> {
+        let prefix = &self.inner.config.key_prefix;
+        let pattern = keys::pattern(prefix, rule.id());
+        let nodes = match self.guarded(self.conn()).await? {
+            Conn::Single(_) => vec![None],
+            Conn::Cluster(mut c) => {
+                let slots = self
+                    .guarded(async {
+                        redis::cmd("CLUSTER")
+                            .arg("SLOTS")
+                            .query_async::<redis::Value>(&mut c)
+                            .await
+                            .map_err(redis_error)
+                    })
+                    .await?;
+                masters(&slots)?.into_iter().map(Some).collect()
+            }
+        };
+        let mut out = Scanned {
+            keys: vec![],
+            complete: true,
+        };
+        let mut seen = std::collections::HashSet::new();
+        for node in nodes {
+            let (mut cursor, mut examined) = (0u64, 0usize);
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT)
+                    .arg("TYPE")
+                    .arg("hash");
+                let (next, names): (u64, Vec<String>) = self
+                    .guarded(async {
+                        match (self.conn().await?, &node) {
+                            (Conn::Single(mut c), _) => cmd.query_async(&mut c).await,
+                            (Conn::Cluster(mut c), Some((host, port))) => {
+                                let routing = redis::cluster_routing::RoutingInfo::SingleNode(
+                                    redis::cluster_routing::SingleNodeRoutingInfo::ByAddress {
+                                        host: host.clone(),
+                                        port: *port,
+                                    },
+                                );
+                                c.route_command(cmd, routing)
+                                    .await
+                                    .and_then(|v| Ok(redis::from_redis_value(v)?))
+                            }
+                            (Conn::Cluster(_), None) => {
+                                return Err(StoreError::Protocol("no cluster node".into()));
+                            }
+                        }
+                        .map_err(redis_error)
+                    })
+                    .await?;
+                for name in &names {
+                    if let Some(found) = keys::parse(prefix, rule.id(), name)
+                        && seen.insert(found.clone())
+                    {
+                        out.keys.push(found);
+                    }
+                }
+                examined += SCAN_COUNT;
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+                if examined >= budget {
+                    out.complete = false;
+                    break;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The time the store's breaker reads (tests use a manual one).
