@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// A wall-clock time as the time since the Unix epoch.
 pub type Wall = Duration;
@@ -100,11 +100,7 @@ pub fn arrived() -> quanta::Instant {
 /// The wall-clock time a request that arrived at `at` arrived, and how
 /// long it has taken since: a [`Record`]'s `time` and `duration`.
 pub fn since(at: quanta::Instant) -> (Wall, Duration) {
-    let took = at.elapsed();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    (now.saturating_sub(took), took)
+    (crate::request_id::wall(at), at.elapsed())
 }
 
 /// What the request threads and the writer share.
@@ -234,17 +230,7 @@ fn write_all(shared: &Shared, alone: impl Fn() -> bool, mut out: Box<dyn std::io
 /// control characters escaped; bytes that are not UTF-8 as U+FFFD.
 fn json_str(out: &mut Vec<u8>, s: &[u8]) {
     // Most values (ids, methods, targets) need nothing: copied whole.
-    /// Bytes copied as they are.
-    const PLAIN: [bool; 256] = {
-        let mut t = [false; 256];
-        let mut b = 0x20;
-        while b < 0x7f {
-            t[b] = b != b'"' as usize && b != b'\\' as usize;
-            b += 1;
-        }
-        t
-    };
-    if s.iter().all(|&b| PLAIN[usize::from(b)]) {
+    if plain(s) {
         out.extend_from_slice(s);
         return;
     }
@@ -271,9 +257,24 @@ fn json_str(out: &mut Vec<u8>, s: &[u8]) {
     }
 }
 
-/// `ip` as `Display` writes it; IPv4 without the formatting machinery
-/// (it is on every line).
+/// `ip` as `Display` writes it. Rendered once per thread for a run of
+/// lines from one address (a connection's requests come together), and
+/// IPv4 without the formatting machinery.
 fn ip(out: &mut Vec<u8>, ip: IpAddr) {
+    thread_local! {
+        static LAST: RefCell<(Option<IpAddr>, Vec<u8>)> = const { RefCell::new((None, Vec::new())) };
+    }
+    LAST.with_borrow_mut(|(last, text)| {
+        if *last != Some(ip) {
+            text.clear();
+            render_ip(text, ip);
+            *last = Some(ip);
+        }
+        out.extend_from_slice(text);
+    });
+}
+
+fn render_ip(out: &mut Vec<u8>, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
             for (i, octet) in v4.octets().into_iter().enumerate() {
@@ -293,6 +294,37 @@ fn ip(out: &mut Vec<u8>, ip: IpAddr) {
             let _ = write!(out, "{v6}");
         }
     }
+}
+
+/// Whether every byte of `s` is printable ASCII other than `"` and `\\`
+/// (nothing to escape), eight bytes at a time.
+fn plain(s: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // High bit of each byte of the result set where that byte of `x` is
+    // below `n` (n <= 0x80; exact for bytes below 0x80, and bytes from
+    // 0x80 up are refused on their own).
+    let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH;
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    let word = |x: u64| {
+        (x & HIGH) == 0
+            && below(x, 0x20) == 0
+            && zero(x ^ (ONES * 0x7f)) == 0
+            && zero(x ^ (ONES * u64::from(b'"'))) == 0
+            && zero(x ^ (ONES * u64::from(b'\\'))) == 0
+    };
+    let mut chunks = s.chunks_exact(8);
+    for c in chunks.by_ref() {
+        let mut w = [0; 8];
+        w.copy_from_slice(c);
+        if !word(u64::from_le_bytes(w)) {
+            return false;
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .all(|&b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
 }
 
 /// `"s"` or `null`.
@@ -404,7 +436,7 @@ pub fn render(out: &mut Vec<u8>, r: &Record<'_>, format: Format) {
 
 /// `d` in milliseconds with three decimals (`1.234`).
 fn millis(out: &mut Vec<u8>, d: Duration) {
-    let us = d.as_micros();
+    let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     let mut n = itoa::Buffer::new();
     out.extend_from_slice(n.format(us / 1000).as_bytes());
     out.push(b'.');
@@ -506,7 +538,10 @@ mod tests {
     use super::*;
 
     fn record() -> Record<'static> {
-        let id = Box::leak(Box::new(RequestId::keep_or_make(Some(b"abc-1"))));
+        let id = Box::leak(Box::new(RequestId::keep_or_make(
+            Some(b"abc-1"),
+            quanta::Instant::now(),
+        )));
         Record {
             time: Duration::from_millis(1_795_482_123_456),
             peer: "203.0.113.7".parse().unwrap(),
@@ -567,6 +602,20 @@ mod tests {
     }
 
     #[test]
+    fn plain_means_nothing_to_escape_at_every_byte_and_position() {
+        for b in 0..=255u8 {
+            let want = (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\';
+            for at in 0..17 {
+                let mut s = vec![b'a'; 17];
+                s[at] = b;
+                assert_eq!(plain(&s), want, "byte {b:#x} at {at}");
+                assert_eq!(plain(&s[..at + 1]), want, "byte {b:#x} ending {at}");
+            }
+        }
+        assert!(plain(b""));
+    }
+
+    #[test]
     fn addresses_read_as_display_writes_them() {
         for a in [
             "0.0.0.0",
@@ -575,9 +624,12 @@ mod tests {
             "2001:db8::1",
             "::ffff:1.2.3.4",
         ] {
-            let mut out = Vec::new();
-            ip(&mut out, a.parse().unwrap());
-            assert_eq!(String::from_utf8(out).unwrap(), a);
+            // Twice: rendered, then from the per-thread copy.
+            for _ in 0..2 {
+                let mut out = Vec::new();
+                ip(&mut out, a.parse().unwrap());
+                assert_eq!(String::from_utf8(out).unwrap(), a);
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 //! back to the client, and into every log line about the request.
 
 use std::cell::Cell;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The header's name.
 pub const HEADER: &str = "x-request-id";
@@ -20,8 +20,9 @@ pub struct RequestId {
 
 impl RequestId {
     /// The client's id when it is one a log and a header can carry whole:
-    /// 1 to 128 bytes of letters, digits and `-_.:+/=`; else a new one.
-    pub fn keep_or_make(given: Option<&[u8]>) -> Self {
+    /// 1 to 128 bytes of letters, digits and `-_.:+/=`; else a new one,
+    /// stamped with the request's arrival.
+    pub fn keep_or_make(given: Option<&[u8]>, arrived: quanta::Instant) -> Self {
         match given {
             Some(v) if valid(v) => {
                 let mut bytes = [0; MAX_LEN];
@@ -31,40 +32,48 @@ impl RequestId {
                     len: v.len() as u8,
                 }
             }
-            _ => Self::new(),
+            _ => Self::at(wall(arrived)),
         }
     }
 
-    /// A new UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, the version,
-    /// 74 random bits.
+    /// A new UUIDv7 for now.
     pub fn new() -> Self {
-        let ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        Self::at(wall(quanta::Instant::now()))
+    }
+
+    /// A new UUIDv7 (RFC 9562) for `time` since the epoch: 48 bits of
+    /// Unix milliseconds, the version, 74 random bits.
+    pub fn at(time: Duration) -> Self {
+        /// Each byte's two hex digits.
+        const HEX: [[u8; 2]; 256] = {
+            let digits = b"0123456789abcdef";
+            let mut t = [[0; 2]; 256];
+            let mut b = 0;
+            while b < 256 {
+                t[b] = [digits[b >> 4], digits[b & 0xf]];
+                b += 1;
+            }
+            t
+        };
+        let ms = time.as_millis() as u64;
         let (a, b) = (random(), random());
         let hi: u64 = (ms << 16) | 0x7000 | (a & 0x0FFF);
         let lo: u64 = (b & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000;
-        let mut hex = [0u8; 32];
-        for (i, nibble) in hex.iter_mut().enumerate() {
-            let word = if i < 16 { hi } else { lo };
-            let shift = 60 - 4 * (i % 16);
-            *nibble = b"0123456789abcdef"[((word >> shift) & 0xF) as usize];
-        }
+        let mut raw = [0u8; 16];
+        raw[..8].copy_from_slice(&hi.to_be_bytes());
+        raw[8..].copy_from_slice(&lo.to_be_bytes());
         let mut bytes = [0; MAX_LEN];
+        // 8-4-4-4-12 hex digits: a dash before raw bytes 4, 6, 8 and 10.
         let mut at = 0;
-        for (i, group) in [8, 4, 4, 4, 12].into_iter().enumerate() {
-            if i > 0 {
+        for (i, byte) in raw.into_iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
                 bytes[at] = b'-';
                 at += 1;
             }
-            let from = [0, 8, 12, 16, 20][i];
-            bytes[at..at + group].copy_from_slice(&hex[from..from + group]);
-            at += group;
+            bytes[at..at + 2].copy_from_slice(&HEX[usize::from(byte)]);
+            at += 2;
         }
-        Self {
-            bytes,
-            len: at as u8,
-        }
+        Self { bytes, len: 36 }
     }
 
     /// The id's bytes.
@@ -94,6 +103,38 @@ impl std::fmt::Debug for RequestId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "RequestId({})", self.as_str())
     }
+}
+
+/// The wall-clock time (since the epoch) at `at`, from quanta's clock
+/// (a TSC read where the CPU has an invariant one) tied to the system
+/// clock once a second per thread: request ids and access-log lines take
+/// their time from the arrival instant they already have, without a
+/// system clock read each, and follow the system clock within a second of
+/// a step.
+pub fn wall(at: quanta::Instant) -> Duration {
+    thread_local! {
+        static TIE: Cell<Option<(quanta::Instant, Duration)>> = const { Cell::new(None) };
+    }
+    TIE.with(|tie| {
+        let (base, base_wall) = match tie.get() {
+            Some((base, w)) if at >= base && at.duration_since(base) < Duration::from_secs(1) => {
+                (base, w)
+            }
+            _ => {
+                let now = quanta::Instant::now();
+                let w = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
+                tie.set(Some((now, w)));
+                (now, w)
+            }
+        };
+        if at >= base {
+            base_wall + at.duration_since(base)
+        } else {
+            base_wall.saturating_sub(base.duration_since(at))
+        }
+    })
 }
 
 /// Whether a client's id can be kept: it goes into headers and log lines
@@ -154,9 +195,29 @@ mod tests {
     }
 
     #[test]
+    fn made_ids_spell_their_bits_in_order() {
+        // The milliseconds are the first 12 hex digits, then the version.
+        let t = Duration::from_millis(0x0123_4567_89ab);
+        let s = RequestId::at(t).as_str().to_owned();
+        assert!(s.starts_with("01234567-89ab-7"), "{s}");
+    }
+
+    #[test]
+    fn the_wall_clock_follows_the_system_clock() {
+        let at = quanta::Instant::now();
+        let sys = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        let w = wall(at);
+        let gap = w.abs_diff(sys);
+        assert!(gap < Duration::from_millis(50), "{w:?} vs {sys:?}");
+        // An instant before the tie reads earlier, by as much.
+        let later = quanta::Instant::now();
+        assert!(wall(later) >= w);
+    }
+
+    #[test]
     fn a_client_id_is_kept_only_when_safe() {
         assert_eq!(
-            RequestId::keep_or_make(Some(b"abc-123_x.y:z")).as_str(),
+            RequestId::keep_or_make(Some(b"abc-123_x.y:z"), quanta::Instant::now()).as_str(),
             "abc-123_x.y:z"
         );
         for bad in [
@@ -166,9 +227,14 @@ mod tests {
             b"new\nline",
             &[b'a'; 129],
         ] {
-            let id = RequestId::keep_or_make(Some(bad));
+            let id = RequestId::keep_or_make(Some(bad), quanta::Instant::now());
             assert_eq!(id.as_str().len(), 36, "{bad:?} replaced by a new id");
         }
-        assert_eq!(RequestId::keep_or_make(None).as_str().len(), 36);
+        assert_eq!(
+            RequestId::keep_or_make(None, quanta::Instant::now())
+                .as_str()
+                .len(),
+            36
+        );
     }
 }

@@ -116,15 +116,17 @@ impl Gateway {
     /// Handles one request on hyper's path: the answer carries the
     /// request's id; the access log gets a line.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let arrival = crate::access::arrived();
         let rid = RequestId::keep_or_make(
             req.headers()
                 .get(request_id::HEADER)
                 .map(HeaderValue::as_bytes),
+            arrival,
         );
         let arrived = self.access.as_ref().map(|_| {
             let header = |n: HeaderName| req.headers().get(n).map(|v| v.as_bytes().to_vec());
             (
-                crate::access::arrived(),
+                arrival,
                 req.method().clone(),
                 req.uri()
                     .path_and_query()

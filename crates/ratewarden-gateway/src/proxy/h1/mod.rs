@@ -288,6 +288,8 @@ async fn serve(
     mut stop: watch::Receiver<bool>,
 ) -> io::Result<Option<BytesMut>> {
     let mut c = Conn::default();
+    // The access log's identity, kept across requests (no allocation each).
+    let mut identity = String::new();
     let mut stopping = pin!(async move {
         let _ = stop.wait_for(|s| *s).await;
     });
@@ -309,8 +311,9 @@ async fn serve(
         if live.config.upstream == Upstream::Echo && !live.router.has_routes() {
             return Ok(Some(c.input));
         }
-        let arrived = gw.access.is_some().then(crate::access::arrived);
-        let rid = RequestId::keep_or_make(field(&c.input, &c.fields, b"x-request-id"));
+        let arrival = crate::access::arrived();
+        let arrived = gw.access.is_some().then_some(arrival);
+        let rid = RequestId::keep_or_make(field(&c.input, &c.fields, b"x-request-id"), arrival);
         let answering = io.activity().answering();
         // The target is visible ASCII (`parse_request` checked it).
         let target = std::str::from_utf8(&c.input[head.target.clone()]).unwrap_or("/");
@@ -363,7 +366,12 @@ async fn serve(
                         io.flush().await?;
                         drop(answering);
                         if arrived.is_some() {
-                            logged = Logged::refused(live.config.status.as_u16(), body, &d);
+                            logged = Logged::refused(
+                                live.config.status.as_u16(),
+                                body,
+                                &d,
+                                &mut identity,
+                            );
                         }
                         !head.close
                     }
@@ -385,7 +393,9 @@ async fn serve(
                         // away meanwhile, dropping the guard gives them back.
                         let held = Held::take(&mut admitted, &live.limiter);
                         if arrived.is_some() && admitted.who().limited {
-                            logged.identity = Some(admitted.who().identity.clone());
+                            identity.clear();
+                            identity.push_str(&admitted.who().identity);
+                            logged.identity = true;
                         }
                         let to = Forward {
                             gw,
@@ -435,8 +445,8 @@ async fn serve(
                 bytes: logged.bytes,
                 duration,
                 request_id: &rid,
-                identity: logged.identity.as_deref(),
-                rule: logged.rule.as_deref(),
+                identity: logged.identity.then_some(identity.as_str()),
+                rule: logged.rule.as_ref().map(ratewarden::Rule::name),
                 referer,
                 user_agent,
             });
@@ -454,19 +464,25 @@ async fn serve(
 struct Logged {
     status: u16,
     bytes: Option<u64>,
-    identity: Option<String>,
-    rule: Option<String>,
+    /// Whether the connection's identity buffer holds this request's.
+    identity: bool,
+    rule: Option<ratewarden::Rule>,
 }
 
 impl Logged {
-    /// A rejection of `body` bytes: the rule that refused, on which key.
-    fn refused(status: u16, body: usize, d: &ratewarden::Decision) -> Self {
+    /// A rejection of `body` bytes: the rule that refused, and its key
+    /// (into `identity`).
+    fn refused(status: u16, body: usize, d: &ratewarden::Decision, identity: &mut String) -> Self {
         let by = d.rules.iter().find(|r| !r.allowed());
+        if let Some(r) = by {
+            identity.clear();
+            identity.push_str(&r.key);
+        }
         Self {
             status,
             bytes: Some(body as u64),
-            identity: by.map(|r| r.key.clone()),
-            rule: by.map(|r| r.rule.name().to_owned()),
+            identity: by.is_some(),
+            rule: by.map(|r| r.rule.clone()),
         }
     }
 }
