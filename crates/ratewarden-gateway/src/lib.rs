@@ -13,6 +13,7 @@ pub mod idle;
 pub mod metrics;
 pub mod proxy;
 pub mod request_id;
+pub mod rls;
 pub mod route;
 pub mod server;
 pub mod store;

@@ -110,6 +110,8 @@ pub struct Metrics {
     /// Per rule, keys seen near or over their limit lately (sampled), as
     /// the candidates `/v1/keys` inspects.
     hot: Mutex<HashMap<String, HashMap<String, Instant>>>,
+    /// Envoy descriptor decisions: (domain, descriptor, code) -> count.
+    rls: Mutex<HashMap<(String, String, &'static str), u64>>,
 }
 
 impl Metrics {
@@ -225,6 +227,38 @@ impl Metrics {
         v.into_iter().map(|(k, _)| k.clone()).collect()
     }
 
+    /// Counts one Envoy descriptor's status: `code` is `ok`,
+    /// `over_limit`, `shadow_over_limit`, `unlimited` or `no_limit`. The
+    /// descriptor is its place in the config (`domain.key_value...`), or
+    /// with `detailed_metric` the request's own values.
+    pub fn rls(
+        &self,
+        domain: &str,
+        limit: Option<&crate::rls::config::Limit>,
+        entries: &[(&str, &str)],
+        code: &'static str,
+    ) {
+        let descriptor = match limit {
+            None => String::new(),
+            Some(l) if !l.detailed => l.full_key.clone(),
+            Some(_) => {
+                let mut k = domain.to_owned();
+                for (key, value) in entries {
+                    k.push('.');
+                    k.push_str(key);
+                    k.push('_');
+                    k.push_str(value);
+                }
+                k
+            }
+        };
+        *self
+            .rls
+            .lock()
+            .entry((domain.to_owned(), descriptor, code))
+            .or_default() += 1;
+    }
+
     /// Renders the Prometheus text format; `store_errors` is the store's
     /// own count, `access_dropped` the access log's dropped lines.
     pub fn render(&self, store_errors: u64, access_dropped: u64) -> String {
@@ -287,6 +321,22 @@ impl Metrics {
             self.reloads_ok.load(Ordering::Relaxed),
             self.reloads_failed.load(Ordering::Relaxed)
         );
+        let mut rls: Vec<_> = self
+            .rls
+            .lock()
+            .iter()
+            .map(|(k, n)| (k.clone(), *n))
+            .collect();
+        rls.sort();
+        out.push_str("# HELP ratewarden_rls_decisions_total Envoy rate limit service: descriptor statuses by domain, descriptor and code (shadow_over_limit: over, answered OK).\n# TYPE ratewarden_rls_decisions_total counter\n");
+        for ((domain, descriptor, code), n) in rls {
+            let _ = writeln!(
+                out,
+                "ratewarden_rls_decisions_total{{domain=\"{}\",descriptor=\"{}\",code=\"{code}\"}} {n}",
+                label(&domain),
+                label(&descriptor)
+            );
+        }
         let now = Instant::now();
         let banned = {
             let mut b = self.bans.lock();
@@ -299,6 +349,18 @@ impl Metrics {
         );
         out
     }
+}
+
+/// `v` as a Prometheus label value: `\\`, `"` and newlines escaped (Envoy
+/// descriptor values come from requests).
+fn label(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return v.into();
+    }
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+        .into()
 }
 
 #[cfg(test)]

@@ -52,6 +52,8 @@ pub struct Running {
     pub listen: SocketAddr,
     /// The admin API's bound address.
     pub admin: Option<SocketAddr>,
+    /// Envoy's rate limit service's bound address (`rls.listen`).
+    pub rls: Option<SocketAddr>,
     /// The shared state.
     pub gateway: Arc<Gateway>,
     stop: watch::Sender<bool>,
@@ -106,6 +108,7 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
         head: config.client_header_timeout,
     };
     let (listen, admin) = (config.listen, config.admin.as_ref().map(|(a, _)| *a));
+    let rls = config.rls.as_ref().map(|r| r.listen);
     // Everything a first request would otherwise set up is set up before
     // the port opens: a client that connects is served at once. (A fresh
     // instance under load once had a p99 ten times a warm one's: its first
@@ -121,8 +124,22 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
         }
         None => (None, None),
     };
+    let (rls_listener, rls) = match rls {
+        Some(addr) => {
+            let (l, a) = bind(addr, false).await?;
+            (Some(l), Some(a))
+        }
+        None => (None, None),
+    };
     let (stop, stopped) = watch::channel(false);
     let mut tasks = vec![];
+    if let Some(l) = rls_listener {
+        tasks.push(tokio::spawn(crate::rls::serve(
+            l,
+            gateway.clone(),
+            stopped.clone(),
+        )));
+    }
     {
         let gw = gateway.clone();
         let tls = Tls::of(&gateway, |c| c.tls.as_ref());
@@ -168,6 +185,7 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     Ok(Running {
         listen,
         admin,
+        rls,
         gateway,
         stop,
         tasks,
@@ -433,6 +451,10 @@ pub fn reload(gw: &Gateway, source: &Source, text: Option<&str>) -> bool {
                 ("listen", cfg.listen != old.config.listen),
                 ("admin.listen", admin_addr(&cfg) != admin_addr(&old.config)),
                 ("workers", cfg.workers != old.config.workers),
+                (
+                    "rls.listen (or rls on or off)",
+                    cfg.rls.as_ref().map(|r| r.listen) != old.config.rls.as_ref().map(|r| r.listen),
+                ),
                 (
                     "tls (on or off)",
                     cfg.tls.is_some() != old.config.tls.is_some(),

@@ -442,6 +442,33 @@ impl<'p> Matched<'p> {
     }
 }
 
+/// Stage 3 on ops already built, for every front end (the proxy's matched
+/// rules, Envoy's descriptors): one store call for all of them,
+/// all-or-nothing, of `weight` (an op's own weight wins); the decision and,
+/// in [`Mode::Apply`], what stays to settle or release. `Err` is a
+/// rejection (with its decision) or a store that could not decide.
+pub async fn decide_ops<S: Store>(
+    limiter: &Limiter<S>,
+    ops: &[Op<'_>],
+    weight: u64,
+    mode: Mode,
+) -> Result<(Decision, Option<Pending>), Refusal> {
+    let verdicts = limiter
+        .store()
+        .decide(ops, weight, mode)
+        .await
+        .map_err(Refusal::Unavailable)?;
+    let d = ratewarden::assemble(ops, &verdicts);
+    if !d.allowed {
+        return Err(Refusal::Limited(d));
+    }
+    let pending = match mode {
+        Mode::Apply => ratewarden::pending(ops, &verdicts, weight),
+        Mode::Peek => None,
+    };
+    Ok((d, pending))
+}
+
 /// A request the policy let through.
 #[derive(Debug)]
 pub struct Admitted<'p> {
@@ -473,18 +500,8 @@ impl<'p> Admitted<'p> {
             return Ok(());
         }
         let ops = self.matched.ops();
-        let verdicts = limiter
-            .store()
-            .decide(&ops, weight, mode)
-            .await
-            .map_err(Refusal::Unavailable)?;
-        let d = ratewarden::assemble(&ops, &verdicts);
-        if !d.allowed {
-            return Err(Refusal::Limited(d));
-        }
-        if mode == Mode::Apply {
-            self.pending = ratewarden::pending(&ops, &verdicts, weight).map(Box::new);
-        }
+        let (d, pending) = decide_ops(limiter, &ops, weight, mode).await?;
+        self.pending = pending.map(Box::new);
         drop(ops);
         self.decision = Some(d);
         Ok(())

@@ -170,7 +170,7 @@ pub fn pending(ops: &[Op<'_>], verdicts: &[Verdict], weight: u64) -> Option<Pend
         .filter_map(|(op, v)| {
             v.lease.map(|lease| {
                 let (r, k, g) = (op.rule.clone(), op.key.to_owned(), op.group.to_owned());
-                (r, k, g, lease, op.rule.cost(weight))
+                (r, k, g, lease, op.cost(weight))
             })
         })
         .collect();

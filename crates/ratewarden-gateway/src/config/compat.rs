@@ -256,6 +256,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         listen: None,
         workers: None,
         upstream: root.target,
+        rls: None,
         upstream_timeout: None,
         upstream_path: None,
         client_idle_timeout: None,

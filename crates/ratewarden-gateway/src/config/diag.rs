@@ -94,6 +94,11 @@ impl<'a> Diag<'a> {
         });
     }
 
+    /// Records an error found in another file (one `rls.config` names).
+    pub(crate) fn push(&self, e: ConfigError) {
+        self.errors.borrow_mut().push(e);
+    }
+
     /// Records an error from somewhere other than the file (a flag).
     pub(crate) fn error_in(&self, source: &str, key: &str, message: impl Into<String>) {
         self.errors.borrow_mut().push(ConfigError {

@@ -103,6 +103,8 @@ pub struct Config {
     pub headers: HeaderStyle,
     /// Status of a rejection.
     pub status: StatusCode,
+    /// Envoy's rate limit service (`rls:`).
+    pub rls: Option<crate::rls::RlsSpec>,
 }
 
 /// A route: which requests, and where they go.

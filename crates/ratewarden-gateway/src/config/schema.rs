@@ -48,6 +48,21 @@ pub(crate) struct File {
     pub rules: Vec<RuleFile>,
     #[serde(default)]
     pub routes: Vec<RouteFile>,
+    pub rls: Option<Sp<RlsFile>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RlsFile {
+    pub listen: Sp<String>,
+    /// envoyproxy/ratelimit's configuration: one file, or a directory of
+    /// `.yaml` / `.yml` files.
+    pub config: Option<Sp<String>>,
+    /// Domains written here, in the same format (with ratewarden's
+    /// extension).
+    #[serde(default)]
+    pub domains: Vec<crate::rls::config::DomainFile>,
+    pub headers: Option<Vec<Sp<String>>>,
 }
 
 #[derive(Debug, Deserialize)]

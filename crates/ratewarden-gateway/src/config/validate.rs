@@ -80,6 +80,92 @@ impl Diag<'_> {
 
 /// Applies `f` to the value when there is one; `Some(None)` when absent,
 /// `None` when present and invalid.
+/// `rls:`: the listener, the headers, and the domains of `rls.config`
+/// (a file or a directory of them, in envoyproxy/ratelimit's format) and
+/// of `rls.domains`.
+fn rls_spec(d: &Diag<'_>, r: Sp<super::schema::RlsFile>) -> Option<crate::rls::RlsSpec> {
+    let r = r.value;
+    let listen = socket_addr(d, "rls.listen", &r.listen);
+    let mut headers = Some(HeaderStyle {
+        legacy: false,
+        ietf: false,
+    });
+    for h in r.headers.iter().flatten() {
+        match d.choice("rls.headers", h, &[("legacy", 0), ("ietf", 1)]) {
+            Some(0) => headers.iter_mut().for_each(|s| s.legacy = true),
+            Some(_) => headers.iter_mut().for_each(|s| s.ietf = true),
+            None => headers = None,
+        }
+    }
+    let mut files: Vec<(String, crate::rls::config::DomainFile)> = vec![];
+    let mut ok = true;
+    if let Some(path) = &r.config {
+        let p = std::path::Path::new(&path.value);
+        let names: Vec<std::path::PathBuf> = if p.is_dir() {
+            match std::fs::read_dir(p) {
+                Ok(entries) => {
+                    let mut v: Vec<_> = entries
+                        .filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                        .collect();
+                    v.sort();
+                    v
+                }
+                Err(e) => {
+                    d.error(
+                        "rls.config",
+                        Some(&path.referenced),
+                        format!("cannot read {}: {e}", p.display()),
+                    );
+                    return None;
+                }
+            }
+        } else {
+            vec![p.to_owned()]
+        };
+        for name in names {
+            let shown = name.display().to_string();
+            match std::fs::read_to_string(&name) {
+                Ok(text) => match serde_saphyr::from_str::<crate::rls::config::DomainFile>(&text) {
+                    Ok(f) => files.push((shown, f)),
+                    Err(e) => {
+                        d.push(super::diag::parse_error(&shown, &text, &e));
+                        ok = false;
+                    }
+                },
+                Err(e) => {
+                    d.error(
+                        "rls.config",
+                        Some(&path.referenced),
+                        format!("cannot read {shown}: {e}"),
+                    );
+                    ok = false;
+                }
+            }
+        }
+    }
+    for (i, dom) in r.domains.into_iter().enumerate() {
+        files.push((format!("rls.domains[{i}]"), dom));
+    }
+    let domains = match crate::rls::config::build(&files) {
+        Ok(domains) => Some(domains),
+        Err(errors) => {
+            for (file, key, message) in errors {
+                d.error_in(&file, &key, message);
+            }
+            None
+        }
+    };
+    if !ok {
+        return None;
+    }
+    Some(crate::rls::RlsSpec {
+        listen: listen?,
+        headers: headers?,
+        domains: std::sync::Arc::new(domains?),
+    })
+}
+
 fn opt<S, T>(v: &Option<S>, f: impl FnOnce(&S) -> Option<T>) -> Option<Option<T>> {
     match v {
         None => Some(None),
@@ -115,7 +201,11 @@ fn clash(a: SocketAddr, b: SocketAddr) -> bool {
         && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
-pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
+pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
+    let rls = match f.rls.take() {
+        None => Some(None),
+        Some(r) => rls_spec(d, r).map(Some),
+    };
     let listen = match (&o.listen, &f.listen) {
         (Some(l), _) => flag_addr(d, "--listen", "listen", l),
         (None, Some(l)) => socket_addr(d, "listen", l),
@@ -297,6 +387,7 @@ pub(crate) fn validate(f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
         },
         headers: headers?,
         status: status?,
+        rls: rls?,
     })
 }
 

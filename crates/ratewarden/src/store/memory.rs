@@ -280,7 +280,7 @@ impl MemoryStore {
                     .get(&h)
                     .filter(|s| s.expires > now)
                     .map_or(&fresh, |s| &s.state);
-                op.rule.verdict(state, now, op.rule.cost(weight))
+                op.rule.verdict(state, now, op.cost(weight))
             })
             .collect();
 
@@ -291,7 +291,7 @@ impl MemoryStore {
                 let shard = &mut guards[guard_of(h)];
                 let mirror = &self.inner.shards[self.shard_of(h)].mirror;
                 self.update(shard, mirror, h, now, |state| {
-                    op.rule.commit(state, now, op.rule.cost(weight), v, ok);
+                    op.rule.commit(state, now, op.cost(weight), v, ok);
                     v.lease = op.rule.lease_taken(state, v, ok);
                     op.rule.idle_at(state)
                 });
@@ -306,7 +306,7 @@ impl MemoryStore {
         let now = self.now();
         let h = self.hash(op);
         let rule = op.rule;
-        let cost = rule.cost(weight);
+        let cost = op.cost(weight);
         let cell = &self.inner.shards[self.shard_of(h)];
         // First from the mirror, without any lock, then under the read lock:
         // a peek, or a decision that records nothing (a plain rejection), is
@@ -431,7 +431,7 @@ impl Store for MemoryStore {
             let cell = &self.inner.shards[self.shard_of(h)];
             let mut shard = lock(cell);
             self.update(&mut shard, &cell.mirror, h, now, |state| {
-                op.rule.settle(state, now, op.rule.cost(weight), failure);
+                op.rule.settle(state, now, op.cost(weight), failure);
                 op.rule.idle_at(state)
             });
         }

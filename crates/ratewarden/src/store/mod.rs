@@ -26,21 +26,38 @@ pub struct Op<'a> {
     /// in one group are decided in one atomic call. The client's identity,
     /// normally; the key itself by default.
     pub group: &'a str,
+    /// This op's own weight, when it differs from the call's (an Envoy
+    /// descriptor's `hits_addend`); 0 takes the call's.
+    pub weight: u64,
 }
 
 impl<'a> Op<'a> {
     /// `rule` on `key`, grouped by the key itself.
     pub fn new(rule: &'a Rule, key: &'a str) -> Self {
-        Self {
-            rule,
-            key,
-            group: key,
-        }
+        Self::grouped(rule, key, key)
     }
 
     /// `rule` on `key`, in `group` (typically the client's identity).
     pub fn grouped(rule: &'a Rule, key: &'a str, group: &'a str) -> Self {
-        Self { rule, key, group }
+        Self {
+            rule,
+            key,
+            group,
+            weight: 0,
+        }
+    }
+
+    /// The same op weighing `weight` whatever the call's weight (0: the
+    /// call's).
+    pub fn weighing(self, weight: u64) -> Self {
+        Self { weight, ..self }
+    }
+
+    /// What it costs in a call of `weight`: its rule's cost at its own
+    /// weight, or at the call's.
+    pub fn cost(&self, weight: u64) -> u64 {
+        self.rule
+            .cost(if self.weight > 0 { self.weight } else { weight })
     }
 }
 

@@ -596,10 +596,7 @@ impl Store for RedisStore {
         weight: u64,
         mode: Mode,
     ) -> Result<Vec<Verdict>, StoreError> {
-        let ops: Vec<Call<'_>> = ops
-            .iter()
-            .map(|op| (*op, op.rule.cost(weight), 0))
-            .collect();
+        let ops: Vec<Call<'_>> = ops.iter().map(|op| (*op, op.cost(weight), 0)).collect();
         let batches = self.batches(&ops);
         let mut out = Vec::with_capacity(ops.len());
         let mut rejected = false;
@@ -641,7 +638,7 @@ impl Store for RedisStore {
         let ops: Vec<Call<'_>> = ops
             .iter()
             .filter(|op| op.rule.counts_failures())
-            .map(|op| (*op, op.rule.cost(weight), 0))
+            .map(|op| (*op, op.cost(weight), 0))
             .collect();
         let mode = if failure {
             script::Mode::Failure

@@ -1,0 +1,608 @@
+//! Envoy rate limit descriptors: envoyproxy/ratelimit's configuration
+//! format, loaded unchanged, and ratewarden's extension of it.
+//!
+//! A domain holds a tree of descriptors. Each level is keyed by `key` or
+//! `key_value`; a value ending in (or holding) `*` is a wildcard. A request
+//! descriptor's entries walk the tree as envoyproxy/ratelimit walks it
+//! ([`Domains::limit`]): at each level the exact `key_value` first, then
+//! the wildcards in file order, then the bare `key` (one limit per
+//! distinct value); the limit is the one reached by the last entry.
+//!
+//! The extension: `rate_limit` may also say `algorithm` (any of ours, not
+//! `concurrency`: Envoy never says when a request ends), `burst`,
+//! `min_interval`, `penalty`, and `window` (any duration, in place of
+//! `unit`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratewarden::Rule;
+use ratewarden::algorithm::Kind;
+use serde::Deserialize;
+
+/// One configuration file's root (or one entry of `rls.domains`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DomainFile {
+    pub domain: Option<Scalar>,
+    #[serde(default)]
+    pub descriptors: Vec<DescriptorFile>,
+}
+
+/// A descriptor as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DescriptorFile {
+    pub key: Option<Scalar>,
+    pub value: Option<Scalar>,
+    pub rate_limit: Option<RateLimitFile>,
+    #[serde(default)]
+    pub descriptors: Vec<DescriptorFile>,
+    #[serde(default)]
+    pub shadow_mode: bool,
+    #[serde(default)]
+    pub detailed_metric: bool,
+    // envoyproxy/ratelimit's keys this service does not implement: refused
+    // by name rather than accepted and ignored.
+    pub quota_mode: Option<serde::de::IgnoredAny>,
+    pub value_to_metric: Option<serde::de::IgnoredAny>,
+    pub share_threshold: Option<serde::de::IgnoredAny>,
+    pub metadata: Option<serde::de::IgnoredAny>,
+}
+
+/// `rate_limit:` as written, with ratewarden's extension.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RateLimitFile {
+    pub unit: Option<String>,
+    pub requests_per_unit: Option<u64>,
+    #[serde(default)]
+    pub unlimited: bool,
+    pub name: Option<Scalar>,
+    #[serde(default)]
+    pub replaces: Vec<ReplacesFile>,
+    pub algorithm: Option<String>,
+    pub window: Option<String>,
+    pub burst: Option<u64>,
+    pub min_interval: Option<String>,
+    pub penalty: Option<String>,
+}
+
+/// One `replaces:` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReplacesFile {
+    pub name: Scalar,
+}
+
+/// A YAML scalar read as text, as Go's YAML reads a string field
+/// (`value: 200` is `"200"`).
+#[derive(Debug, Clone)]
+pub(crate) struct Scalar(pub String);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string, number or boolean")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_owned()))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Envoy's `RateLimitResponse.RateLimit.Unit` values.
+pub const UNITS: [(&str, i32, u64); 7] = [
+    ("second", 1, 1),
+    ("minute", 2, 60),
+    ("hour", 3, 3_600),
+    ("day", 4, 86_400),
+    ("month", 5, 86_400 * 30),
+    ("year", 6, 86_400 * 365),
+    ("week", 7, 86_400 * 7),
+];
+
+/// The seconds of Envoy unit `unit` (an override's), if it is one.
+pub fn unit_seconds(unit: i32) -> Option<u64> {
+    UNITS.iter().find(|u| u.1 == unit).map(|u| u.2)
+}
+
+/// A descriptor's limit, compiled.
+#[derive(Debug)]
+pub struct Limit {
+    /// `domain.key_value.key...`: the descriptor's place in the tree (its
+    /// metric label, and its rule's name).
+    pub full_key: String,
+    /// `rate_limit.name` (`replaces` refers to it), or empty.
+    pub name: String,
+    /// Names of the limits this one replaces.
+    pub replaces: Vec<String>,
+    /// `unlimited: true`: always OK, never counted.
+    pub unlimited: bool,
+    /// `shadow_mode`: decided and counted, never refused.
+    pub shadow: bool,
+    /// `detailed_metric`: metrics carry the request's values.
+    pub detailed: bool,
+    /// The rule deciding it (`None` when unlimited, or when
+    /// `requests_per_unit` is 0: every request over, as
+    /// envoyproxy/ratelimit's block lists have it).
+    pub rule: Option<Rule>,
+    /// Its window.
+    pub window: Duration,
+    /// As Envoy's response gives it back: unit and requests per unit
+    /// (unit 0, UNKNOWN, for a `window` that is not a unit).
+    pub unit: i32,
+    /// Requests per unit.
+    pub requests_per_unit: u32,
+}
+
+/// One level of a domain's tree.
+#[derive(Debug, Default)]
+pub struct Node {
+    children: HashMap<String, Node>,
+    /// `key_value` patterns holding `*`, in file order, split on `*`.
+    wildcards: Vec<(String, Vec<String>)>,
+    limit: Option<Arc<Limit>>,
+}
+
+/// Every domain.
+#[derive(Debug, Default)]
+pub struct Domains {
+    domains: HashMap<String, Node>,
+    /// Every compiled limit, for `/v1/rules`-style listings and tests.
+    limits: Vec<Arc<Limit>>,
+}
+
+/// What a request descriptor's entries reached.
+pub enum Found<'a> {
+    /// No limit applies.
+    None,
+    /// This one.
+    Limit(&'a Arc<Limit>),
+}
+
+impl Domains {
+    /// Whether `domain` is configured.
+    pub fn has(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// Every limit configured.
+    pub fn limits(&self) -> &[Arc<Limit>] {
+        &self.limits
+    }
+
+    /// The limit `entries` (key, value pairs) reach in `domain`, walking
+    /// the tree as envoyproxy/ratelimit does.
+    pub fn limit<'a>(&'a self, domain: &str, entries: &[(&str, &str)]) -> Found<'a> {
+        let Some(mut level) = self.domains.get(domain) else {
+            return Found::None;
+        };
+        let mut found = Found::None;
+        for (i, (key, value)) in entries.iter().enumerate() {
+            let exact = format!("{key}_{value}");
+            let next = level.children.get(&exact).or_else(|| {
+                level
+                    .wildcards
+                    .iter()
+                    .find(|(_, parts)| wildcard_match(parts, &exact))
+                    .and_then(|(k, _)| level.children.get(k))
+                    .or_else(|| level.children.get(*key))
+            });
+            let Some(next) = next else {
+                break;
+            };
+            if i == entries.len() - 1
+                && let Some(l) = &next.limit
+            {
+                found = Found::Limit(l);
+            }
+            if next.children.is_empty() {
+                break;
+            }
+            level = next;
+        }
+        found
+    }
+}
+
+/// Whether `value` matches a pattern split on `*` (each `*` any run of
+/// characters, possibly empty).
+fn wildcard_match(parts: &[String], value: &str) -> bool {
+    let (first, last) = (&parts[0], &parts[parts.len() - 1]);
+    if parts.len() == 1 {
+        return value == first;
+    }
+    let fixed: usize = parts.iter().map(String::len).sum();
+    if value.len() < fixed || !value.starts_with(first.as_str()) || !value.ends_with(last.as_str())
+    {
+        return false;
+    }
+    let mut rest = &value[first.len()..value.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part.as_str()) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// Builds the domains of `files` (each named for its errors). Errors are
+/// `(file, key path, message)`, every one found.
+pub(crate) fn build(
+    files: &[(String, DomainFile)],
+) -> Result<Domains, Vec<(String, String, String)>> {
+    let mut out = Domains::default();
+    let mut errors = vec![];
+    for (file, f) in files {
+        let mut err = |key: &str, m: String| errors.push((file.clone(), key.to_owned(), m));
+        let domain = match &f.domain {
+            Some(Scalar(d)) if !d.is_empty() => d.clone(),
+            _ => {
+                err("domain", "a config file cannot have an empty domain".into());
+                continue;
+            }
+        };
+        if out.domains.contains_key(&domain) {
+            err("domain", format!("duplicate domain `{domain}`"));
+            continue;
+        }
+        let mut root = Node::default();
+        load(
+            &mut root,
+            &format!("{domain}."),
+            &f.descriptors,
+            &mut out.limits,
+            &mut err,
+        );
+        out.domains.insert(domain, root);
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
+}
+
+fn load(
+    node: &mut Node,
+    parent: &str,
+    descriptors: &[DescriptorFile],
+    limits: &mut Vec<Arc<Limit>>,
+    err: &mut impl FnMut(&str, String),
+) {
+    for d in descriptors {
+        let key = match &d.key {
+            Some(Scalar(k)) if !k.is_empty() => k.clone(),
+            _ => {
+                err(parent, "descriptor has an empty key".into());
+                continue;
+            }
+        };
+        let final_key = match &d.value {
+            Some(Scalar(v)) if !v.is_empty() => format!("{key}_{v}"),
+            _ => key.clone(),
+        };
+        let full_key = format!("{parent}{final_key}");
+        if node.children.contains_key(&final_key) {
+            err(
+                &full_key,
+                format!("duplicate descriptor composite key `{full_key}`"),
+            );
+            continue;
+        }
+        for (name, present) in [
+            ("quota_mode", d.quota_mode.is_some()),
+            ("value_to_metric", d.value_to_metric.is_some()),
+            ("share_threshold", d.share_threshold.is_some()),
+            ("metadata", d.metadata.is_some()),
+        ] {
+            if present {
+                err(
+                    &full_key,
+                    format!("`{name}` is not supported by ratewarden (remove it)"),
+                );
+            }
+        }
+        let limit = d
+            .rate_limit
+            .as_ref()
+            .and_then(|r| compile(r, &full_key, d, err))
+            .map(Arc::new);
+        if let Some(l) = &limit {
+            limits.push(l.clone());
+        }
+        if final_key.contains('*') {
+            let parts = final_key.split('*').map(str::to_owned).collect();
+            node.wildcards.push((final_key.clone(), parts));
+        }
+        let mut child = Node {
+            limit,
+            ..Node::default()
+        };
+        load(
+            &mut child,
+            &format!("{full_key}."),
+            &d.descriptors,
+            limits,
+            err,
+        );
+        node.children.insert(final_key, child);
+    }
+}
+
+fn compile(
+    r: &RateLimitFile,
+    full_key: &str,
+    d: &DescriptorFile,
+    err: &mut impl FnMut(&str, String),
+) -> Option<Limit> {
+    let key = format!("{full_key}.rate_limit");
+    let name = r.name.as_ref().map(|n| n.0.clone()).unwrap_or_default();
+    let replaces: Vec<String> = r.replaces.iter().map(|x| x.name.0.clone()).collect();
+    if replaces.iter().any(String::is_empty) {
+        err(&key, "should not have an empty replaces entry".into());
+    }
+    if !name.is_empty() && replaces.contains(&name) {
+        err(
+            &key,
+            "replaces should not contain the name of the same descriptor".into(),
+        );
+    }
+    let unit = r
+        .unit
+        .as_deref()
+        .map(|u| UNITS.iter().find(|x| x.0.eq_ignore_ascii_case(u)).ok_or(u));
+    if r.unlimited {
+        if unit.is_some() {
+            err(
+                &key,
+                "should not specify a rate limit unit when unlimited".into(),
+            );
+            return None;
+        }
+        return Some(Limit {
+            full_key: full_key.to_owned(),
+            name,
+            replaces,
+            unlimited: true,
+            shadow: d.shadow_mode,
+            detailed: d.detailed_metric,
+            rule: None,
+            window: Duration::ZERO,
+            unit: 0,
+            requests_per_unit: 0,
+        });
+    }
+    let window = match (unit, &r.window) {
+        (Some(Ok(u)), None) => Duration::from_secs(u.2),
+        (None, Some(w)) => match crate::config::parse_duration(w) {
+            Ok(w) => w,
+            Err(e) => {
+                err(&key, format!("window: {e}"));
+                return None;
+            }
+        },
+        (Some(Err(u)), _) => {
+            let names: Vec<&str> = UNITS.iter().map(|u| u.0).collect();
+            err(
+                &key,
+                format!(
+                    "invalid rate limit unit `{u}` (expected {})",
+                    names.join(", ")
+                ),
+            );
+            return None;
+        }
+        (Some(Ok(_)), Some(_)) => {
+            err(&key, "give `unit` or `window`, not both".into());
+            return None;
+        }
+        (None, None) => {
+            err(&key, "a rate limit needs a `unit`".into());
+            return None;
+        }
+    };
+    let Some(rpu) = r.requests_per_unit else {
+        err(&key, "a rate limit needs `requests_per_unit`".into());
+        return None;
+    };
+    let envoy_unit = match unit {
+        Some(Ok(u)) => u.1,
+        _ => 0,
+    };
+    if rpu == 0 {
+        // envoyproxy/ratelimit's block list: every request over.
+        return Some(Limit {
+            full_key: full_key.to_owned(),
+            name,
+            replaces,
+            unlimited: false,
+            shadow: d.shadow_mode,
+            detailed: d.detailed_metric,
+            rule: None,
+            window,
+            unit: envoy_unit,
+            requests_per_unit: 0,
+        });
+    }
+    let kind = match r.algorithm.as_deref() {
+        None => Kind::FixedWindow,
+        Some(a) => match Kind::ALL.iter().find(|k| k.name() == a) {
+            Some(Kind::Concurrency) => {
+                err(
+                    &key,
+                    "`concurrency` cannot be an Envoy limit: Envoy never says when a request ends"
+                        .into(),
+                );
+                return None;
+            }
+            Some(k) => *k,
+            None => {
+                let names: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+                err(
+                    &key,
+                    format!("unknown algorithm `{a}` (expected {})", names.join(", ")),
+                );
+                return None;
+            }
+        },
+    };
+    let mut b = Rule::builder(full_key)
+        .algorithm(kind)
+        .limit(rpu, window)
+        .shadow(d.shadow_mode);
+    if let Some(burst) = r.burst {
+        b = b.burst(burst);
+    }
+    for (field, value) in [("min_interval", &r.min_interval), ("penalty", &r.penalty)] {
+        let Some(v) = value else { continue };
+        match crate::config::parse_duration(v) {
+            Ok(d) if field == "min_interval" => b = b.min_interval(d),
+            Ok(d) => b = b.penalty(ratewarden::Penalty::fixed(d)),
+            Err(e) => {
+                err(&key, format!("{field}: {e}"));
+                return None;
+            }
+        }
+    }
+    let rule = match b.build() {
+        Ok(rule) => rule,
+        Err(e) => {
+            err(&key, e.to_string());
+            return None;
+        }
+    };
+    Some(Limit {
+        full_key: full_key.to_owned(),
+        name,
+        replaces,
+        unlimited: false,
+        shadow: d.shadow_mode,
+        detailed: d.detailed_metric,
+        rule: Some(rule),
+        window,
+        unit: envoy_unit,
+        requests_per_unit: u32::try_from(rpu).unwrap_or(u32::MAX),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn domains(yaml: &str) -> Domains {
+        let f: DomainFile = serde_saphyr::from_str(yaml).unwrap();
+        build(&[("t.yaml".into(), f)]).unwrap()
+    }
+
+    fn reached(d: &Domains, entries: &[(&str, &str)]) -> Option<String> {
+        match d.limit("d", entries) {
+            Found::None => None,
+            Found::Limit(l) => Some(l.full_key.clone()),
+        }
+    }
+
+    #[test]
+    fn the_walk_follows_envoyproxy_ratelimit() {
+        let d = domains(
+            "domain: d
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: path
+    value: /login
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 50}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: client
+    value: 200
+    descriptors:
+      - key: op
+        rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: x
+    value: a*b*c
+    rate_limit: {unit: day, requests_per_unit: 1}
+",
+        );
+        let k = |s: &str| Some(s.to_owned());
+        assert_eq!(
+            reached(&d, &[("remote_address", "1.2.3.4")]),
+            k("d.remote_address")
+        );
+        assert_eq!(reached(&d, &[("path", "/login")]), k("d.path_/login"));
+        assert_eq!(reached(&d, &[("path", "/api/v1")]), k("d.path_/api/*"));
+        assert_eq!(reached(&d, &[("path", "/other")]), k("d.path"));
+        // Nested: only the last entry's level counts.
+        assert_eq!(reached(&d, &[("client", "200")]), None);
+        assert_eq!(
+            reached(&d, &[("client", "200"), ("op", "w")]),
+            k("d.client_200.op")
+        );
+        assert_eq!(reached(&d, &[("client", "201"), ("op", "w")]), None);
+        // More entries than the tree is deep: nothing.
+        assert_eq!(reached(&d, &[("path", "/login"), ("op", "w")]), None);
+        assert_eq!(reached(&d, &[("x", "a-b-c")]), k("d.x_a*b*c"));
+        assert_eq!(reached(&d, &[("x", "abc")]), k("d.x_a*b*c"));
+        assert_eq!(reached(&d, &[("x", "acb")]), None);
+        assert!(matches!(
+            d.limit("other", &[("path", "/login")]),
+            Found::None
+        ));
+    }
+
+    #[test]
+    fn bad_descriptors_are_named_and_unsupported_keys_refused() {
+        let f: DomainFile = serde_saphyr::from_str(
+            "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: fortnight, requests_per_unit: 1}
+  - key: a
+  - key: b
+    quota_mode: true
+    rate_limit: {unlimited: true, unit: second}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 1, name: n, replaces: [{name: n}]}
+  - key: e
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: concurrency}
+",
+        )
+        .unwrap();
+        let errors = build(&[("t.yaml".into(), f)]).unwrap_err();
+        let text: Vec<String> = errors.iter().map(|e| format!("{}: {}", e.1, e.2)).collect();
+        let all = text.join("\n");
+        for want in [
+            "invalid rate limit unit `fortnight`",
+            "duplicate descriptor composite key `d.a`",
+            "`quota_mode` is not supported",
+            "should not specify a rate limit unit when unlimited",
+            "replaces should not contain the name",
+            "`concurrency` cannot be an Envoy limit",
+        ] {
+            assert!(all.contains(want), "{want} in\n{all}");
+        }
+    }
+}

@@ -1,0 +1,507 @@
+//! Envoy's rate limit service (`envoy.service.ratelimit.v3`), a drop-in
+//! for envoyproxy/ratelimit: its descriptor configuration ([`config`]), its
+//! matching, its response, on every ratewarden algorithm.
+//!
+//! A `ShouldRateLimit` call goes down the one admission path
+//! ([`ratewarden_tower::admission::decide_ops`]): each descriptor that
+//! reaches a limit becomes one op (its rule, its key: the descriptor's
+//! entries), and all of them are decided in one store call,
+//! all-or-nothing: if one descriptor is over its limit, no descriptor is
+//! charged. (envoyproxy/ratelimit charges every descriptor, the one over
+//! included; limitador checks, then updates in a second round trip.)
+//!
+//! The server ([`serve`]) is HTTP/2 on its own listener (`rls.listen`),
+//! with `grpc.health.v1` and server reflection (v1 and v1alpha).
+
+pub mod config;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use ratewarden::{HeaderStyle, Mode, Op, Rule};
+use ratewarden_tower::admission::{Refusal, decide_ops};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::gateway::Gateway;
+use config::{Domains, Found, Limit};
+
+/// The descriptors of `envoy/service/ratelimit/v3/rls.proto` and the files
+/// it imports, for server reflection: taken from envoy-types' own
+/// descriptor set (`cargo run --example rls_descriptors`).
+pub const DESCRIPTORS: &[u8] = include_bytes!("rls_descriptors.bin");
+
+/// `rls:` as configured.
+#[derive(Debug, Clone)]
+pub struct RlsSpec {
+    /// The gRPC listener.
+    pub listen: SocketAddr,
+    /// Which rate-limit headers go into `response_headers_to_add`.
+    pub headers: HeaderStyle,
+    /// The domains and their descriptors.
+    pub domains: Arc<Domains>,
+}
+
+impl PartialEq for RlsSpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.listen == other.listen
+            && self.headers == other.headers
+            && Arc::ptr_eq(&self.domains, &other.domains)
+    }
+}
+
+/// The service, answering from the gateway's live config and store.
+#[derive(Clone)]
+pub struct Rls {
+    gw: Arc<Gateway>,
+}
+
+impl Rls {
+    /// The service of `gw`.
+    pub fn new(gw: Arc<Gateway>) -> Self {
+        Self { gw }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        decide(&self.gw, &request.into_inner())
+            .await
+            .map(tonic::Response::new)
+    }
+}
+
+/// What became of one descriptor before the store was asked.
+enum Plan<'a> {
+    /// No limit applies (none matched, or another replaces it).
+    Free,
+    /// `unlimited: true`.
+    Unlimited(&'a Limit),
+    /// `requests_per_unit: 0`: over, always.
+    Blocked(&'a Limit),
+    /// Decided by the store: op `at` of the charged (or peeked) ops.
+    Charged(&'a Limit, Rule, usize),
+    Peeked(&'a Limit, Rule, usize),
+}
+
+/// A request's override of a descriptor's limit (`limit:` in Envoy's
+/// route config): a fixed window of that many requests per unit.
+fn override_limit(domain: &str, entries: &[(&str, &str)], rpu: u32, unit: i32) -> Option<Limit> {
+    let secs = config::unit_seconds(unit)?;
+    let mut full_key = domain.to_owned();
+    for (k, v) in entries {
+        full_key.push('.');
+        full_key.push_str(k);
+        if !v.is_empty() {
+            full_key.push('_');
+            full_key.push_str(v);
+        }
+    }
+    let rule = Rule::builder(full_key.clone())
+        .limit(u64::from(rpu), Duration::from_secs(secs))
+        .build()
+        .ok()?;
+    Some(Limit {
+        full_key,
+        name: String::new(),
+        replaces: vec![],
+        unlimited: false,
+        shadow: false,
+        detailed: false,
+        rule: Some(rule),
+        window: Duration::from_secs(secs),
+        unit,
+        requests_per_unit: rpu,
+    })
+}
+
+/// The key of a descriptor's op: its entries, `key_value` joined by `.`.
+fn op_key(entries: &[(&str, &str)]) -> String {
+    let mut key = String::new();
+    for (i, (k, v)) in entries.iter().enumerate() {
+        if i > 0 {
+            key.push('.');
+        }
+        key.push_str(k);
+        key.push('_');
+        key.push_str(v);
+    }
+    key
+}
+
+/// Decides one `ShouldRateLimit` call.
+pub async fn decide(
+    gw: &Gateway,
+    req: &RateLimitRequest,
+) -> Result<RateLimitResponse, tonic::Status> {
+    if req.domain.is_empty() {
+        return Err(tonic::Status::invalid_argument(
+            "rate limit domain must not be empty",
+        ));
+    }
+    if req.descriptors.is_empty() {
+        return Err(tonic::Status::invalid_argument(
+            "rate limit descriptor list must not be empty",
+        ));
+    }
+    let live = gw.live();
+    let Some(spec) = live.config.rls.as_ref() else {
+        return Err(tonic::Status::failed_precondition(
+            "no `rls:` in the running configuration",
+        ));
+    };
+    let domains: &Domains = &spec.domains;
+    let entries: Vec<Vec<(&str, &str)>> = req
+        .descriptors
+        .iter()
+        .map(|d| {
+            d.entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .collect()
+        })
+        .collect();
+    // Limits reached, overrides made per call.
+    let overrides: Vec<Option<Limit>> = req
+        .descriptors
+        .iter()
+        .zip(&entries)
+        .map(|(d, e)| {
+            d.limit
+                .as_ref()
+                .and_then(|l| override_limit(&req.domain, e, l.requests_per_unit, l.unit))
+        })
+        .collect();
+    let mut reached: Vec<Option<&Limit>> = req
+        .descriptors
+        .iter()
+        .zip(&entries)
+        .zip(&overrides)
+        .map(|((_, e), o)| match o {
+            Some(l) => Some(l),
+            None => match domains.limit(&req.domain, e) {
+                Found::None => None,
+                Found::Limit(l) => Some(&**l),
+            },
+        })
+        .collect();
+    // `replaces`: a limit named by another reached limit does not apply.
+    let replaced: Vec<&str> = reached
+        .iter()
+        .flatten()
+        .flat_map(|l| l.replaces.iter().map(String::as_str))
+        .collect();
+    for r in &mut reached {
+        if r.is_some_and(|l| !l.name.is_empty() && replaced.contains(&l.name.as_str())) {
+            *r = None;
+        }
+    }
+    // Each descriptor's weight: its own `hits_addend` (an explicit 0 is a
+    // peek), else the request's (0, which proto3 cannot tell from unset,
+    // is 1).
+    let call_weight = u64::from(req.hits_addend.max(1));
+    let keys: Vec<String> = entries.iter().map(|e| op_key(e)).collect();
+    let mut plans = Vec::with_capacity(req.descriptors.len());
+    let (mut charged, mut peeked) = (0, 0);
+    for (i, d) in req.descriptors.iter().enumerate() {
+        if d.is_negative_hits {
+            return Err(tonic::Status::unimplemented(
+                "is_negative_hits (refunds) is not supported yet",
+            ));
+        }
+        plans.push(match reached[i] {
+            None => Plan::Free,
+            Some(l) if l.unlimited => Plan::Unlimited(l),
+            Some(l) => {
+                let Some(rule) = l.rule.clone() else {
+                    plans.push(Plan::Blocked(l));
+                    continue;
+                };
+                match d.hits_addend.map(|h| h.value) {
+                    Some(0) => {
+                        peeked += 1;
+                        Plan::Peeked(l, rule, peeked - 1)
+                    }
+                    _ => {
+                        charged += 1;
+                        Plan::Charged(l, rule, charged - 1)
+                    }
+                }
+            }
+        });
+    }
+    let weight_of = |i: usize| match req.descriptors[i].hits_addend.map(|h| h.value) {
+        Some(w) if w > 0 => w,
+        _ => call_weight,
+    };
+    let mut charge_ops = Vec::with_capacity(charged);
+    let mut peek_ops = Vec::with_capacity(peeked);
+    for (i, plan) in plans.iter().enumerate() {
+        match plan {
+            Plan::Charged(_, rule, _) => {
+                charge_ops.push(Op::new(rule, &keys[i]).weighing(weight_of(i)))
+            }
+            Plan::Peeked(_, rule, _) => peek_ops.push(Op::new(rule, &keys[i])),
+            _ => {}
+        }
+    }
+    let store_failed = |e: &ratewarden::StoreError| {
+        tracing::warn!(domain = %req.domain, error = %e, "rls: the store could not decide; on_error: deny: UNAVAILABLE");
+        tonic::Status::unavailable(format!("the limiter's store could not decide: {e}"))
+    };
+    let charged_decision = if charge_ops.is_empty() {
+        None
+    } else {
+        match decide_ops(&live.limiter, &charge_ops, 1, Mode::Apply).await {
+            Ok((d, _)) => Some(d),
+            Err(Refusal::Limited(d)) => Some(d),
+            Err(Refusal::Unavailable(e)) => return Err(store_failed(&e)),
+            Err(other) => {
+                return Err(tonic::Status::internal(
+                    other.problem(http::StatusCode::TOO_MANY_REQUESTS),
+                ));
+            }
+        }
+    };
+    let peeked_decision = if peek_ops.is_empty() {
+        None
+    } else {
+        match decide_ops(&live.limiter, &peek_ops, 1, Mode::Peek).await {
+            Ok((d, _)) | Err(Refusal::Limited(d)) => Some(d),
+            Err(Refusal::Unavailable(e)) => return Err(store_failed(&e)),
+            Err(other) => {
+                return Err(tonic::Status::internal(
+                    other.problem(http::StatusCode::TOO_MANY_REQUESTS),
+                ));
+            }
+        }
+    };
+    let mut statuses = Vec::with_capacity(plans.len());
+    let mut over = false;
+    for (i, plan) in plans.iter().enumerate() {
+        let (status, code) = match plan {
+            Plan::Free => (
+                DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..Default::default()
+                },
+                "no_limit",
+            ),
+            Plan::Unlimited(_) => (
+                DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..Default::default()
+                },
+                "unlimited",
+            ),
+            Plan::Blocked(l) => {
+                over |= !l.shadow;
+                (
+                    DescriptorStatus {
+                        code: if l.shadow { Code::Ok } else { Code::OverLimit } as i32,
+                        current_limit: Some(RateLimit {
+                            name: l.name.clone(),
+                            requests_per_unit: 0,
+                            unit: l.unit,
+                        }),
+                        duration_until_reset: Some(prost_duration(until_boundary(l.window))),
+                        ..Default::default()
+                    },
+                    if l.shadow {
+                        "shadow_over_limit"
+                    } else {
+                        "over_limit"
+                    },
+                )
+            }
+            Plan::Charged(l, _, at) | Plan::Peeked(l, _, at) => {
+                let d = match plan {
+                    Plan::Charged(..) => charged_decision.as_ref(),
+                    _ => peeked_decision.as_ref(),
+                };
+                let r = &d.expect("decided").rules[*at];
+                let refused = !r.allowed();
+                let code = match (refused, l.shadow) {
+                    (false, _) => "ok",
+                    (true, true) => "shadow_over_limit",
+                    (true, false) => "over_limit",
+                };
+                over |= refused && !l.shadow;
+                (
+                    DescriptorStatus {
+                        code: if refused && !l.shadow {
+                            Code::OverLimit
+                        } else {
+                            Code::Ok
+                        } as i32,
+                        current_limit: Some(RateLimit {
+                            name: l.name.clone(),
+                            requests_per_unit: l.requests_per_unit,
+                            unit: l.unit,
+                        }),
+                        limit_remaining: u32::try_from(r.remaining).unwrap_or(u32::MAX),
+                        duration_until_reset: Some(prost_duration(r.reset_after)),
+                        ..Default::default()
+                    },
+                    code,
+                )
+            }
+        };
+        let label = match plan {
+            Plan::Free => None,
+            Plan::Unlimited(l) | Plan::Blocked(l) | Plan::Charged(l, ..) | Plan::Peeked(l, ..) => {
+                Some(*l)
+            }
+        };
+        gw.metrics.rls(&req.domain, label, &entries[i], code);
+        statuses.push(status);
+    }
+    let mut response_headers_to_add = vec![];
+    if spec.headers.legacy || spec.headers.ietf {
+        // The headers of every decided descriptor together, as the
+        // proxy's of every rule: the binding one's numbers.
+        let mut all = ratewarden::Decision {
+            allowed: !over,
+            delay: Duration::ZERO,
+            rules: vec![],
+        };
+        for d in [&charged_decision, &peeked_decision].into_iter().flatten() {
+            all.rules.extend(d.rules.iter().cloned());
+        }
+        if !all.rules.is_empty() {
+            response_headers_to_add = all
+                .headers(spec.headers)
+                .into_iter()
+                .map(|(key, value)| HeaderValue {
+                    key: key.to_owned(),
+                    value,
+                    ..Default::default()
+                })
+                .collect();
+        }
+    }
+    Ok(RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        statuses,
+        response_headers_to_add,
+        ..Default::default()
+    })
+}
+
+/// Until the next multiple of `window` since the epoch (where a fixed
+/// window of it ends).
+fn until_boundary(window: Duration) -> Duration {
+    let w = window.as_micros().max(1);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    Duration::from_micros(u64::try_from(w - now % w).unwrap_or(0))
+}
+
+fn prost_duration(d: Duration) -> envoy_types::pb::google::protobuf::Duration {
+    envoy_types::pb::google::protobuf::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// Serves the rate limit service, health and reflection on `listener`
+/// (HTTP/2, cleartext) until `stop` turns true.
+pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Receiver<bool>) {
+    let rls = RateLimitServiceServer::new(Rls::new(gw));
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<RateLimitServiceServer<Rls>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(DESCRIPTORS)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1();
+    let reflection_alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(DESCRIPTORS)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha();
+    let (Ok(reflection), Ok(reflection_alpha)) = (reflection, reflection_alpha) else {
+        tracing::error!("rls: the reflection descriptors do not load; not serving");
+        return;
+    };
+    let route = move |req: http::Request<hyper::body::Incoming>| {
+        use tonic::codegen::Service as _;
+        let path = req.uri().path();
+        let (mut rls, mut health, mut refl, mut alpha) = (
+            rls.clone(),
+            health.clone(),
+            reflection.clone(),
+            reflection_alpha.clone(),
+        );
+        let which = if path.starts_with("/envoy.service.ratelimit.v3.RateLimitService/") {
+            0
+        } else if path.starts_with("/grpc.health.v1.Health/") {
+            1
+        } else if path.starts_with("/grpc.reflection.v1.ServerReflection/") {
+            2
+        } else if path.starts_with("/grpc.reflection.v1alpha.ServerReflection/") {
+            3
+        } else {
+            4
+        };
+        async move {
+            match which {
+                0 => rls.call(req).await,
+                1 => health.call(req).await,
+                2 => refl.call(req).await,
+                3 => alpha.call(req).await,
+                _ => Ok::<_, Infallible>(unimplemented()),
+            }
+        }
+    };
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let Ok((stream, _)) = accepted else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let route = route.clone();
+        tokio::spawn(async move {
+            let builder =
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let _ = builder
+                .serve_connection(
+                    hyper_util::rt::TokioIo::new(stream),
+                    hyper::service::service_fn(route),
+                )
+                .await;
+        });
+    }
+}
+
+/// gRPC's answer to a method no service here has: UNIMPLEMENTED.
+fn unimplemented() -> http::Response<tonic::body::Body> {
+    let mut r = http::Response::new(tonic::body::Body::empty());
+    let h = r.headers_mut();
+    h.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    h.insert("grpc-status", http::HeaderValue::from_static("12"));
+    r
+}

@@ -1,0 +1,521 @@
+//! Envoy's rate limit service through a tonic client: envoyproxy/ratelimit's
+//! configuration and matching, the response, exactness on every store.
+
+#[path = "../../ratewarden/tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use ratewarden::clock::ManualClock;
+use ratewarden_gateway::server::Running;
+use tonic::transport::Channel;
+
+type Client = RateLimitServiceClient<Channel>;
+
+async fn client(addr: SocketAddr) -> Client {
+    RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+async fn ask(c: &mut Client, r: RateLimitRequest) -> RateLimitResponse {
+    c.should_rate_limit(r).await.unwrap().into_inner()
+}
+
+/// One descriptor, asked once: its status code.
+async fn one(c: &mut Client, domain: &str, entries: &[(&str, &str)]) -> Code {
+    let r = ask(c, request(domain, vec![descriptor(entries)])).await;
+    assert_eq!(r.statuses.len(), 1);
+    Code::try_from(r.statuses[0].code).unwrap()
+}
+
+/// How many of `n` asks of one descriptor are OK.
+async fn oks(c: &mut Client, domain: &str, entries: &[(&str, &str)], n: usize) -> usize {
+    let mut ok = 0;
+    for _ in 0..n {
+        if one(c, domain, entries).await == Code::Ok {
+            ok += 1;
+        }
+    }
+    ok
+}
+
+/// envoyproxy/ratelimit's own README examples, as files of that service.
+const ENVOY_FILES: [(&str, &str); 2] = [
+    (
+        "mongo.yaml",
+        "---
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 5
+",
+    ),
+    (
+        "edge.yaml",
+        "domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+
+  # Black list IP
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+      unlimited: false
+    descriptors: []
+",
+    ),
+];
+
+async fn gateway(rls: &str, store: &str, clock: Option<ManualClock>) -> Running {
+    support::gateway(
+        &format!("store: {store}\nrls:\n  listen: 127.0.0.1:0\n{rls}"),
+        "echo",
+        clock,
+    )
+    .await
+}
+
+const TREE: &str = "  domains:
+    - domain: app
+      descriptors:
+        - key: client
+          value: partner
+          descriptors:
+            - key: path
+              rate_limit: {unit: minute, requests_per_unit: 2}
+        - key: client
+          rate_limit: {unit: minute, requests_per_unit: 3, name: per_client}
+        - key: path
+          value: /static/*
+          rate_limit: {unlimited: true}
+        - key: path
+          value: /api/*
+          rate_limit: {unit: hour, requests_per_unit: 1}
+        - key: plan
+          value: gold
+          rate_limit: {unit: minute, requests_per_unit: 100, name: gold, replaces: [{name: per_client}]}
+        - key: shadowed
+          shadow_mode: true
+          rate_limit: {unit: minute, requests_per_unit: 1}
+        - key: smooth
+          rate_limit: {unit: second, requests_per_unit: 10, algorithm: gcra, burst: 2}
+";
+
+#[tokio::test]
+async fn descriptors_match_as_envoyproxy_ratelimit_matches_them() {
+    let clock = ManualClock::new(support::now() / 60_000_000 * 60_000_000);
+    let gw = gateway(TREE, "{type: memory}", Some(clock.clone())).await;
+    let mut c = client(gw.rls.unwrap()).await;
+
+    // Nested: client=partner then path; each path value its own limit.
+    assert_eq!(
+        oks(&mut c, "app", &[("client", "partner"), ("path", "/a")], 5).await,
+        2
+    );
+    assert_eq!(
+        oks(&mut c, "app", &[("client", "partner"), ("path", "/b")], 5).await,
+        2
+    );
+    // `client=partner` alone stops at a level without a limit: OK, no limit.
+    let r = ask(
+        &mut c,
+        request("app", vec![descriptor(&[("client", "partner")])]),
+    )
+    .await;
+    assert_eq!(r.statuses[0].current_limit, None);
+    assert_eq!(Code::try_from(r.overall_code).unwrap(), Code::Ok);
+
+    // A key without a value: one limit per distinct value.
+    assert_eq!(oks(&mut c, "app", &[("client", "x")], 5).await, 3);
+    assert_eq!(oks(&mut c, "app", &[("client", "y")], 5).await, 3);
+
+    // Wildcards: each value under the prefix its own counter.
+    assert_eq!(oks(&mut c, "app", &[("path", "/api/v1")], 3).await, 1);
+    assert_eq!(oks(&mut c, "app", &[("path", "/api/v2")], 3).await, 1);
+    // `unlimited`: always OK, remaining u32::MAX.
+    let r = ask(
+        &mut c,
+        request("app", vec![descriptor(&[("path", "/static/x.css")])]),
+    )
+    .await;
+    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+    assert_eq!(oks(&mut c, "app", &[("path", "/static/y")], 50).await, 50);
+    // An unknown domain or descriptor limits nothing.
+    assert_eq!(oks(&mut c, "nope", &[("client", "x")], 5).await, 5);
+    assert_eq!(oks(&mut c, "app", &[("other", "x")], 5).await, 5);
+
+    // The response of a limited descriptor: its limit, what is left, when
+    // it resets (a fixed window on the minute, as Envoy's units are).
+    clock.advance(Duration::from_secs(15));
+    let r = ask(&mut c, request("app", vec![descriptor(&[("client", "z")])])).await;
+    let s = &r.statuses[0];
+    let limit = s.current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit, limit.name.as_str()),
+        (3, 2, "per_client")
+    );
+    assert_eq!(s.limit_remaining, 2);
+    assert_eq!(s.duration_until_reset.unwrap().seconds, 45);
+
+    // The overall code is the worst; an over-limit descriptor charges no
+    // other (all-or-nothing): w's count is untouched by the refused calls.
+    let both = || {
+        request(
+            "app",
+            vec![
+                descriptor(&[("client", "w")]),
+                descriptor(&[("path", "/api/v1")]),
+            ],
+        )
+    };
+    let r = ask(&mut c, both()).await;
+    assert_eq!(Code::try_from(r.overall_code).unwrap(), Code::OverLimit);
+    assert_eq!(Code::try_from(r.statuses[0].code).unwrap(), Code::Ok);
+    assert_eq!(Code::try_from(r.statuses[1].code).unwrap(), Code::OverLimit);
+    ask(&mut c, both()).await;
+    assert_eq!(oks(&mut c, "app", &[("client", "w")], 5).await, 3);
+
+    // Another algorithm: gcra, 10/s with a burst of 2.
+    assert_eq!(oks(&mut c, "app", &[("smooth", "s")], 5).await, 2);
+    clock.advance(Duration::from_millis(100));
+    assert_eq!(oks(&mut c, "app", &[("smooth", "s")], 5).await, 1);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn shadow_mode_hits_addend_and_replaces() {
+    let clock = ManualClock::new(support::now() / 60_000_000 * 60_000_000);
+    let gw = gateway(TREE, "{type: memory}", Some(clock.clone())).await;
+    let mut c = client(gw.rls.unwrap()).await;
+    // Shadow: over its limit, still OK, counted apart.
+    assert_eq!(oks(&mut c, "app", &[("shadowed", "s")], 3).await, 3);
+    let metrics = support::send(gw.admin.unwrap(), "GET", "/metrics", &[], "")
+        .await
+        .body;
+    assert!(
+        metrics.contains("ratewarden_rls_decisions_total{domain=\"app\",descriptor=\"app.shadowed\",code=\"shadow_over_limit\"} 2"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("descriptor=\"app.shadowed\",code=\"ok\"} 1"));
+
+    // hits_addend on the request: 2 of the 3 at once.
+    let mut r = request("app", vec![descriptor(&[("client", "h")])]);
+    r.hits_addend = 2;
+    let out = ask(&mut c, r).await;
+    assert_eq!(out.statuses[0].limit_remaining, 1);
+    // On a descriptor it wins over the request's; an explicit 0 peeks.
+    let mut d = descriptor(&[("client", "h")]);
+    d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    let mut r = request("app", vec![d]);
+    r.hits_addend = 5;
+    let out = ask(&mut c, r).await;
+    assert_eq!(Code::try_from(out.overall_code).unwrap(), Code::Ok);
+    assert_eq!(
+        out.statuses[0].limit_remaining, 0,
+        "a request of 1 would leave 0"
+    );
+    let mut d = descriptor(&[("client", "h")]);
+    d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 1 });
+    let mut r = request("app", vec![d]);
+    r.hits_addend = 5;
+    let out = ask(&mut c, r).await;
+    assert_eq!(
+        Code::try_from(out.overall_code).unwrap(),
+        Code::Ok,
+        "the peek charged nothing"
+    );
+    assert_eq!(
+        one(&mut c, "app", &[("client", "h")]).await,
+        Code::OverLimit
+    );
+
+    // replaces: with plan=gold in the same request, per_client does not
+    // apply (client q is over its 3 and still passes).
+    assert_eq!(oks(&mut c, "app", &[("client", "q")], 3).await, 3);
+    assert_eq!(
+        one(&mut c, "app", &[("client", "q")]).await,
+        Code::OverLimit
+    );
+    let r = ask(
+        &mut c,
+        request(
+            "app",
+            vec![
+                descriptor(&[("client", "q")]),
+                descriptor(&[("plan", "gold")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(Code::try_from(r.overall_code).unwrap(), Code::Ok);
+    assert_eq!(r.statuses[0].current_limit, None, "replaced");
+    assert_eq!(r.statuses[1].current_limit.as_ref().unwrap().name, "gold");
+    gw.shutdown().await;
+}
+
+/// 200 concurrent calls on one descriptor limited to 50: exactly 50 OK.
+async fn exact_under_200_concurrent_calls(addrs: &[SocketAddr]) {
+    let mut clients = vec![];
+    for a in addrs {
+        clients.push(client(*a).await);
+    }
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let mut c = clients[i % clients.len()].clone();
+            tokio::spawn(async move { one(&mut c, "app", &[("tenant", "t1")]).await == Code::Ok })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        ok += usize::from(t.await.unwrap());
+    }
+    assert_eq!(ok, 50);
+}
+
+const FIFTY: &str = "  domains:
+    - domain: app
+      descriptors:
+        - key: tenant
+          rate_limit: {unit: hour, requests_per_unit: 50}
+";
+
+#[tokio::test]
+async fn exact_under_200_concurrent_calls_on_memory() {
+    let gw = gateway(FIFTY, "{type: memory}", None).await;
+    exact_under_200_concurrent_calls(&[gw.rls.unwrap()]).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn exact_under_200_concurrent_calls_on_redis_and_across_two_instances() {
+    let redis = common::RedisServer::start();
+    let store = format!("{{type: redis, url: '{}'}}", redis.url());
+    let a = gateway(FIFTY, &store, None).await;
+    exact_under_200_concurrent_calls(&[a.rls.unwrap()]).await;
+    // Two instances on one Redis hold one limit.
+    let yaml = FIFTY.replace("hour", "day");
+    let b = gateway(&yaml, &store, None).await;
+    let c = gateway(&yaml, &store, None).await;
+    exact_under_200_concurrent_calls(&[b.rls.unwrap(), c.rls.unwrap()]).await;
+    for g in [a, b, c] {
+        g.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn exact_under_200_concurrent_calls_on_redis_cluster() {
+    let cluster = common::RedisCluster::start();
+    let seeds = cluster
+        .urls()
+        .iter()
+        .map(|u| format!("'{u}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // Errors refused rather than decided locally: a call made while the
+    // cluster connection is being set up must not pass for a Redis one.
+    let gw = gateway(
+        FIFTY,
+        &format!("{{type: redis, cluster: [{seeds}], timeout: 2s, on_error: deny}}"),
+        None,
+    )
+    .await;
+    exact_under_200_concurrent_calls(&[gw.rls.unwrap()]).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn envoyproxy_ratelimit_files_load_unchanged_from_a_directory() {
+    let dir = support::scratch_dir("rw-rls");
+    for (name, text) in ENVOY_FILES {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    let clock = ManualClock::new(support::now() / 1_000_000 * 1_000_000);
+    let gw = gateway(
+        &format!("  config: {}\n", dir.display()),
+        "{type: memory}",
+        Some(clock),
+    )
+    .await;
+    let mut c = client(gw.rls.unwrap()).await;
+    assert_eq!(
+        oks(&mut c, "mongo_cps", &[("database", "default")], 8).await,
+        5
+    );
+    assert_eq!(
+        oks(&mut c, "mongo_cps", &[("database", "users")], 8).await,
+        8
+    );
+    assert_eq!(
+        oks(
+            &mut c,
+            "edge_proxy_per_ip",
+            &[("remote_address", "10.0.0.1")],
+            12
+        )
+        .await,
+        10
+    );
+    // requests_per_unit 0: the black-listed address gets nothing.
+    assert_eq!(
+        oks(
+            &mut c,
+            "edge_proxy_per_ip",
+            &[("remote_address", "50.0.0.5")],
+            3
+        )
+        .await,
+        0
+    );
+    gw.shutdown().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn reflection_lists_the_service_and_health_answers() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let gw = gateway(FIFTY, "{type: memory}", None).await;
+    let addr = gw.rls.unwrap();
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut refl = ServerReflectionClient::new(channel.clone());
+    let ask = |m: MessageRequest| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(m),
+    };
+    let mut answers = refl
+        .server_reflection_info(tokio_stream_of(vec![
+            ask(MessageRequest::ListServices(String::new())),
+            ask(MessageRequest::FileContainingSymbol(
+                "envoy.service.ratelimit.v3.RateLimitService".into(),
+            )),
+        ]))
+        .await
+        .unwrap()
+        .into_inner();
+    let list = answers.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(l)) = list.message_response else {
+        panic!("{list:?}");
+    };
+    let names: Vec<&str> = l.service.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"envoy.service.ratelimit.v3.RateLimitService"),
+        "{names:?}"
+    );
+    assert!(names.contains(&"grpc.health.v1.Health"), "{names:?}");
+    let file = answers.message().await.unwrap().unwrap();
+    let Some(MessageResponse::FileDescriptorResponse(f)) = file.message_response else {
+        panic!("{file:?}");
+    };
+    use prost::Message as _;
+    let rls = prost_types::FileDescriptorProto::decode(&f.file_descriptor_proto[0][..]).unwrap();
+    assert_eq!(rls.name(), "envoy/service/ratelimit/v3/rls.proto");
+    assert_eq!(rls.service[0].name(), "RateLimitService");
+    assert_eq!(rls.service[0].method[0].name(), "ShouldRateLimit");
+    // Every file it imports, and theirs, can be fetched by name: what a
+    // client without the .proto files (grpcurl) needs.
+    let mut wanted: Vec<String> = rls.dependency.clone();
+    let mut seen = std::collections::HashSet::new();
+    while let Some(name) = wanted.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        let mut a = refl
+            .server_reflection_info(tokio_stream_of(vec![ask(MessageRequest::FileByFilename(
+                name.clone(),
+            ))]))
+            .await
+            .unwrap()
+            .into_inner();
+        let got = a.message().await.unwrap().unwrap();
+        let Some(MessageResponse::FileDescriptorResponse(f)) = got.message_response else {
+            panic!("{name}: {got:?}");
+        };
+        let fd = prost_types::FileDescriptorProto::decode(&f.file_descriptor_proto[0][..]).unwrap();
+        assert_eq!(fd.name(), name);
+        wanted.extend(fd.dependency);
+    }
+    assert!(seen.len() >= 20, "{seen:?}");
+
+    let mut health = HealthClient::new(channel);
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.status, 1, "SERVING");
+    gw.shutdown().await;
+}
+
+/// A finished stream of `items` for a client-streaming call.
+fn tokio_stream_of<T: Send + 'static>(
+    items: Vec<T>,
+) -> impl tonic::codegen::tokio_stream::Stream<Item = T> + Send + 'static {
+    tonic::codegen::tokio_stream::iter(items)
+}
+
+#[tokio::test]
+async fn a_bad_descriptor_config_never_starts_and_names_the_problem() {
+    let yaml = "rls:\n  listen: 127.0.0.1:0\n  domains:\n    - domain: d\n      descriptors:\n        - key: k\n          rate_limit: {unit: fortnight, requests_per_unit: 1}\n";
+    let err = ratewarden_gateway::config::load(yaml, "t.yaml", &Default::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("invalid rate limit unit `fortnight`"),
+        "{err}"
+    );
+    let yaml = "rls:\n  listen: 127.0.0.1:0\n  config: /nonexistent/rls.yaml\n";
+    let err = ratewarden_gateway::config::load(yaml, "t.yaml", &Default::default()).unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/rls.yaml"), "{err}");
+}
