@@ -228,7 +228,8 @@ impl Metrics {
     }
 
     /// Counts one Envoy descriptor's status: `code` is `ok`,
-    /// `over_limit`, `shadow_over_limit`, `unlimited` or `no_limit`. The
+    /// `over_limit`, `shadow_over_limit`, `unlimited`, `no_limit` or
+    /// `refunded`. The
     /// descriptor is its place in the config (`domain.key_value...`), or
     /// with `detailed_metric` the request's own values.
     pub fn rls(

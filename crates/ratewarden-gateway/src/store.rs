@@ -96,6 +96,13 @@ impl Store for AnyStore {
         }
     }
 
+    async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.refund(ops, weight).await,
+            AnyStore::Redis(s) => Box::pin(s.refund(ops, weight)).await,
+        }
+    }
+
     async fn release(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(s) => s.release(leases).await,

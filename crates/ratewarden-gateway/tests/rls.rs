@@ -296,6 +296,38 @@ async fn shadow_mode_hits_addend_and_replaces() {
     gw.shutdown().await;
 }
 
+#[tokio::test]
+async fn a_negative_hits_descriptor_gives_its_cost_back() {
+    let clock = ManualClock::new(support::now() / 60_000_000 * 60_000_000);
+    let gw = gateway(TREE, "{type: memory}", Some(clock)).await;
+    let mut c = client(gw.rls.unwrap()).await;
+    assert_eq!(oks(&mut c, "app", &[("client", "r")], 4).await, 3);
+    let refund = |n: u64| {
+        let mut d = descriptor(&[("client", "r")]);
+        d.is_negative_hits = true;
+        d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: n });
+        request("app", vec![d])
+    };
+    let out = ask(&mut c, refund(2)).await;
+    assert_eq!(Code::try_from(out.overall_code).unwrap(), Code::Ok);
+    assert_eq!(
+        out.statuses[0].limit_remaining, 1,
+        "2 back: a request of 1 would leave 1"
+    );
+    assert_eq!(oks(&mut c, "app", &[("client", "r")], 4).await, 2);
+    // Never past fresh: a refund of 10 gives back what was spent, no more.
+    ask(&mut c, refund(10)).await;
+    assert_eq!(oks(&mut c, "app", &[("client", "r")], 5).await, 3);
+    let metrics = support::send(gw.admin.unwrap(), "GET", "/metrics", &[], "")
+        .await
+        .body;
+    assert!(
+        metrics.contains("descriptor=\"app.client\",code=\"refunded\"} 2"),
+        "{metrics}"
+    );
+    gw.shutdown().await;
+}
+
 /// 200 concurrent calls on one descriptor limited to 50: exactly 50 OK.
 async fn exact_under_200_concurrent_calls(addrs: &[SocketAddr]) {
     let mut clients = vec![];

@@ -137,6 +137,13 @@ impl<S: Store> Limiter<S> {
         self.store.settle(&ops, pending.weight, failure).await
     }
 
+    /// Gives back what `ops` at `weight` charged earlier (an Envoy
+    /// `is_negative_hits` descriptor); see
+    /// [`Algorithm::refund`](crate::algorithm::Algorithm::refund).
+    pub async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
+        self.store.refund(ops, weight).await
+    }
+
     /// Gives back the `concurrency` leases a request held: it has ended.
     pub async fn release(&self, pending: &Pending) -> Result<(), StoreError> {
         if pending.leases.is_empty() {

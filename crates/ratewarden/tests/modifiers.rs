@@ -339,3 +339,51 @@ fn invalid_rules_are_refused_with_a_reason() {
     let window = Rule::builder("w").limit(1, Duration::ZERO).build();
     assert!(window.unwrap_err().to_string().contains("window"));
 }
+
+/// A refund gives back what a charge took: after charging 3 of 5 and
+/// refunding them, a key reads as fresh again; refunding 1 reads as
+/// having spent 2. On every algorithm but `concurrency` (leases instead),
+/// at once and after part of a window.
+#[test]
+fn a_refund_undoes_a_charge_on_every_algorithm() {
+    use ratewarden::algorithm::{Kind, State};
+    use ratewarden::clock::Micros;
+    for kind in Kind::ALL {
+        if kind == Kind::Concurrency {
+            continue;
+        }
+        let rule = ratewarden::Rule::builder("r")
+            .algorithm(kind)
+            .limit(5, Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let p = rule.params();
+        for at in [10_000_000, 13_000_000] {
+            let now = Micros::new(at);
+            let fresh = p.check(&State::default(), now, 1);
+            let mut two = State::default();
+            p.charge(&mut two, now, 2);
+            let mut s = State::default();
+            p.charge(&mut s, now, 3);
+            p.refund(&mut s, now, 1);
+            assert_eq!(
+                p.check(&s, now, 1),
+                p.check(&two, now, 1),
+                "{kind} at {at}: 3 - 1"
+            );
+            p.refund(&mut s, now, 2);
+            assert_eq!(
+                p.check(&s, now, 1).remaining,
+                fresh.remaining,
+                "{kind} at {at}: all back"
+            );
+            // Never past fresh.
+            p.refund(&mut s, now, 10);
+            assert_eq!(
+                p.check(&s, now, 1).remaining,
+                fresh.remaining,
+                "{kind}: past fresh"
+            );
+        }
+    }
+}

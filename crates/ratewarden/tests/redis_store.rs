@@ -178,6 +178,11 @@ async fn agree<S: Store>(redis: &S, clock: &ManualClock, memory: &MemoryStore, r
                 rule.name()
             );
             let admitted = ratewarden::store::admitted(ops, &m);
+            // Envoy refunds: some admitted requests give their cost back.
+            if mode == Mode::Apply && admitted && rng.next(5) == 0 {
+                memory.refund(ops, weight).await.unwrap();
+                redis.refund(ops, weight).await.unwrap();
+            }
             if mode == Mode::Apply && admitted && ops.iter().any(|o| o.rule.counts_failures()) {
                 let failure = rng.next(3) != 0;
                 memory.settle(ops, weight, failure).await.unwrap();

@@ -96,6 +96,8 @@ enum Plan<'a> {
     /// Decided by the store: op `at` of the charged (or peeked) ops.
     Charged(&'a Limit, Rule, usize),
     Peeked(&'a Limit, Rule, usize),
+    /// `is_negative_hits`: given back, then peeked (op `at` of those).
+    Refunded(&'a Limit, Rule, usize),
 }
 
 /// A request's override of a descriptor's limit (`limit:` in Envoy's
@@ -216,13 +218,8 @@ pub async fn decide(
     let call_weight = u64::from(req.hits_addend.max(1));
     let keys: Vec<String> = entries.iter().map(|e| op_key(e)).collect();
     let mut plans = Vec::with_capacity(req.descriptors.len());
-    let (mut charged, mut peeked) = (0, 0);
+    let (mut charged, mut peeked, mut refunded) = (0, 0, 0);
     for (i, d) in req.descriptors.iter().enumerate() {
-        if d.is_negative_hits {
-            return Err(tonic::Status::unimplemented(
-                "is_negative_hits (refunds) is not supported yet",
-            ));
-        }
         plans.push(match reached[i] {
             None => Plan::Free,
             Some(l) if l.unlimited => Plan::Unlimited(l),
@@ -235,6 +232,10 @@ pub async fn decide(
                     Some(0) => {
                         peeked += 1;
                         Plan::Peeked(l, rule, peeked - 1)
+                    }
+                    _ if d.is_negative_hits => {
+                        refunded += 1;
+                        Plan::Refunded(l, rule, refunded - 1)
                     }
                     _ => {
                         charged += 1;
@@ -250,18 +251,41 @@ pub async fn decide(
     };
     let mut charge_ops = Vec::with_capacity(charged);
     let mut peek_ops = Vec::with_capacity(peeked);
+    let mut refund_ops = Vec::with_capacity(refunded);
     for (i, plan) in plans.iter().enumerate() {
         match plan {
             Plan::Charged(_, rule, _) => {
                 charge_ops.push(Op::new(rule, &keys[i]).weighing(weight_of(i)))
             }
             Plan::Peeked(_, rule, _) => peek_ops.push(Op::new(rule, &keys[i])),
+            Plan::Refunded(_, rule, _) => {
+                refund_ops.push(Op::new(rule, &keys[i]).weighing(weight_of(i)))
+            }
             _ => {}
         }
     }
     let store_failed = |e: &ratewarden::StoreError| {
         tracing::warn!(domain = %req.domain, error = %e, "rls: the store could not decide; on_error: deny: UNAVAILABLE");
         tonic::Status::unavailable(format!("the limiter's store could not decide: {e}"))
+    };
+    // Refunds first (they give room back), settled like `/v1/report`;
+    // then peeked for their status.
+    let refunded_decision = if refund_ops.is_empty() {
+        None
+    } else {
+        if let Err(e) = live.limiter.refund(&refund_ops, 1).await {
+            return Err(store_failed(&e));
+        }
+        let peek: Vec<Op<'_>> = refund_ops.iter().map(|op| op.weighing(0)).collect();
+        match decide_ops(&live.limiter, &peek, 1, Mode::Peek).await {
+            Ok((d, _)) | Err(Refusal::Limited(d)) => Some(d),
+            Err(Refusal::Unavailable(e)) => return Err(store_failed(&e)),
+            Err(other) => {
+                return Err(tonic::Status::internal(
+                    other.problem(http::StatusCode::TOO_MANY_REQUESTS),
+                ));
+            }
+        }
     };
     let charged_decision = if charge_ops.is_empty() {
         None
@@ -329,14 +353,18 @@ pub async fn decide(
                     },
                 )
             }
-            Plan::Charged(l, _, at) | Plan::Peeked(l, _, at) => {
+            Plan::Charged(l, _, at) | Plan::Peeked(l, _, at) | Plan::Refunded(l, _, at) => {
                 let d = match plan {
                     Plan::Charged(..) => charged_decision.as_ref(),
-                    _ => peeked_decision.as_ref(),
+                    Plan::Peeked(..) => peeked_decision.as_ref(),
+                    _ => refunded_decision.as_ref(),
                 };
                 let r = &d.expect("decided").rules[*at];
-                let refused = !r.allowed();
+                // A refund only gives room back: never refused.
+                let refund = matches!(plan, Plan::Refunded(..));
+                let refused = !r.allowed() && !refund;
                 let code = match (refused, l.shadow) {
+                    _ if refund => "refunded",
                     (false, _) => "ok",
                     (true, true) => "shadow_over_limit",
                     (true, false) => "over_limit",
@@ -364,9 +392,11 @@ pub async fn decide(
         };
         let label = match plan {
             Plan::Free => None,
-            Plan::Unlimited(l) | Plan::Blocked(l) | Plan::Charged(l, ..) | Plan::Peeked(l, ..) => {
-                Some(*l)
-            }
+            Plan::Unlimited(l)
+            | Plan::Blocked(l)
+            | Plan::Charged(l, ..)
+            | Plan::Peeked(l, ..)
+            | Plan::Refunded(l, ..) => Some(*l),
         };
         gw.metrics.rls(&req.domain, label, &entries[i], code);
         statuses.push(status);
@@ -380,7 +410,10 @@ pub async fn decide(
             delay: Duration::ZERO,
             rules: vec![],
         };
-        for d in [&charged_decision, &peeked_decision].into_iter().flatten() {
+        for d in [&charged_decision, &peeked_decision, &refunded_decision]
+            .into_iter()
+            .flatten()
+        {
             all.rules.extend(d.rules.iter().cloned());
         }
         if !all.rules.is_empty() {

@@ -108,6 +108,13 @@ impl Algorithm for FixedWindow {
     fn charge(&self, s: &mut State, now: Micros, cost: u64) {
         FixedWindow::charge(self, s, now, cost)
     }
+    /// Exact within the window the cost was charged in; later, that
+    /// window's count no longer counts anyway.
+    fn refund(&self, s: &mut State, now: Micros, cost: u64) {
+        if s.start == self.window_start(now) {
+            s.count = (u64::from(s.count).saturating_sub(cost)) as u32;
+        }
+    }
     fn idle_at(&self, s: &State) -> Micros {
         FixedWindow::idle_at(self, s)
     }

@@ -103,6 +103,15 @@ impl Algorithm for Gcra {
     fn charge(&self, s: &mut State, now: Micros, cost: u64) {
         Gcra::charge(self, s, now, cost)
     }
+    /// The theoretical arrival time moved back, never before now: exact.
+    fn refund(&self, s: &mut State, now: Micros, cost: u64) {
+        if s.tat > now {
+            s.tat = s
+                .tat
+                .saturating_sub(self.interval.saturating_mul(cost))
+                .max(now);
+        }
+    }
     fn idle_at(&self, s: &State) -> Micros {
         Gcra::idle_at(self, s)
     }

@@ -130,6 +130,11 @@ impl Algorithm for LeakyBucket {
     fn charge(&self, s: &mut State, now: Micros, cost: u64) {
         LeakyBucket::charge(self, s, now, cost)
     }
+    /// Out of the queue, down to empty: exact.
+    fn refund(&self, s: &mut State, now: Micros, cost: u64) {
+        s.level = self.level_at(s, now).saturating_sub(self.fluid.units(cost));
+        s.last = now.max(s.last);
+    }
     fn idle_at(&self, s: &State) -> Micros {
         LeakyBucket::idle_at(self, s)
     }

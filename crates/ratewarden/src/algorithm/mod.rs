@@ -127,6 +127,10 @@ pub trait Algorithm: Clone + PartialEq + Eq + std::fmt::Debug + Send + Sync + 's
     fn idle_at(&self, s: &Self::State) -> Micros;
     /// Releases lease `lease` of `cost` (only `concurrency` has leases).
     fn release(&self, _s: &mut Self::State, _lease: u64, _cost: u64) {}
+    /// Gives back `cost` charged earlier (an Envoy `is_negative_hits`
+    /// descriptor): the inverse of [`charge`](Self::charge), never past a
+    /// fresh state. `concurrency` has none: its leases are released.
+    fn refund(&self, _s: &mut Self::State, _now: Micros, _cost: u64) {}
     /// The lease the last charge took (only `concurrency` has leases).
     fn lease(_s: &Self::State) -> Option<u64> {
         None
@@ -276,6 +280,16 @@ macro_rules! define {
                             }
                         }
                     )*
+                }
+            }
+
+            /// Gives back `cost` charged earlier (see [`Algorithm::refund`]).
+            pub fn refund(&self, state: &mut State, now: Micros, cost: u64) {
+                match (self, state) {
+                    $(
+                        (Params::$variant(p), State::$variant(s)) => Algorithm::refund(p, s.borrow_mut(), now, cost),
+                    )*
+                    _ => {}
                 }
             }
 

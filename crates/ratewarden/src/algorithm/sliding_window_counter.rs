@@ -139,6 +139,17 @@ impl Algorithm for SlidingWindowCounter {
     fn charge(&self, s: &mut State, now: Micros, cost: u64) {
         SlidingWindowCounter::charge(self, s, now, cost)
     }
+    /// Off the current window's count first, then the previous one's:
+    /// exact within the window the cost was charged in.
+    fn refund(&self, s: &mut State, now: Micros, cost: u64) {
+        let (start, _, prev, cur) = self.roll(s, now);
+        let from_cur = cur.min(cost);
+        *s = State {
+            start,
+            prev: prev.saturating_sub(cost - from_cur) as u32,
+            cur: (cur - from_cur) as u32,
+        };
+    }
     fn idle_at(&self, s: &State) -> Micros {
         SlidingWindowCounter::idle_at(self, s)
     }

@@ -143,6 +143,23 @@ impl Algorithm for SlidingWindowLog {
     fn charge(&self, s: &mut State, now: Micros, cost: u64) {
         SlidingWindowLog::charge(self, s, now, cost)
     }
+    /// The newest entries taken out of the log (the last partly): exact.
+    fn refund(&self, s: &mut State, _now: Micros, cost: u64) {
+        let mut left = cost;
+        while left > 0 {
+            let Some((t, c)) = s.entries.pop_back() else {
+                break;
+            };
+            if c <= left {
+                s.total -= c;
+                left -= c;
+            } else {
+                s.entries.push_back((t, c - left));
+                s.total -= left;
+                left = 0;
+            }
+        }
+    }
     fn idle_at(&self, s: &State) -> Micros {
         SlidingWindowLog::idle_at(self, s)
     }

@@ -95,6 +95,13 @@ impl Algorithm for TokenBucket {
     fn charge(&self, s: &mut State, now: Micros, cost: u64) {
         TokenBucket::charge(self, s, now, cost)
     }
+    /// Tokens back, up to a full bucket: exact.
+    fn refund(&self, s: &mut State, now: Micros, cost: u64) {
+        s.deficit = self
+            .deficit_at(s, now)
+            .saturating_sub(self.fluid.units(cost));
+        s.last = now.max(s.last);
+    }
     fn idle_at(&self, s: &State) -> Micros {
         TokenBucket::idle_at(self, s)
     }

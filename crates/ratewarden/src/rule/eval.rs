@@ -213,6 +213,13 @@ impl Rule {
         }
     }
 
+    /// Gives back `cost` charged earlier on this key (an Envoy refund):
+    /// see [`Algorithm::refund`](crate::algorithm::Algorithm::refund) for
+    /// how exact each algorithm is. Bans and the minimum gap stay.
+    pub fn refund(&self, state: &mut KeyState, now: Micros, cost: u64) {
+        self.0.params.refund(&mut state.algo, now, cost);
+    }
+
     /// Settles a `count: failures` request after its outcome is known: a
     /// failure is charged; a success clears the history if `reset_on_success`.
     pub fn settle(&self, state: &mut KeyState, now: Micros, cost: u64, failure: bool) {

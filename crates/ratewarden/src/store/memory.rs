@@ -438,6 +438,22 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
+        let now = self.now();
+        for op in ops {
+            let h = self.hash(op);
+            let cell = &self.inner.shards[self.shard_of(h)];
+            let mut shard = lock(cell);
+            if shard.map.get(&h).is_some_and(|s| s.expires > now) {
+                self.update(&mut shard, &cell.mirror, h, now, |state| {
+                    op.rule.refund(state, now, op.cost(weight));
+                    op.rule.idle_at(state)
+                });
+            }
+        }
+        Ok(())
+    }
+
     async fn release(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
         let now = self.now();
         for (op, lease, cost) in leases {

@@ -156,6 +156,15 @@ pub trait Store: Send + Sync + 'static {
         leases: &[(Op<'_>, u64, u64)],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Gives back what each op's cost at `weight` charged earlier (an
+    /// Envoy `is_negative_hits` descriptor), in one call per store round
+    /// trip; a key with no state is left alone.
+    fn refund(
+        &self,
+        ops: &[Op<'_>],
+        weight: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// The state of one key.
     fn inspect(&self, op: Op<'_>) -> impl Future<Output = Result<KeyInfo, StoreError>> + Send;
 
@@ -308,6 +317,13 @@ impl<P: Store> Store for Fallback<P> {
             Err(_) if self.policy == OnError::Local => {
                 self.local.settle(ops, weight, failure).await
             }
+            other => other,
+        }
+    }
+
+    async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
+        match self.primary.refund(ops, weight).await {
+            Err(_) if self.policy == OnError::Local => self.local.refund(ops, weight).await,
             other => other,
         }
     }

@@ -651,6 +651,14 @@ impl Store for RedisStore {
         Ok(())
     }
 
+    async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
+        let calls: Vec<Call<'_>> = ops.iter().map(|op| (*op, op.cost(weight), 0)).collect();
+        for batch in self.batches(&calls) {
+            self.run(&batch, script::Mode::Refund).await?;
+        }
+        Ok(())
+    }
+
     async fn release(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
         let calls: Vec<Call<'_>> = leases
             .iter()

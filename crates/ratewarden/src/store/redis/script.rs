@@ -44,6 +44,8 @@ pub enum Mode {
     Inspect = 4,
     /// Give back each op's lease.
     Release = 5,
+    /// Give back each op's cost (an Envoy refund).
+    Refund = 6,
 }
 
 /// Values per op in ARGV.

@@ -22,6 +22,10 @@ function A.charge(p, st, cost)
   st[2] = math.min(st[2] + cost, p[1])
 end
 
+function A.refund(p, st, cost)
+  if st[1] == now - now % p[2] then st[2] = sat_sub(st[2], cost) end
+end
+
 function A.idle(p, st) return st[1] + p[2] end
 
 return A

@@ -21,6 +21,10 @@ function A.charge(p, st, cost)
   st[1] = math.min(start + cost * p[1], now + p[2])
 end
 
+function A.refund(p, st, cost)
+  if st[1] > now then st[1] = math.max(now, st[1] - cost * p[1]) end
+end
+
 function A.idle(p, st) return st[1] end
 
 return A

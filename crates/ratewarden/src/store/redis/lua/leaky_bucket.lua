@@ -30,6 +30,7 @@ function A.check(p, st, cost)
 end
 
 A.charge = fluid_charge
+A.refund = fluid_refund
 A.idle = fluid_idle
 
 return A

@@ -79,6 +79,10 @@ local function fluid_charge(p, st, cost)
   st[1] = math.min(drained(p, st) + cost * p[1], p[3])
   if now > st[2] then st[2] = now end
 end
+local function fluid_refund(p, st, cost)
+  st[1] = sat_sub(drained(p, st), cost * p[1])
+  if now > st[2] then st[2] = now end
+end
 local function fluid_idle(p, st) return st[2] + ceil_div(st[1], p[2]) end
 
 -- Each algorithm: check(p, st, cost), charge(p, st, cost), idle(p, st), and

@@ -170,5 +170,16 @@ elseif mode == 5 then
     end
   end
   return {}
+elseif mode == 6 then
+  for i = 1, nops do
+    local r = rule_of(i)
+    local refund = algo[r.kind].refund
+    if refund and redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
+      local st = load(i)
+      refund(r.p, st, r.cost)
+      store(i, r, st)
+    end
+  end
+  return {}
 end
 return redis.error_reply('ratewarden: unknown mode')

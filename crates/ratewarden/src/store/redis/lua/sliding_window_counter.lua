@@ -39,6 +39,16 @@ function A.charge(p, st, cost)
   st[1], st[2], st[3] = start, prev, math.min(cur + cost, p[1])
 end
 
+function A.refund(p, st, cost)
+  local window = p[2]
+  local start = now - now % window
+  local prev, cur = 0, 0
+  if st[1] == start then prev, cur = st[2], st[3]
+  elseif st[1] + window == start then prev = st[3] end
+  local from_cur = math.min(cur, cost)
+  st[1], st[2], st[3] = start, sat_sub(prev, cost - from_cur), cur - from_cur
+end
+
 function A.idle(p, st) return st[1] + 2 * p[2] end
 
 return A

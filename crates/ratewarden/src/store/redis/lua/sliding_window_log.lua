@@ -62,6 +62,26 @@ function A.charge(p, st, cost)
   st.newest = at
 end
 
+-- The newest entries taken out of the log (the last partly).
+function A.refund(p, st, cost)
+  local left = cost
+  while left > 0 do
+    local newest = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+    if not newest[1] then break end
+    local c = member_cost(newest[1])
+    redis.call('ZREM', st.log, newest[1])
+    if c <= left then
+      st[1] = st[1] - c
+      left = left - c
+    else
+      st[2] = st[2] + 1
+      redis.call('ZADD', st.log, tonumber(newest[2]), member(st[2], c - left))
+      st[1] = st[1] - left
+      left = 0
+    end
+  end
+end
+
 function A.idle(p, st)
   if st.newest then return st.newest + p[2] end
   local newest = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
