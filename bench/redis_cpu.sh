@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Redis CPU per decision: redis-server's own CPU time (INFO cpu, user +
+# system) divided by the decisions it made, for each algorithm's call of the
+# store's script, on one key and over 100,000 keys, beside a minimal
+# 11-line GCRA script (GET, arithmetic, SET PX) in the same run; then
+# through the product: POST /v1/check and Envoy RLS on a gcra rule, 64
+# calls in flight.
+#
+#   bash bench/redis_cpu.sh [N]       # N=300000 calls per redis-benchmark run
+#
+# redis-server on CPU 0; redis-benchmark (-c 64, -P 16 and unpipelined) and
+# the load generator on CPU 1; the gateway (--workers 1) on CPU 1 too, so
+# that Redis has a core of its own. Loopback only; stopped at the end.
+set -euo pipefail
+N=${1:-300000}
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+install_missing redis-server:redis-server redis-benchmark:redis-tools
+cargo build --release -q -p ratewarden --example redis_argv
+cargo build --release -q -p ratewarden-gateway --bin ratewarden --example rls_load
+target/release/examples/redis_argv "$WORK/decide.lua" > "$WORK/argv"
+cat > "$WORK/gcra.lua" <<'LUA'
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1])) or now
+if tat < now then tat = now end
+local new = tat + interval
+if new - now > tolerance then return 0 end
+redis.call('SET', KEYS[1], new, 'PX', math.ceil((new - now) / 1000))
+return 1
+LUA
+
+PORT=$(port)
+taskset -c 0 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
+  --dir "$WORK" > /dev/null & PIDS+=($!)
+wait_port "$PORT"
+cli() { redis-cli -p "$PORT" "$@"; }
+cpu() { cli info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
+DECIDE=$(cli script load "$(cat "$WORK/decide.lua")")
+MINIMAL=$(cli script load "$(cat "$WORK/gcra.lua")")
+
+# bench LABEL PIPELINE KEYS-ARGS... : one redis-benchmark run; prints µs of
+# Redis CPU per call and calls/s.
+bench() {
+  local label=$1 pipe=$2; shift 2
+  cli flushall > /dev/null
+  local before after rps
+  before=$(cpu)
+  rps=$(taskset -c 1 redis-benchmark -p "$PORT" -c 64 -P "$pipe" -n "$N" -q "$@" \
+    | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -1 | cut -d' ' -f1)
+  after=$(cpu)
+  printf '%-40s -P %-2s %9s calls/s  %6.2f us Redis CPU/decision\n' "$label" "$pipe" "$rps" \
+    "$(echo "($after - $before) * 1000000 / $N" | bc -l)"
+}
+
+for pipe in 16 1; do
+  for keys in one 100k; do
+    if [ $keys = one ]; then R=(); K=k; else R=(-r 100000); K='k:__rand_int__'; fi
+    bench "minimal gcra script, $keys key" "$pipe" "${R[@]}" evalsha "$MINIMAL" 1 "{$K}" 1 1000000
+    while read -r algo args; do
+      # shellcheck disable=SC2086
+      bench "decide.lua $algo, $keys key" "$pipe" "${R[@]}" evalsha "$DECIDE" 2 "{$K}:s" "{$K}:s:log" $args
+    done < "$WORK/argv"
+  done
+done
+
+# Through the product: /v1/check and RLS, gcra, 64 in flight, 100k keys.
+ADMIN=$(port); RLS=$(port)
+cat > "$WORK/rw.yaml" <<YAML
+admin: {listen: 127.0.0.1:$ADMIN}
+store: {type: redis, url: 'redis://127.0.0.1:$PORT', timeout: 1s}
+rules:
+  - {name: r, algorithm: gcra, limit: 1000000, window: 1s}
+rls:
+  listen: 127.0.0.1:$RLS
+  domains:
+    - domain: ns
+      descriptors:
+        - key: k
+          rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: gcra}
+YAML
+RUST_LOG=warn taskset -c 1 target/release/ratewarden serve -c "$WORK/rw.yaml" \
+  --listen 127.0.0.1:$(port) --workers 1 > /dev/null & PIDS+=($!)
+wait_port "$ADMIN"; wait_port "$RLS"
+product() {
+  local label=$1; shift
+  cli flushall > /dev/null
+  local before after out calls
+  before=$(cpu)
+  out=$(taskset -c 1 target/release/examples/rls_load "$@" --seconds 5 --keys 100000)
+  after=$(cpu)
+  calls=$(sed -E 's/.*calls=([0-9]+).*/\1/' <<< "$out")
+  printf '%-40s       %9s calls/s  %6.2f us Redis CPU/decision\n' "$label" \
+    "$(sed -E 's/.*rate=([0-9]+).*/\1/' <<< "$out")" \
+    "$(echo "($after - $before) * 1000000 / $calls" | bc -l)"
+}
+product "product: POST /v1/check gcra, 100k keys" http "http://127.0.0.1:$ADMIN/v1/check"
+product "product: RLS gcra, 100k keys" grpc "http://127.0.0.1:$RLS"

@@ -1,0 +1,33 @@
+//! For bench/redis_cpu.sh: writes the store's script to a file and prints,
+//! for each algorithm, the ARGV of one apply call of one op of cost 1
+//! (limit 1e6 per second: never rejecting), as redis-benchmark takes them.
+//! Not `concurrency`: its leases, never released here, would pile up.
+//!
+//!     cargo run --release -p ratewarden --example redis_argv -- SCRIPT.lua
+//!
+//! Prints `ALGORITHM ARG ARG ...` per line.
+
+use std::time::Duration;
+
+use ratewarden::algorithm::Kind;
+use ratewarden::clock::Micros;
+use ratewarden::store::redis::script::{Mode, SCRIPT, argv};
+use ratewarden::{Op, Rule};
+
+fn main() {
+    let Some(out) = std::env::args().nth(1) else {
+        eprintln!("usage: redis_argv SCRIPT.lua");
+        std::process::exit(2);
+    };
+    std::fs::write(&out, SCRIPT).unwrap_or_else(|e| panic!("{out}: {e}"));
+    for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::Concurrency) {
+        let rule = Rule::builder(kind.name())
+            .algorithm(kind)
+            .limit(1_000_000, Duration::from_secs(1))
+            .build()
+            .expect("a rule");
+        let args = argv(&[(Op::new(&rule, "k"), 1, 0)], Mode::Apply, Micros::ZERO);
+        let args: Vec<String> = args.iter().map(i64::to_string).collect();
+        println!("{} {}", kind.name(), args.join(" "));
+    }
+}
