@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Redis CPU per decision: redis-server's own CPU time (INFO cpu, user +
 # system) divided by the decisions it made, for each algorithm's call of the
-# store's script, on one key and over 100,000 keys, beside a minimal
+# store's script (by EVALSHA, and as the Redis Function the store calls
+# where the server has Functions), on one key and over 100,000 keys, beside a minimal
 # 11-line GCRA script (GET, arithmetic, SET PX) in the same run; then
 # through the product: POST /v1/check and Envoy RLS on a gcra rule, 64
 # calls in flight.
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 install_missing redis-server:redis-server redis-benchmark:redis-tools
 cargo build --release -q -p ratewarden --example redis_argv
 cargo build --release -q -p ratewarden-gateway --bin ratewarden --example rls_load
-target/release/examples/redis_argv "$WORK/decide.lua" > "$WORK/argv"
+FN=$(target/release/examples/redis_argv "$WORK/decide.lua" "$WORK/library.lua" 2>&1 > "$WORK/argv")
 cat > "$WORK/gcra.lua" <<'LUA'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -39,6 +40,7 @@ cli() { redis-cli -p "$PORT" "$@"; }
 cpu() { cli info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
 DECIDE=$(cli script load "$(cat "$WORK/decide.lua")")
 MINIMAL=$(cli script load "$(cat "$WORK/gcra.lua")")
+cli function load "$(cat "$WORK/library.lua")" > /dev/null
 
 # bench LABEL PIPELINE KEYS-ARGS... : one redis-benchmark run; prints µs of
 # Redis CPU per call and calls/s.
@@ -61,6 +63,8 @@ for pipe in 16 1; do
     while read -r algo args; do
       # shellcheck disable=SC2086
       bench "decide.lua $algo, $keys key" "$pipe" "${R[@]}" evalsha "$DECIDE" 2 "{$K}:s" "{$K}:s:log" $args
+      # shellcheck disable=SC2086
+      bench "  as a Function (FCALL)" "$pipe" "${R[@]}" fcall "$FN" 2 "{$K}:s" "{$K}:s:log" $args
     done < "$WORK/argv"
   done
 done

@@ -46,6 +46,7 @@ impl AnyStore {
                     key_prefix: key_prefix.clone(),
                     timeout: *timeout,
                     local_clock: None,
+                    functions: true,
                     tls: tls.clone(),
                 })?;
                 AnyStore::Redis(Fallback::new(redis, *on_error, MemoryStore::default()))

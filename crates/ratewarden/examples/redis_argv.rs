@@ -1,9 +1,11 @@
-//! For bench/redis_cpu.sh: writes the store's script to a file and prints,
+//! For bench/redis_cpu.sh: writes the store's script (and, given a second
+//! path, its Functions library, whose function's name goes to stderr) to a
+//! file and prints,
 //! for each algorithm, the ARGV of one apply call of one op of cost 1
 //! (limit 1e6 per second: never rejecting), as redis-benchmark takes them.
 //! Not `concurrency`: its leases, never released here, would pile up.
 //!
-//!     cargo run --release -p ratewarden --example redis_argv -- SCRIPT.lua
+//!     cargo run --release -p ratewarden --example redis_argv -- SCRIPT.lua [LIBRARY.lua]
 //!
 //! Prints `ALGORITHM ARG ARG ...` per line.
 
@@ -20,6 +22,11 @@ fn main() {
         std::process::exit(2);
     };
     std::fs::write(&out, SCRIPT).unwrap_or_else(|e| panic!("{out}: {e}"));
+    if let Some(lib) = std::env::args().nth(2) {
+        let (library, name) = ratewarden::store::redis::script::library();
+        std::fs::write(&lib, library).unwrap_or_else(|e| panic!("{lib}: {e}"));
+        eprintln!("{name}");
+    }
     for kind in Kind::ALL.into_iter().filter(|k| *k != Kind::Concurrency) {
         let rule = Rule::builder(kind.name())
             .algorithm(kind)

@@ -225,6 +225,50 @@ async fn a_random_walk_agrees_with_the_memory_store_on_standalone_redis() {
     agree(&redis, &clock, &memory, &case_rules()).await;
 }
 
+/// The same walk by `EVALSHA` (servers without Functions, or
+/// `functions: false`): the store's other path.
+#[tokio::test]
+async fn a_random_walk_agrees_with_the_memory_store_by_evalsha() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(wall_now());
+    let mut c = config(Some(server.url()), vec![], Some(clock.clone()));
+    c.functions = false;
+    let redis = RedisStore::new(c).unwrap();
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    agree(&redis, &clock, &memory, &case_rules()).await;
+    assert_eq!(
+        server.cli(&["function", "list"]).trim(),
+        "",
+        "no library loaded"
+    );
+}
+
+/// Decisions go through a Redis Function, loaded on first use and again
+/// when the server lost it (a restart, a new node, `FUNCTION FLUSH`).
+#[tokio::test]
+async fn calls_go_through_a_function_loaded_on_demand() {
+    let server = RedisServer::start();
+    let redis = RedisStore::new(config(Some(server.url()), vec![], None)).unwrap();
+    let rule = Rule::builder("f")
+        .limit(2, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let (_, name) = ratewarden::store::redis::script::library();
+    let decide = || async {
+        redis
+            .decide(&[Op::new(&rule, "k")], 1, Mode::Apply)
+            .await
+            .unwrap()[0]
+            .allowed()
+    };
+    assert!(decide().await);
+    assert!(server.cli(&["function", "list"]).contains(&name));
+    server.cli(&["function", "flush"]);
+    assert!(decide().await, "reloaded after FUNCTION FLUSH");
+    assert!(server.cli(&["function", "list"]).contains(&name));
+    assert!(!decide().await, "the limit of 2 holds across the reload");
+}
+
 #[tokio::test]
 async fn a_random_walk_agrees_with_the_memory_store_on_redis_cluster() {
     let cluster = RedisCluster::start();

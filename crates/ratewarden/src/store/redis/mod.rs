@@ -34,6 +34,24 @@ use crate::store::{KeyInfo, Mode, Op, Store, StoreError};
 use breaker::{Breaker, Change};
 use script::{Call, SCRIPT, argv};
 
+/// `cmd` on whichever connection.
+async fn query<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    cmd: &redis::Cmd,
+) -> redis::RedisResult<T> {
+    match conn {
+        Conn::Single(c) => cmd.query_async(c).await,
+        Conn::Cluster(c) => cmd.query_async(c).await,
+    }
+}
+
+/// Whether `e` says the server has no Functions (`FCALL` unknown: before
+/// Redis 7, or a server that only speaks scripts).
+fn no_functions(e: &redis::RedisError) -> bool {
+    let m = e.to_string().to_ascii_lowercase();
+    m.contains("unknown command") && (m.contains("fcall") || m.contains("function"))
+}
+
 /// How many names one `SCAN` step examines (its `COUNT`).
 pub const SCAN_COUNT: usize = 1000;
 
@@ -89,6 +107,9 @@ pub struct RedisConfig {
     /// production: gateways whose clocks disagree then still agree. Tests set
     /// it to run the shared case table on a manual clock.
     pub local_clock: Option<Arc<dyn Clock>>,
+    /// Calls through a Redis Function (loaded on first use), `EVALSHA`
+    /// where the server has none; `false`: always `EVALSHA`.
+    pub functions: bool,
     /// Certificates for `rediss://` URLs (feature `tls`): a CA instead of
     /// the system's trust store, a client certificate for mTLS. Without
     /// it, `rediss://` verifies the server against the system's roots.
@@ -141,6 +162,7 @@ impl Default for RedisConfig {
             key_prefix: "rw:".into(),
             timeout: Duration::from_millis(50),
             local_clock: None,
+            functions: true,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -171,6 +193,11 @@ type Attempt = tokio::sync::watch::Receiver<Option<Result<(), String>>>;
 struct Inner {
     config: RedisConfig,
     script: redis::Script,
+    /// The script as a Functions library, and its function's name.
+    library: (String, String),
+    /// Whether calls go through the Function: 0 not yet known, 1 yes, 2
+    /// no (the server has no `FCALL`, or `functions: false`): `EVALSHA`.
+    functions: std::sync::atomic::AtomicU8,
     /// Connected lazily, and again after a failed first attempt, so a gateway
     /// started while Redis is down serves (per `on_error`) and connects later.
     conn: parking_lot::Mutex<Option<Conn>>,
@@ -273,6 +300,8 @@ impl RedisStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 script: redis::Script::new(SCRIPT),
+                library: script::library(),
+                functions: std::sync::atomic::AtomicU8::new(if config.functions { 0 } else { 2 }),
                 conn: parking_lot::Mutex::new(None),
                 connecting: parking_lot::Mutex::new(None),
                 breaker: Breaker::new(clock.clone()),
@@ -396,12 +425,15 @@ impl RedisStore {
     }
 
     /// One script call of `ops`, bounded by the timeout and guarded by the
-    /// breaker.
+    /// breaker: `FCALL` of the library's function (loaded when missing:
+    /// first use, a restarted or new node), or `EVALSHA` of the script
+    /// where the server has no Functions (before Redis 7) or they are off.
     async fn run(&self, ops: &[Call<'_>], mode: script::Mode) -> Result<Vec<i64>, StoreError> {
-        let mut inv = self.inner.script.prepare_invoke();
+        let mut keys = Vec::with_capacity(ops.len() * 2);
         for (op, _, _) in ops {
             let (k, log) = self.key_names(op);
-            inv.key(k).key(log);
+            keys.push(k);
+            keys.push(log);
         }
         let now = self
             .inner
@@ -409,17 +441,69 @@ impl RedisStore {
             .local_clock
             .as_ref()
             .map_or(Micros::ZERO, |c| c.now());
-        for a in argv(ops, mode, now) {
-            inv.arg(a);
-        }
+        let args = argv(ops, mode, now);
         self.guarded(async {
-            match self.conn().await? {
+            let mut conn = self.conn().await?;
+            if self.inner.functions.load(Ordering::Relaxed) != 2 {
+                match self.fcall(&mut conn, &keys, &args).await {
+                    Err(e) if no_functions(&e) => {
+                        self.inner.functions.store(2, Ordering::Relaxed);
+                        tracing::info!(redis = %self.target(), "redis has no Functions (FCALL): the script goes by EVALSHA");
+                    }
+                    other => return other.map_err(redis_error),
+                }
+            }
+            let mut inv = self.inner.script.prepare_invoke();
+            for k in &keys {
+                inv.key(k);
+            }
+            for a in &args {
+                inv.arg(*a);
+            }
+            match conn {
                 Conn::Single(mut c) => inv.invoke_async(&mut c).await,
                 Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
             }
             .map_err(redis_error)
         })
         .await
+    }
+
+    /// `FCALL` of the library's function; on a server that does not have
+    /// it yet, `FUNCTION LOAD` (to every master of a cluster) and again.
+    async fn fcall(
+        &self,
+        conn: &mut Conn,
+        keys: &[String],
+        args: &[i64],
+    ) -> redis::RedisResult<Vec<i64>> {
+        let (library, name) = &self.inner.library;
+        let mut call = redis::cmd("FCALL");
+        call.arg(name).arg(keys.len()).arg(keys).arg(args);
+        let first = query(conn, &call).await;
+        match first {
+            Err(e) if e.to_string().contains("Function not found") => {
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg(library);
+                match query::<String>(conn, &load).await {
+                    Ok(_) => {}
+                    // Loaded meanwhile by another caller or gateway.
+                    Err(e) if e.to_string().contains("already exists") => {}
+                    Err(e) => return Err(e),
+                }
+                let answer = query(conn, &call).await;
+                if answer.is_ok() {
+                    self.inner.functions.store(1, Ordering::Relaxed);
+                }
+                answer
+            }
+            other => {
+                if other.is_ok() {
+                    self.inner.functions.store(1, Ordering::Relaxed);
+                }
+                other
+            }
+        }
     }
 
     /// Runs `call` unless the breaker is open, within the timeout, and

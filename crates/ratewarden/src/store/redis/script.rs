@@ -22,12 +22,32 @@ macro_rules! assemble {
             )*
             "\n",
             include_str!("lua/rule.lua"),
+            "\nreturn dispatch()\n",
         )
     };
 }
 
-/// The whole script, as sent to Redis.
+/// The whole script, as sent to `EVAL` / `EVALSHA`: the prelude, the
+/// algorithms, the rule layer and `dispatch`, then one dispatch of the
+/// call's `KEYS` and `ARGV` (globals there).
 pub const SCRIPT: &str = crate::algorithm::table!(assemble);
+
+/// The same code as a Redis Functions library, named for its content
+/// (`rw_` and the first 16 hex digits of the script's SHA-1): loaded once
+/// (`FUNCTION LOAD`), its functions and tables are built once per load
+/// instead of once per call. Gateways of different versions on one Redis
+/// each load their own. Returns the library and its function's name.
+pub fn library() -> (String, String) {
+    let sha = redis::Script::new(SCRIPT).get_hash().to_owned();
+    let name = format!("rw_{}", &sha[..16]);
+    let body = SCRIPT
+        .strip_suffix("\nreturn dispatch()\n")
+        .expect("the script ends with its dispatch");
+    let library = format!(
+        "#!lua name={name}\nlocal KEYS, ARGV\n{body}\nredis.register_function('{name}', function(keys, argv)\n  KEYS, ARGV = keys, argv\n  return dispatch()\nend)\n"
+    );
+    (library, name)
+}
 
 /// What a call does (`ARGV[1]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,10 +159,10 @@ mod tests {
         }
         assert!(SCRIPT.starts_with("-- ratewarden"));
         assert!(SCRIPT.contains("local FIELDS = 16"));
-        assert!(
-            SCRIPT
-                .trim_end()
-                .ends_with("return redis.error_reply('ratewarden: unknown mode')")
-        );
+        assert!(SCRIPT.contains("return redis.error_reply('ratewarden: unknown mode')"));
+        assert!(SCRIPT.ends_with("\nreturn dispatch()\n"));
+        let (library, name) = library();
+        assert!(library.starts_with(&format!("#!lua name={name}\n")));
+        assert!(library.contains(&format!("redis.register_function('{name}',")));
     }
 }

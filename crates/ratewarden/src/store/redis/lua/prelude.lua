@@ -42,10 +42,15 @@
 
 local NEVER = -1
 
-local now = tonumber(ARGV[3])
-if now == 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- The call's time, set first thing by dispatch (rule.lua): the same code
+-- runs as one EVAL per call or loaded once as a Redis Function.
+local now
+local function set_now()
+  now = tonumber(ARGV[3])
+  if now == 0 then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
 end
 
 local function idiv(a, b)

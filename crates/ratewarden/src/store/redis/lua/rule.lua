@@ -2,8 +2,7 @@
 -- modes of a call.
 
 local FIELDS = 16
-local mode = tonumber(ARGV[1])
-local nops = tonumber(ARGV[2])
+local mode, nops
 
 local function rule_of(i)
   local b = 3 + (i - 1) * FIELDS
@@ -108,78 +107,84 @@ local function store(i, r, st)
   if algo[r.kind].uses_log then redis.call('PEXPIREAT', st.log, ms) end
 end
 
-if mode == 0 or mode == 1 then
-  local rules, states, verdicts = {}, {}, {}
-  local admitted = true
-  for i = 1, nops do
-    rules[i] = rule_of(i)
-    states[i] = load(i)
-    verdicts[i] = verdict(rules[i], states[i])
-    if verdicts[i][2] ~= 0 and not rules[i].shadow then admitted = false end
-  end
-  local out = {}
-  for i = 1, nops do
-    local c, reason = verdicts[i][1], verdicts[i][2]
-    if mode == 0 and commit(rules[i], states[i], verdicts[i], admitted) then
-      store(i, rules[i], states[i])
+-- One call: its time, its mode, its ops.
+local function dispatch()
+  set_now()
+  mode = tonumber(ARGV[1])
+  nops = tonumber(ARGV[2])
+  if mode == 0 or mode == 1 then
+    local rules, states, verdicts = {}, {}, {}
+    local admitted = true
+    for i = 1, nops do
+      rules[i] = rule_of(i)
+      states[i] = load(i)
+      verdicts[i] = verdict(rules[i], states[i])
+      if verdicts[i][2] ~= 0 and not rules[i].shadow then admitted = false end
     end
-    local allowed = 0
-    if reason == 0 then allowed = 1 end
-    local n = #out
-    out[n + 1] = allowed
-    out[n + 2] = reason
-    out[n + 3] = c[2]
-    out[n + 4] = c[3]
-    out[n + 5] = c[4]
-    out[n + 6] = c[5]
-    out[n + 7] = states[i].lease or 0
-  end
-  return out
-elseif mode == 2 or mode == 3 then
-  for i = 1, nops do
-    local r = rule_of(i)
-    if r.failures then
-      local st = load(i)
-      if mode == 2 then
-        algo[r.kind].charge(r.p, st, r.cost)
-        store(i, r, st)
-      elseif r.reset_on_success then
-        st[1], st[2], st[3] = 0, 0, 0
-        redis.call('DEL', st.log)
+    local out = {}
+    for i = 1, nops do
+      local c, reason = verdicts[i][1], verdicts[i][2]
+      if mode == 0 and commit(rules[i], states[i], verdicts[i], admitted) then
+        store(i, rules[i], states[i])
+      end
+      local allowed = 0
+      if reason == 0 then allowed = 1 end
+      local n = #out
+      out[n + 1] = allowed
+      out[n + 2] = reason
+      out[n + 3] = c[2]
+      out[n + 4] = c[3]
+      out[n + 5] = c[4]
+      out[n + 6] = c[5]
+      out[n + 7] = states[i].lease or 0
+    end
+    return out
+  elseif mode == 2 or mode == 3 then
+    for i = 1, nops do
+      local r = rule_of(i)
+      if r.failures then
+        local st = load(i)
+        if mode == 2 then
+          algo[r.kind].charge(r.p, st, r.cost)
+          store(i, r, st)
+        elseif r.reset_on_success then
+          st[1], st[2], st[3] = 0, 0, 0
+          redis.call('DEL', st.log)
+          store(i, r, st)
+        end
+      end
+    end
+    return {}
+  elseif mode == 4 then
+    local r = rule_of(1)
+    local exists = redis.call('EXISTS', KEYS[1])
+    local st = load(1)
+    local c = algo[r.kind].check(r.p, st, 1)
+    local ban_left = -1
+    if st.mb > now then ban_left = st.mb - now end
+    return {exists, c[2], c[3], ban_left, st.mv}
+  elseif mode == 5 then
+    for i = 1, nops do
+      local r = rule_of(i)
+      local release = algo[r.kind].release
+      if release and r.lease > 0 then
+        local st = load(i)
+        release(r.p, st, r.lease, r.cost)
         store(i, r, st)
       end
     end
-  end
-  return {}
-elseif mode == 4 then
-  local r = rule_of(1)
-  local exists = redis.call('EXISTS', KEYS[1])
-  local st = load(1)
-  local c = algo[r.kind].check(r.p, st, 1)
-  local ban_left = -1
-  if st.mb > now then ban_left = st.mb - now end
-  return {exists, c[2], c[3], ban_left, st.mv}
-elseif mode == 5 then
-  for i = 1, nops do
-    local r = rule_of(i)
-    local release = algo[r.kind].release
-    if release and r.lease > 0 then
-      local st = load(i)
-      release(r.p, st, r.lease, r.cost)
-      store(i, r, st)
+    return {}
+  elseif mode == 6 then
+    for i = 1, nops do
+      local r = rule_of(i)
+      local refund = algo[r.kind].refund
+      if refund and redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
+        local st = load(i)
+        refund(r.p, st, r.cost)
+        store(i, r, st)
+      end
     end
+    return {}
   end
-  return {}
-elseif mode == 6 then
-  for i = 1, nops do
-    local r = rule_of(i)
-    local refund = algo[r.kind].refund
-    if refund and redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
-      local st = load(i)
-      refund(r.p, st, r.cost)
-      store(i, r, st)
-    end
-  end
-  return {}
+  return redis.error_reply('ratewarden: unknown mode')
 end
-return redis.error_reply('ratewarden: unknown mode')
