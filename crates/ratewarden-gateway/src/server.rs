@@ -116,6 +116,14 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     // connection queued behind it.)
     let _ = quanta::Instant::now();
     let gateway = Gateway::new(config, source.clock.clone())?;
+    // And the store's connection: a first request is decided by Redis, not
+    // by `on_error` while the connection is made (up to 2 s; a server that
+    // refuses fails at once, and the gateway serves per `on_error`).
+    if let crate::store::AnyStore::Redis(f) = gateway.live().limiter.store()
+        && let Err(e) = f.primary().connect_now(Duration::from_secs(2)).await
+    {
+        tracing::warn!(error = %e, "redis not reachable at start; serving per on_error until it is");
+    }
     let (listener, listen) = bind(listen, false).await?;
     let (admin_listener, admin) = match admin {
         Some(addr) => {

@@ -386,14 +386,10 @@ async fn exact_under_200_concurrent_calls_on_redis_cluster() {
         .map(|u| format!("'{u}'"))
         .collect::<Vec<_>>()
         .join(", ");
-    // Errors refused rather than decided locally: a call made while the
-    // cluster connection is being set up must not pass for a Redis one.
-    let gw = gateway(
-        FIFTY,
-        &format!("{{type: redis, cluster: [{seeds}], timeout: 2s, on_error: deny}}"),
-        None,
-    )
-    .await;
+    // The default on_error (local): the gateway connects before it serves,
+    // so no call made while the cluster connection is set up is decided
+    // locally (that once let 86 of 200 through).
+    let gw = gateway(FIFTY, &format!("{{type: redis, cluster: [{seeds}]}}"), None).await;
     exact_under_200_concurrent_calls(&[gw.rls.unwrap()]).await;
     gw.shutdown().await;
 }

@@ -195,6 +195,8 @@ struct Inner {
     script: redis::Script,
     /// The script as a Functions library, and its function's name.
     library: (String, String),
+    /// Held while the library is being loaded on demand.
+    loading: tokio::sync::Mutex<()>,
     /// Whether calls go through the Function: 0 not yet known, 1 yes, 2
     /// no (the server has no `FCALL`, or `functions: false`): `EVALSHA`.
     functions: std::sync::atomic::AtomicU8,
@@ -301,6 +303,7 @@ impl RedisStore {
             inner: Arc::new(Inner {
                 script: redis::Script::new(SCRIPT),
                 library: script::library(),
+                loading: tokio::sync::Mutex::new(()),
                 functions: std::sync::atomic::AtomicU8::new(if config.functions { 0 } else { 2 }),
                 conn: parking_lot::Mutex::new(None),
                 connecting: parking_lot::Mutex::new(None),
@@ -347,7 +350,7 @@ impl RedisStore {
             let m = ConnectionManager::new_with_config(client, cfg)
                 .await
                 .map_err(StoreError::unavailable_from)?;
-            Ok(Conn::Single(m))
+            Ok(self.preload(Conn::Single(m)).await)
         } else {
             let builder = redis::cluster::ClusterClientBuilder::new(c.cluster.clone());
             #[cfg(feature = "tls")]
@@ -365,7 +368,7 @@ impl RedisStore {
                 .get_async_connection()
                 .await
                 .map_err(StoreError::unavailable_from)?;
-            Ok(Conn::Cluster(conn))
+            Ok(self.preload(Conn::Cluster(conn)).await)
         }
     }
 
@@ -415,6 +418,21 @@ impl RedisStore {
                 .ok_or_else(|| StoreError::unavailable("not connected")),
             Some(Err(e)) => Err(StoreError::unavailable(e)),
             None => Err(StoreError::unavailable("not connected")),
+        }
+    }
+
+    /// Connects now rather than on the first decision, waiting at most
+    /// `within`: a gateway calls it before it takes traffic, so that its
+    /// first decisions are Redis's (on a cluster, a first connection
+    /// takes longer than one decision's timeout, and those decisions would
+    /// otherwise fall to `on_error`). An error leaves the connecting to
+    /// the calls that follow.
+    pub async fn connect_now(&self, within: Duration) -> Result<(), StoreError> {
+        match tokio::time::timeout(within, self.conn()).await {
+            Ok(r) => r.map(drop),
+            Err(_) => Err(StoreError::unavailable(format!(
+                "not connected within {within:?}"
+            ))),
         }
     }
 
@@ -469,6 +487,33 @@ impl RedisStore {
         .await
     }
 
+    /// A new connection's servers get the script before the first decision
+    /// needs it: the library (`FUNCTION LOAD`, every master of a cluster),
+    /// or where there are no Functions the script (`SCRIPT LOAD`). Without
+    /// this, a burst of first decisions each found it missing and loaded
+    /// it (a 30 KB compile each), and their timeouts sent them to
+    /// `on_error`. A failure here is left to the calls, which load on
+    /// demand.
+    async fn preload(&self, mut conn: Conn) -> Conn {
+        if self.inner.functions.load(Ordering::Relaxed) != 2 {
+            let mut load = redis::cmd("FUNCTION");
+            load.arg("LOAD").arg(&self.inner.library.0);
+            match query::<String>(&mut conn, &load).await {
+                Ok(_) => return conn,
+                Err(e) if e.to_string().contains("already exists") => return conn,
+                Err(e) if no_functions(&e) => {
+                    self.inner.functions.store(2, Ordering::Relaxed);
+                    tracing::info!(redis = %self.target(), "redis has no Functions (FCALL): the script goes by EVALSHA");
+                }
+                Err(_) => return conn,
+            }
+        }
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(SCRIPT);
+        let _ = query::<String>(&mut conn, &load).await;
+        conn
+    }
+
     /// `FCALL` of the library's function; on a server that does not have
     /// it yet, `FUNCTION LOAD` (to every master of a cluster) and again.
     async fn fcall(
@@ -483,6 +528,12 @@ impl RedisStore {
         let first = query(conn, &call).await;
         match first {
             Err(e) if e.to_string().contains("Function not found") => {
+                // One load at a time; the callers queued behind it find
+                // the function there.
+                let _one = self.inner.loading.lock().await;
+                if let Ok(v) = query(conn, &call).await {
+                    return Ok(v);
+                }
                 let mut load = redis::cmd("FUNCTION");
                 load.arg("LOAD").arg(library);
                 match query::<String>(conn, &load).await {
