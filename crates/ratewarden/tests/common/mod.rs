@@ -242,7 +242,47 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::tls_url).collect()
     }
 
+    /// 3 masters and 3 replicas, failing over 1 s after a master stops
+    /// answering (`cluster-node-timeout 1000`).
+    pub fn start_with_replicas() -> Self {
+        let nodes: Vec<RedisServer> = (0..6).map(|_| RedisServer::start_any(true)).collect();
+        for n in &nodes {
+            n.cli(&["config", "set", "cluster-node-timeout", "1000"]);
+        }
+        Self::create(nodes, 1)
+    }
+
+    /// The port of the master serving `key`'s slot, as `node` sees it
+    /// (none while its master has failed and no replica has taken over).
+    pub fn master_of(&self, node: usize, key: &str) -> Option<u16> {
+        let slot: u16 = self.nodes[node]
+            .cli(&["cluster", "keyslot", key])
+            .parse()
+            .unwrap();
+        for line in self.nodes[node].cli(&["cluster", "nodes"]).lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if !f[2].contains("master") || f[2].contains("fail") {
+                continue;
+            }
+            let serves = f[8..].iter().any(|r| match r.split_once('-') {
+                Some((a, b)) => {
+                    (a.parse().unwrap_or(u16::MAX)..=b.parse().unwrap_or(0)).contains(&slot)
+                }
+                None => r.parse() == Ok(slot),
+            });
+            if serves {
+                let port = f[1].split('@').next().unwrap().rsplit(':').next().unwrap();
+                return port.parse().ok();
+            }
+        }
+        None
+    }
+
     fn of(nodes: Vec<RedisServer>) -> Self {
+        Self::create(nodes, 0)
+    }
+
+    fn create(nodes: Vec<RedisServer>, replicas: u8) -> Self {
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
@@ -251,7 +291,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli");
         assert!(
@@ -263,6 +303,17 @@ impl RedisCluster {
         for n in &nodes {
             while !n.cli(&["cluster", "info"]).contains("cluster_state:ok") {
                 assert!(Instant::now() < deadline, "cluster did not become ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        // Replicas in sync with their masters before anyone relies on them.
+        for n in &nodes {
+            loop {
+                let info = n.cli(&["info", "replication"]);
+                if info.contains("role:master") || info.contains("master_link_status:up") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "replica never synced");
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
