@@ -101,3 +101,44 @@ product() {
 }
 product "product: POST /v1/check gcra, 100k keys" http "http://127.0.0.1:$ADMIN/v1/check"
 product "product: RLS gcra, 100k keys" grpc "http://127.0.0.1:$RLS"
+
+# Cluster overhead: the same product load on a 3-master cluster, Redis CPU
+# summed over its nodes (all on CPU 0), beside the standalone figure above.
+CPORTS=()
+for i in 1 2 3; do
+  p=$(port); mkdir -p "$WORK/c$p"
+  taskset -c 0 redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no \
+    --cluster-enabled yes --cluster-config-file nodes.conf --dir "$WORK/c$p" > /dev/null & PIDS+=($!)
+  CPORTS+=("$p")
+done
+for p in "${CPORTS[@]}"; do wait_port "$p"; done
+redis-cli --cluster create $(printf '127.0.0.1:%s ' "${CPORTS[@]}") --cluster-replicas 0 \
+  --cluster-yes > /dev/null
+for p in "${CPORTS[@]}"; do
+  until redis-cli -p "$p" cluster info | grep -q cluster_state:ok; do sleep 0.1; done
+done
+cpu() { # summed over the cluster's nodes
+  for p in "${CPORTS[@]}"; do redis-cli -p "$p" info cpu; done | tr -d '\r' \
+    | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'
+}
+cli() { for p in "${CPORTS[@]}"; do redis-cli -p "$p" "$@"; done; }
+ADMIN=$(port); RLS=$(port)
+SEEDS=$(printf "'redis://127.0.0.1:%s', " "${CPORTS[@]}")
+cat > "$WORK/rwc.yaml" <<YAML
+admin: {listen: 127.0.0.1:$ADMIN}
+store: {type: redis, cluster: [${SEEDS%, }], timeout: 1s}
+rules:
+  - {name: r, algorithm: gcra, limit: 1000000, window: 1s}
+rls:
+  listen: 127.0.0.1:$RLS
+  domains:
+    - domain: ns
+      descriptors:
+        - key: k
+          rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: gcra}
+YAML
+RUST_LOG=warn taskset -c 1 target/release/ratewarden serve -c "$WORK/rwc.yaml" \
+  --listen 127.0.0.1:$(port) --workers 1 > /dev/null & PIDS+=($!)
+wait_port "$ADMIN"; wait_port "$RLS"
+product "cluster: POST /v1/check gcra, 100k keys" http "http://127.0.0.1:$ADMIN/v1/check"
+product "cluster: RLS gcra, 100k keys" grpc "http://127.0.0.1:$RLS"
