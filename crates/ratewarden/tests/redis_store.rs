@@ -745,9 +745,11 @@ async fn a_master_killed_under_traffic_fails_over_without_failing_a_decision() {
         "no decision failed"
     );
     assert!(before_kill > 1_000, "traffic ran: {before_kill}");
+    // Calls in flight at the kill (at most one per caller) may be counted
+    // and answered after it, or counted and never answered.
     assert!(
-        kept <= before_kill,
-        "the replica cannot have more than was admitted"
+        kept <= before_kill + 8,
+        "the replica cannot have more than was admitted, give or take the 8 calls in flight"
     );
     assert!(
         lost <= last_100ms,
