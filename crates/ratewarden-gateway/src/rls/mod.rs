@@ -131,7 +131,17 @@ fn override_limit(domain: &str, entries: &[(&str, &str)], rpu: u32, unit: i32) -
     })
 }
 
+/// Longest op key kept as it is; a longer one keeps its first
+/// [`KEPT`] bytes and a fingerprint of the whole.
+const MAX_KEY: usize = 512;
+const KEPT: usize = 480;
+
 /// The key of a descriptor's op: its entries, `key_value` joined by `.`.
+/// Descriptor values come from requests (a path, a header): a key past
+/// [`MAX_KEY`] bytes is cut and a 64-bit FNV-1a of the whole appended, so
+/// no value makes a key of unbounded size, and two long values share a
+/// counter only if they also share that hash (the safe side: counted
+/// together).
 fn op_key(entries: &[(&str, &str)]) -> String {
     let mut key = String::new();
     for (i, (k, v)) in entries.iter().enumerate() {
@@ -141,6 +151,17 @@ fn op_key(entries: &[(&str, &str)]) -> String {
         key.push_str(k);
         key.push('_');
         key.push_str(v);
+    }
+    if key.len() > MAX_KEY {
+        let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        let mut cut = KEPT;
+        while !key.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        key.truncate(cut);
+        key.push_str(&format!("#{hash:016x}"));
     }
     key
 }
@@ -277,43 +298,16 @@ pub async fn decide(
             return Err(store_failed(&e));
         }
         let peek: Vec<Op<'_>> = refund_ops.iter().map(|op| op.weighing(0)).collect();
-        match decide_ops(&live.limiter, &peek, 1, Mode::Peek).await {
-            Ok((d, _)) | Err(Refusal::Limited(d)) => Some(d),
-            Err(Refusal::Unavailable(e)) => return Err(store_failed(&e)),
-            Err(other) => {
-                return Err(tonic::Status::internal(
-                    other.problem(http::StatusCode::TOO_MANY_REQUESTS),
-                ));
-            }
-        }
+        decided(&live.limiter, &peek, Mode::Peek)
+            .await
+            .map_err(|e| store_failed(&e))?
     };
-    let charged_decision = if charge_ops.is_empty() {
-        None
-    } else {
-        match decide_ops(&live.limiter, &charge_ops, 1, Mode::Apply).await {
-            Ok((d, _)) => Some(d),
-            Err(Refusal::Limited(d)) => Some(d),
-            Err(Refusal::Unavailable(e)) => return Err(store_failed(&e)),
-            Err(other) => {
-                return Err(tonic::Status::internal(
-                    other.problem(http::StatusCode::TOO_MANY_REQUESTS),
-                ));
-            }
-        }
-    };
-    let peeked_decision = if peek_ops.is_empty() {
-        None
-    } else {
-        match decide_ops(&live.limiter, &peek_ops, 1, Mode::Peek).await {
-            Ok((d, _)) | Err(Refusal::Limited(d)) => Some(d),
-            Err(Refusal::Unavailable(e)) => return Err(store_failed(&e)),
-            Err(other) => {
-                return Err(tonic::Status::internal(
-                    other.problem(http::StatusCode::TOO_MANY_REQUESTS),
-                ));
-            }
-        }
-    };
+    let charged_decision = decided(&live.limiter, &charge_ops, Mode::Apply)
+        .await
+        .map_err(|e| store_failed(&e))?;
+    let peeked_decision = decided(&live.limiter, &peek_ops, Mode::Peek)
+        .await
+        .map_err(|e| store_failed(&e))?;
     let mut statuses = Vec::with_capacity(plans.len());
     let mut over = false;
     for (i, plan) in plans.iter().enumerate() {
@@ -436,6 +430,28 @@ pub async fn decide(
     })
 }
 
+/// `ops` decided together, through the admission path's one store call
+/// (`None` when there are none). Here a rejection is a decision like any
+/// other: its statuses say which descriptor was over.
+async fn decided(
+    limiter: &ratewarden::Limiter<crate::store::AnyStore>,
+    ops: &[Op<'_>],
+    mode: Mode,
+) -> Result<Option<ratewarden::Decision>, ratewarden::StoreError> {
+    if ops.is_empty() {
+        return Ok(None);
+    }
+    match decide_ops(limiter, ops, 1, mode).await {
+        Ok((d, _)) | Err(Refusal::Limited(d)) => Ok(Some(d)),
+        Err(Refusal::Unavailable(e)) => Err(e),
+        // Identity and allow/deny are the proxy's; a descriptor call has
+        // neither.
+        Err(other) => Err(ratewarden::StoreError::Protocol(
+            other.problem(http::StatusCode::TOO_MANY_REQUESTS),
+        )),
+    }
+}
+
 /// Until the next multiple of `window` since the epoch (where a fixed
 /// window of it ends).
 fn until_boundary(window: Duration) -> Duration {
@@ -537,4 +553,27 @@ fn unimplemented() -> http::Response<tonic::body::Body> {
     );
     h.insert("grpc-status", http::HeaderValue::from_static("12"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_keys_are_cut_and_fingerprinted() {
+        let short = op_key(&[("path", "/a"), ("user", "u1")]);
+        assert_eq!(short, "path_/a.user_u1");
+        let long_a = "é".repeat(400);
+        let mut long_b = long_a.clone();
+        long_b.push('x');
+        let (a, b) = (op_key(&[("p", &long_a)]), op_key(&[("p", &long_b)]));
+        assert!(
+            a.len() <= MAX_KEY && b.len() <= MAX_KEY,
+            "{} {}",
+            a.len(),
+            b.len()
+        );
+        assert_ne!(a, b, "same prefix, different values: different keys");
+        assert_eq!(a, op_key(&[("p", &long_a)]), "stable");
+    }
 }
