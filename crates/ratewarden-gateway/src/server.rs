@@ -404,16 +404,17 @@ async fn housekeeping(
                     files = tls_fingerprint(&gw.live().config);
                     continue;
                 }
-                // A certificate renewed in place (certbot, cert-manager)
-                // reloads the config as an edit of the file would; a pair
-                // caught half-written fails, is logged, and is tried
-                // again when the next write lands.
+                // A certificate renewed in place (certbot, cert-manager),
+                // or an Envoy descriptor file edited, added or removed,
+                // reloads the config as an edit of the file would; a file
+                // caught half-written fails, is logged, and is tried again
+                // when the next write lands.
                 let config = gw.live().config.clone();
                 let now_files = tokio::task::spawn_blocking(move || tls_fingerprint(&config))
                     .await
                     .unwrap_or(files);
                 if now_files != files {
-                    tracing::info!("a TLS certificate, key or CA file changed: reloading");
+                    tracing::info!("a TLS or rls.config file changed: reloading");
                     files = now_files;
                     reload(&gw, &source, last.as_deref());
                 }
@@ -430,12 +431,17 @@ async fn housekeeping(
     }
 }
 
-/// A fingerprint of the contents of every TLS file `config` read.
+/// A fingerprint of the contents of every TLS file `config` read, and of
+/// the Envoy descriptor files `rls.config` names now.
 fn tls_fingerprint(config: &Config) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
     for f in &config.tls_files {
         std::fs::read(f).ok().hash(&mut h);
+    }
+    for f in config.rls.iter().flat_map(crate::rls::RlsSpec::files) {
+        f.hash(&mut h);
+        std::fs::read(&f).ok().hash(&mut h);
     }
     h.finish()
 }

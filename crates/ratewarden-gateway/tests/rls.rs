@@ -547,3 +547,86 @@ async fn a_bad_descriptor_config_never_starts_and_names_the_problem() {
     let err = ratewarden_gateway::config::load(yaml, "t.yaml", &Default::default()).unwrap_err();
     assert!(err.to_string().contains("/nonexistent/rls.yaml"), "{err}");
 }
+
+/// An edited descriptor file is reloaded as the config file is (watched);
+/// a bad one keeps the running descriptors.
+#[tokio::test]
+async fn an_edited_descriptor_file_is_reloaded_and_a_bad_one_ignored() {
+    let dir = support::scratch_dir("rw-rls-reload");
+    let rules = dir.join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    let write = |limit: &str| {
+        std::fs::write(
+            rules.join("d.yaml"),
+            format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {limit}}}\n"
+            ),
+        )
+        .unwrap()
+    };
+    write("2");
+    let main = dir.join("ratewarden.yaml");
+    let yaml = format!(
+        "rls:\n  listen: 127.0.0.1:0\n  config: {}\n",
+        rules.display()
+    );
+    std::fs::write(&main, &yaml).unwrap();
+    let gw = support::gateway_file(&yaml, "echo", None, Some(main)).await;
+    let mut c = client(gw.rls.unwrap()).await;
+    assert_eq!(oks(&mut c, "d", &[("k", "a")], 5).await, 2);
+    let reloads = |want: &'static str| {
+        let admin = gw.admin.unwrap();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let m = support::send(admin, "GET", "/metrics", &[], "").await.body;
+                if m.contains(want) {
+                    return;
+                }
+                assert!(std::time::Instant::now() < deadline, "no reload: {m}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    write("4");
+    reloads("ratewarden_config_reloads_total{result=\"success\"} 1").await;
+    // A new limit, so a new rule (its own counter): 4 for value b.
+    assert_eq!(oks(&mut c, "d", &[("k", "b")], 6).await, 4);
+    std::fs::write(rules.join("d.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").unwrap();
+    reloads("ratewarden_config_reloads_total{result=\"failure\"} 1").await;
+    assert_eq!(
+        oks(&mut c, "d", &[("k", "c")], 6).await,
+        4,
+        "still the last good file"
+    );
+    gw.shutdown().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A store that cannot decide: UNAVAILABLE only under `on_error: deny`;
+/// `local` decides in process.
+#[tokio::test]
+async fn a_store_failure_is_unavailable_only_under_deny() {
+    let dead = format!("redis://127.0.0.1:{}", common::free_port());
+    for (on_error, want) in [("deny", Some(tonic::Code::Unavailable)), ("local", None)] {
+        let gw = gateway(
+            FIFTY,
+            &format!("{{type: redis, url: '{dead}', on_error: {on_error}}}"),
+            None,
+        )
+        .await;
+        let mut c = client(gw.rls.unwrap()).await;
+        let r = c
+            .should_rate_limit(request("app", vec![descriptor(&[("tenant", "t")])]))
+            .await;
+        match want {
+            Some(code) => assert_eq!(r.unwrap_err().code(), code, "{on_error}"),
+            None => assert_eq!(
+                Code::try_from(r.unwrap().into_inner().overall_code).unwrap(),
+                Code::Ok,
+                "{on_error}"
+            ),
+        }
+        gw.shutdown().await;
+    }
+}

@@ -101,27 +101,16 @@ fn rls_spec(d: &Diag<'_>, r: Sp<super::schema::RlsFile>) -> Option<crate::rls::R
     let mut ok = true;
     if let Some(path) = &r.config {
         let p = std::path::Path::new(&path.value);
-        let names: Vec<std::path::PathBuf> = if p.is_dir() {
-            match std::fs::read_dir(p) {
-                Ok(entries) => {
-                    let mut v: Vec<_> = entries
-                        .filter_map(|e| e.ok().map(|e| e.path()))
-                        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-                        .collect();
-                    v.sort();
-                    v
-                }
-                Err(e) => {
-                    d.error(
-                        "rls.config",
-                        Some(&path.referenced),
-                        format!("cannot read {}: {e}", p.display()),
-                    );
-                    return None;
-                }
+        let names = match crate::rls::descriptor_files(p) {
+            Ok(names) => names,
+            Err(e) => {
+                d.error(
+                    "rls.config",
+                    Some(&path.referenced),
+                    format!("cannot read {}: {e}", p.display()),
+                );
+                return None;
             }
-        } else {
-            vec![p.to_owned()]
         };
         for name in names {
             let shown = name.display().to_string();
@@ -163,6 +152,7 @@ fn rls_spec(d: &Diag<'_>, r: Sp<super::schema::RlsFile>) -> Option<crate::rls::R
         listen: listen?,
         headers: headers?,
         domains: std::sync::Arc::new(domains?),
+        source: r.config.map(|p| std::path::PathBuf::from(p.value)),
     })
 }
 

@@ -50,14 +50,35 @@ pub struct RlsSpec {
     pub headers: HeaderStyle,
     /// The domains and their descriptors.
     pub domains: Arc<Domains>,
+    /// `rls.config`, a file or a directory: watched, as the config file
+    /// is, for a reload.
+    pub source: Option<std::path::PathBuf>,
 }
 
-impl PartialEq for RlsSpec {
-    fn eq(&self, other: &Self) -> bool {
-        self.listen == other.listen
-            && self.headers == other.headers
-            && Arc::ptr_eq(&self.domains, &other.domains)
+impl RlsSpec {
+    /// The files `rls.config` names now (a directory's `.yaml` / `.yml`
+    /// files, sorted), so that an added or removed file counts as a
+    /// change.
+    pub fn files(&self) -> Vec<std::path::PathBuf> {
+        self.source
+            .as_deref()
+            .map(|p| descriptor_files(p).unwrap_or_default())
+            .unwrap_or_default()
     }
+}
+
+/// The descriptor files `path` names: itself, or a directory's `.yaml` and
+/// `.yml` files, sorted (the order domains load in).
+pub fn descriptor_files(path: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut v: Vec<_> = std::fs::read_dir(path)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    v.sort();
+    Ok(v)
 }
 
 /// The service, answering from the gateway's live config and store.
