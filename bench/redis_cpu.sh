@@ -106,7 +106,9 @@ product "product: RLS gcra, 100k keys" grpc "http://127.0.0.1:$RLS"
 # summed over its nodes (all on CPU 0), beside the standalone figure above.
 CPORTS=()
 for i in 1 2 3; do
-  p=$(port); mkdir -p "$WORK/c$p"
+  # A cluster node also binds its port + 10000 (the cluster bus).
+  p=$(port); while [ "$p" -gt 55000 ]; do p=$(port); done
+  mkdir -p "$WORK/c$p"
   taskset -c 0 redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no \
     --cluster-enabled yes --cluster-config-file nodes.conf --dir "$WORK/c$p" > /dev/null & PIDS+=($!)
   CPORTS+=("$p")

@@ -426,24 +426,17 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
     if before != KeyState::default() {
         let w = rule.params().to_script(&before.algo);
         let m = before.marks();
-        redis::cmd("HSET")
+        redis::cmd("SET")
             .arg(key)
-            .arg(&[
-                "s1",
-                &w.words[0].to_string(),
-                "s2",
-                &w.words[1].to_string(),
-                "s3",
-                &w.words[2].to_string(),
-            ])
-            .arg(&[
-                "ml",
-                &m.last.get().to_string(),
-                "mb",
-                &m.ban_until.get().to_string(),
-                "mv",
-                &m.ban_level.to_string(),
-            ])
+            .arg(format!(
+                "{} {} {} {} {} {}",
+                w.words[0],
+                w.words[1],
+                w.words[2],
+                m.last.get(),
+                m.ban_until.get(),
+                m.ban_level
+            ))
             .exec(con)
             .unwrap();
         for (score, seq, c) in &w.log {
@@ -490,11 +483,11 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         _ => None,
     };
     // Read the state back.
-    let h: Vec<Option<u64>> = redis::cmd("HMGET")
-        .arg(key)
-        .arg(&["s1", "s2", "s3", "ml", "mb", "mv"])
-        .query(con)
-        .unwrap();
+    let packed: Option<String> = redis::cmd("GET").arg(key).query(con).unwrap();
+    let h: Vec<Option<u64>> = match &packed {
+        Some(p) => p.split(' ').map(|v| v.parse().ok()).collect(),
+        None => vec![None; 6],
+    };
     let zs: Vec<(String, f64)> = redis::cmd("ZRANGE")
         .arg(log)
         .arg(0)

@@ -1,5 +1,7 @@
-//! Key names: `<prefix>{<group>}:<rule id>:<key>`, and `:log` after it for
-//! the op's zset. The `{group}` hash tag (the client's identity by default)
+//! Key names: `<prefix>{<group>}:s2:<rule id>:<key>`, and `:log` after it
+//! for the op's zset. `s2` is the state's format (a string of six integers;
+//! the first format, a hash, had no marker), so that gateways of the two
+//! formats on one Redis never read each other's keys. The `{group}` hash tag (the client's identity by default)
 //! puts all keys of one request on one cluster slot, while different
 //! clients spread over the cluster; the rule id (a fingerprint of its name
 //! and parameters) starts a changed rule afresh.
@@ -13,7 +15,7 @@ use crate::store::Op;
 /// # use ratewarden::{Op, Rule};
 /// let rule = Rule::builder("r").limit(1, Duration::from_secs(1)).build().unwrap();
 /// let (k, log) = ratewarden::store::redis::keys::names("rw:", &Op::grouped(&rule, "k", "{a}"));
-/// assert_eq!(k, format!("rw:{{_a_}}:{:016x}:k", rule.id()));
+/// assert_eq!(k, format!("rw:{{_a_}}:s2:{:016x}:k", rule.id()));
 /// assert_eq!(log, format!("{k}:log"));
 /// ```
 pub fn names(prefix: &str, op: &Op<'_>) -> (String, String) {
@@ -25,7 +27,7 @@ pub fn names(prefix: &str, op: &Op<'_>) -> (String, String) {
         .map(|c| if c == '{' || c == '}' { '_' } else { c })
         .collect();
     let group = if group.is_empty() { "_".into() } else { group };
-    let base = format!("{prefix}{{{group}}}:{:016x}:{}", op.rule.id(), op.key);
+    let base = format!("{prefix}{{{group}}}:s2:{:016x}:{}", op.rule.id(), op.key);
     let log = format!("{base}:log");
     (base, log)
 }
@@ -41,7 +43,7 @@ pub fn pattern(prefix: &str, rule_id: u64) -> String {
         }
         p.push(c);
     }
-    p.push_str(&format!("{{*}}:{rule_id:016x}:*"));
+    p.push_str(&format!("{{*}}:s2:{rule_id:016x}:*"));
     p
 }
 
@@ -54,7 +56,7 @@ pub fn parse(prefix: &str, rule_id: u64, name: &str) -> Option<(String, String)>
     // A group never holds `}` (`names` replaces it).
     let close = rest.find('}')?;
     let (group, rest) = (&rest[..close], &rest[close + 1..]);
-    let key = rest.strip_prefix(format!(":{rule_id:016x}:").as_str())?;
+    let key = rest.strip_prefix(format!(":s2:{rule_id:016x}:").as_str())?;
     Some((group.to_owned(), key.to_owned()))
 }
 
@@ -89,6 +91,9 @@ mod tests {
 
     #[test]
     fn the_pattern_escapes_the_prefix() {
-        assert_eq!(pattern("a*[b]", 0xab), "a\\*\\[b\\]{*}:00000000000000ab:*");
+        assert_eq!(
+            pattern("a*[b]", 0xab),
+            "a\\*\\[b\\]{*}:s2:00000000000000ab:*"
+        );
     }
 }

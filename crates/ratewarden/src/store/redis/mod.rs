@@ -8,7 +8,7 @@
 //! client can interleave with: no check-then-increment race (seed 001), no
 //! `MULTI` that cannot read its own writes (seed 003).
 //!
-//! Keys are `<prefix>{<group>}:<rule id>:<key>` ([`keys`]): the `{group}`
+//! Keys are `<prefix>{<group>}:s2:<rule id>:<key>` ([`keys`]): the `{group}`
 //! hash tag (the client's identity by default) puts all keys of one request
 //! on one cluster slot, while different clients spread over the cluster.
 //!
@@ -633,7 +633,7 @@ impl RedisStore {
     /// server (every master of a cluster) at most `budget` names are
     /// examined, `COUNT` [`SCAN_COUNT`] at a time, each step a call of its
     /// own under the timeout and the breaker. `(group, key)` pairs, as
-    /// [`Op::grouped`] takes them. Only hashes are listed: every stored
+    /// [`Op::grouped`] takes them. Only strings are listed: every stored
     /// state is one (`store` in `lua/rule.lua`), and a key's zset (`:log`)
     /// would otherwise read as another key.
     pub async fn scan(&self, rule: &crate::Rule, budget: usize) -> Result<Scanned, StoreError> {
@@ -669,7 +669,7 @@ impl RedisStore {
                     .arg("COUNT")
                     .arg(SCAN_COUNT)
                     .arg("TYPE")
-                    .arg("hash");
+                    .arg("string");
                 let (next, names): (u64, Vec<String>) = self
                     .guarded(async {
                         match (self.conn().await?, &node) {

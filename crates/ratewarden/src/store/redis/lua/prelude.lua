@@ -10,8 +10,8 @@
 -- against both, and they must agree to the microsecond.
 --
 -- KEYS (two per op, all sharing one cluster hash slot):
---   KEYS[2i-1]  hash: the op's state   s1 s2 s3 (algorithm) ml (last admitted)
---                                      mb (banned until) mv (ban level)
+--   KEYS[2i-1]  string: the op's state "s1 s2 s3 ml mb mv": s1-s3 the
+--               algorithm's, ml last admitted, mb banned until, mv ban level
 --   KEYS[2i]    zset: sliding_window_log entries / concurrency leases,
 --               member "seq:cost"
 -- ARGV:
