@@ -306,6 +306,8 @@ pub struct Banner {
     pub store: String,
     /// One line per rule: name, algorithm, limit, key, what it matches.
     pub rules: Vec<String>,
+    /// One line per Envoy descriptor limit: where in the tree, how much.
+    pub rls: Vec<String>,
 }
 
 /// The banner of `config`.
@@ -367,10 +369,31 @@ pub fn banner(config: &Config) -> Banner {
             )
         })
         .collect();
+    let rls = config
+        .rls
+        .iter()
+        .flat_map(|r| r.domains.limits())
+        .map(|l| match &l.rule {
+            _ if l.unlimited => format!("{}: unlimited", l.full_key),
+            None => format!("{}: 0 (every request over)", l.full_key),
+            Some(rule) => {
+                let spec = rule.spec();
+                format!(
+                    "{}: {} {} per {:?}{}",
+                    l.full_key,
+                    spec.algorithm,
+                    spec.limit,
+                    spec.window,
+                    if spec.shadow { " (shadow)" } else { "" }
+                )
+            }
+        })
+        .collect();
     Banner {
         tls: config.tls.is_some(),
         upstream: config.upstream.to_string(),
         store,
         rules,
+        rls,
     }
 }

@@ -222,6 +222,7 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
         listen = %running.listen,
         tls = banner.tls,
         admin = %running.admin.map_or("off".to_owned(), |a| a.to_string()),
+        rls = %running.rls.map_or("off".to_owned(), |a| a.to_string()),
         upstream = %banner.upstream,
         store = %banner.store,
         rules = banner.rules.len(),
@@ -229,6 +230,9 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
     );
     for r in &banner.rules {
         tracing::info!("rule {r}");
+    }
+    for l in &banner.rls {
+        tracing::info!("rls limit {l}");
     }
     if echo {
         let rules = if banner.rules.is_empty() {

@@ -630,3 +630,43 @@ async fn a_store_failure_is_unavailable_only_under_deny() {
         gw.shutdown().await;
     }
 }
+
+#[test]
+fn the_banner_lists_the_descriptor_limits() {
+    let yaml = format!("rls:\n  listen: 127.0.0.1:0\n{TREE}");
+    let cfg = ratewarden_gateway::config::load(&yaml, "t.yaml", &Default::default()).unwrap();
+    let b = ratewarden_gateway::gateway::banner(&cfg);
+    for want in [
+        "app.client: fixed_window 3 per 60s",
+        "app.path_/static/*: unlimited",
+        "app.shadowed: fixed_window 1 per 60s (shadow)",
+        "app.smooth: gcra 10 per 1s",
+    ] {
+        assert!(b.rls.iter().any(|l| l == want), "{want} in {:?}", b.rls);
+    }
+}
+
+#[tokio::test]
+async fn detailed_metric_counts_by_the_request_values() {
+    let yaml = "  domains:
+    - domain: d
+      descriptors:
+        - key: user
+          detailed_metric: true
+          rate_limit: {unit: minute, requests_per_unit: 1}
+";
+    let gw = gateway(yaml, "{type: memory}", None).await;
+    let mut c = client(gw.rls.unwrap()).await;
+    assert_eq!(oks(&mut c, "d", &[("user", "ann\"a")], 2).await, 1);
+    let metrics = support::send(gw.admin.unwrap(), "GET", "/metrics", &[], "")
+        .await
+        .body;
+    // The value, escaped as a label value must be.
+    assert!(
+        metrics.contains(
+            "ratewarden_rls_decisions_total{domain=\"d\",descriptor=\"d.user_ann\\\"a\",code=\"over_limit\"} 1"
+        ),
+        "{metrics}"
+    );
+    gw.shutdown().await;
+}
