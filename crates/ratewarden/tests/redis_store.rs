@@ -702,7 +702,7 @@ async fn a_master_killed_under_traffic_fails_over_without_failing_a_decision() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     // Traffic goes on, and comes back to Redis: the breaker's next probe
-    // (its interval grew during the outage, up to 5 s) finds the new
+    // (its interval grew during the outage, up to 1 s) finds the new
     // topology.
     let deadline = Instant::now() + Duration::from_secs(15);
     let back = loop {

@@ -3,7 +3,7 @@
 //! After `THRESHOLD` consecutive failures the circuit opens; while open,
 //! calls fail at once without touching the network; when the backoff has
 //! passed, one call is let through as a probe. A failed probe doubles the
-//! backoff (100 ms to 5 s); a success closes the circuit. Time is the
+//! backoff (100 ms to 1 s); a success closes the circuit. Time is the
 //! store's [`Clock`], so tests drive it by hand.
 
 use std::sync::Arc;
@@ -12,7 +12,10 @@ use crate::clock::{Clock, Micros};
 
 const THRESHOLD: u32 = 3;
 const MIN_BACKOFF: Micros = Micros::from_millis(100);
-const MAX_BACKOFF: Micros = Micros::from_secs(5);
+/// At most this long between probes: once Redis answers again, decisions
+/// stay local (`on_error: local`, limits per gateway) until the next probe,
+/// so the cap is short; one probe a second per gateway costs Redis nothing.
+const MAX_BACKOFF: Micros = Micros::from_secs(1);
 
 /// What the breaker did with a call, for the caller to log a change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@
 //!
 //! Failures are bounded: each call has a timeout, and after repeated failures
 //! a circuit breaker answers at once without touching the network, letting one
-//! probe through at growing intervals (100 ms doubling to 5 s) until Redis
+//! probe through at growing intervals (100 ms doubling to 1 s) until Redis
 //! answers again ([`breaker`]). Errors are counted for the gateway's metrics.
 
 mod breaker;
@@ -592,7 +592,7 @@ impl RedisStore {
                     Change::Opened => tracing::warn!(
                         redis = %target,
                         error = %e,
-                        "redis unreachable: circuit open, calls fail at once (one probe every 100 ms to 5 s)"
+                        "redis unreachable: circuit open, calls fail at once (one probe every 100 ms to 1 s)"
                     ),
                     _ => tracing::debug!(redis = %target, error = %e, "redis call failed"),
                 }
