@@ -30,21 +30,22 @@ function A.check(p, st, cost)
   return deny(idiv(sat_sub(lim, estimate), w), left_in_window, retry)
 end
 
-function A.charge(p, st, cost)
+-- The window now starts at, and the counts of it and the one before.
+local function roll(p, st)
   local window = p[2]
   local start = now - now % window
-  local prev, cur = 0, 0
-  if st[1] == start then prev, cur = st[2], st[3]
-  elseif st[1] + window == start then prev = st[3] end
+  if st[1] == start then return start, st[2], st[3] end
+  if st[1] + window == start then return start, st[3], 0 end
+  return start, 0, 0
+end
+
+function A.charge(p, st, cost)
+  local start, prev, cur = roll(p, st)
   st[1], st[2], st[3] = start, prev, math.min(cur + cost, p[1])
 end
 
 function A.refund(p, st, cost)
-  local window = p[2]
-  local start = now - now % window
-  local prev, cur = 0, 0
-  if st[1] == start then prev, cur = st[2], st[3]
-  elseif st[1] + window == start then prev = st[3] end
+  local start, prev, cur = roll(p, st)
   local from_cur = math.min(cur, cost)
   st[1], st[2], st[3] = start, sat_sub(prev, cost - from_cur), cur - from_cur
 end
