@@ -368,6 +368,19 @@ fn compile(
             "replaces should not contain the name of the same descriptor".into(),
         );
     }
+    // The one place a limit is made; each way out below calls it once.
+    let make = |unlimited, rule, window, unit, requests_per_unit| Limit {
+        full_key: full_key.to_owned(),
+        name,
+        replaces,
+        unlimited,
+        shadow: d.shadow_mode,
+        detailed: d.detailed_metric,
+        rule,
+        window,
+        unit,
+        requests_per_unit,
+    };
     let unit = r
         .unit
         .as_deref()
@@ -380,18 +393,7 @@ fn compile(
             );
             return None;
         }
-        return Some(Limit {
-            full_key: full_key.to_owned(),
-            name,
-            replaces,
-            unlimited: true,
-            shadow: d.shadow_mode,
-            detailed: d.detailed_metric,
-            rule: None,
-            window: Duration::ZERO,
-            unit: 0,
-            requests_per_unit: 0,
-        });
+        return Some(make(true, None, Duration::ZERO, 0, 0));
     }
     let window = match (unit, &r.window) {
         (Some(Ok(u)), None) => Duration::from_secs(u.2),
@@ -432,18 +434,7 @@ fn compile(
     };
     if rpu == 0 {
         // envoyproxy/ratelimit's block list: every request over.
-        return Some(Limit {
-            full_key: full_key.to_owned(),
-            name,
-            replaces,
-            unlimited: false,
-            shadow: d.shadow_mode,
-            detailed: d.detailed_metric,
-            rule: None,
-            window,
-            unit: envoy_unit,
-            requests_per_unit: 0,
-        });
+        return Some(make(false, None, window, envoy_unit, 0));
     }
     let kind = match r.algorithm.as_deref() {
         None => Kind::FixedWindow,
@@ -492,18 +483,13 @@ fn compile(
             return None;
         }
     };
-    Some(Limit {
-        full_key: full_key.to_owned(),
-        name,
-        replaces,
-        unlimited: false,
-        shadow: d.shadow_mode,
-        detailed: d.detailed_metric,
-        rule: Some(rule),
+    Some(make(
+        false,
+        Some(rule),
         window,
-        unit: envoy_unit,
-        requests_per_unit: u32::try_from(rpu).unwrap_or(u32::MAX),
-    })
+        envoy_unit,
+        u32::try_from(rpu).unwrap_or(u32::MAX),
+    ))
 }
 
 #[cfg(test)]
