@@ -80,23 +80,32 @@ impl Diag<'_> {
 
 /// Applies `f` to the value when there is one; `Some(None)` when absent,
 /// `None` when present and invalid.
+/// A list of header families (`legacy`, `ietf`) at `key`: the style with
+/// those on, the others off; `None` if one is not a family.
+fn header_style(d: &Diag<'_>, key: &str, list: &[Sp<String>]) -> Option<HeaderStyle> {
+    let mut style = HeaderStyle {
+        legacy: false,
+        ietf: false,
+    };
+    let mut ok = true;
+    for h in list {
+        match d.choice(key, h, &[("legacy", 0), ("ietf", 1)]) {
+            Some(0) => style.legacy = true,
+            Some(_) => style.ietf = true,
+            None => ok = false,
+        }
+    }
+    ok.then_some(style)
+}
+
 /// `rls:`: the listener, the headers, and the domains of `rls.config`
 /// (a file or a directory of them, in envoyproxy/ratelimit's format) and
 /// of `rls.domains`.
 fn rls_spec(d: &Diag<'_>, r: Sp<super::schema::RlsFile>) -> Option<crate::rls::RlsSpec> {
     let r = r.value;
     let listen = socket_addr(d, "rls.listen", &r.listen);
-    let mut headers = Some(HeaderStyle {
-        legacy: false,
-        ietf: false,
-    });
-    for h in r.headers.iter().flatten() {
-        match d.choice("rls.headers", h, &[("legacy", 0), ("ietf", 1)]) {
-            Some(0) => headers.iter_mut().for_each(|s| s.legacy = true),
-            Some(_) => headers.iter_mut().for_each(|s| s.ietf = true),
-            None => headers = None,
-        }
-    }
+    // Envoy's own service sends none unless asked.
+    let headers = header_style(d, "rls.headers", r.headers.as_deref().unwrap_or_default());
     let mut files: Vec<(String, crate::rls::config::DomainFile)> = vec![];
     let mut ok = true;
     if let Some(path) = &r.config {
@@ -282,21 +291,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
     let deny = patterns(d, "deny", &f.deny, by_header);
     let headers = match &f.headers {
         None => Some(HeaderStyle::default()),
-        Some(list) => {
-            let mut style = HeaderStyle {
-                legacy: false,
-                ietf: false,
-            };
-            let mut ok = true;
-            for h in list {
-                match d.choice("headers", h, &[("legacy", 0), ("ietf", 1)]) {
-                    Some(0) => style.legacy = true,
-                    Some(_) => style.ietf = true,
-                    None => ok = false,
-                }
-            }
-            ok.then_some(style)
-        }
+        Some(list) => header_style(d, "headers", list),
     };
     let status = match &f.status {
         None => Some(StatusCode::TOO_MANY_REQUESTS),
