@@ -641,6 +641,9 @@ async fn existing(
         candidates.extend(scanned.keys.into_iter().filter(|k| !known.contains(k)));
     }
     let mut found = vec![];
+    // A key may come twice (sighted and scanned, under two spellings of its
+    // group): listed once.
+    let mut listed = std::collections::HashSet::new();
     for chunk in candidates.chunks(INSPECTING) {
         let infos = futures_util::future::join_all(
             chunk
@@ -650,7 +653,7 @@ async fn existing(
         .await;
         for ((_, key), info) in chunk.iter().zip(infos) {
             let info = info?;
-            if info.exists && !found.iter().any(|f: &Found| f.key == *key) {
+            if info.exists && listed.insert(key.as_str()) {
                 found.push(Found {
                     key: key.clone(),
                     info,
