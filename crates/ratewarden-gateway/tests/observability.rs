@@ -293,13 +293,7 @@ async fn listings_on_redis_come_from_a_bounded_scan_not_from_what_this_gateway_s
 #[tokio::test]
 async fn listings_on_redis_cluster_scan_every_master() {
     let cluster = common::RedisCluster::start();
-    let seeds = cluster
-        .urls()
-        .iter()
-        .map(|u| format!("'{u}'"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    listings_come_from_the_store(&format!("{{type: redis, cluster: [{seeds}]}}")).await;
+    listings_come_from_the_store(&cluster.store_yaml()).await;
 }
 
 #[test]

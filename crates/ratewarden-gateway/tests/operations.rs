@@ -105,20 +105,7 @@ async fn reload_applies_a_good_config_keeps_unchanged_state_and_ignores_a_bad_on
     // Good: `changed` gets a new limit (and so fresh state); `kept` keeps its count.
     let v2 = v1.replace("limit: 100", "limit: 50");
     std::fs::write(&file, &v2).unwrap();
-    let wait_reload = |want: &'static str| {
-        let admin = gw.admin.unwrap();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let m = send(admin, "GET", "/metrics", &[], "").await.body;
-                if m.contains(want) {
-                    return;
-                }
-                assert!(Instant::now() < deadline, "no reload seen: {m}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    let wait_reload = |want| support::wait_for_metric(gw.admin.unwrap(), want);
     wait_reload("ratewarden_config_reloads_total{result=\"success\"} 1").await;
     let r = send(gw.listen, "GET", "/", &[], "").await;
     assert_eq!(r.status, 200);

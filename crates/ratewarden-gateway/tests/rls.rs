@@ -380,16 +380,10 @@ async fn exact_under_200_concurrent_calls_on_redis_and_across_two_instances() {
 #[tokio::test]
 async fn exact_under_200_concurrent_calls_on_redis_cluster() {
     let cluster = common::RedisCluster::start();
-    let seeds = cluster
-        .urls()
-        .iter()
-        .map(|u| format!("'{u}'"))
-        .collect::<Vec<_>>()
-        .join(", ");
     // The default on_error (local): the gateway connects before it serves,
     // so no call made while the cluster connection is set up is decided
     // locally (that once let 86 of 200 through).
-    let gw = gateway(FIFTY, &format!("{{type: redis, cluster: [{seeds}]}}"), None).await;
+    let gw = gateway(FIFTY, &cluster.store_yaml(), None).await;
     exact_under_200_concurrent_calls(&[gw.rls.unwrap()]).await;
     gw.shutdown().await;
 }
@@ -574,20 +568,7 @@ async fn an_edited_descriptor_file_is_reloaded_and_a_bad_one_ignored() {
     let gw = support::gateway_file(&yaml, "echo", None, Some(main)).await;
     let mut c = client(gw.rls.unwrap()).await;
     assert_eq!(oks(&mut c, "d", &[("k", "a")], 5).await, 2);
-    let reloads = |want: &'static str| {
-        let admin = gw.admin.unwrap();
-        async move {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            loop {
-                let m = support::send(admin, "GET", "/metrics", &[], "").await.body;
-                if m.contains(want) {
-                    return;
-                }
-                assert!(std::time::Instant::now() < deadline, "no reload: {m}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    let reloads = |want| support::wait_for_metric(gw.admin.unwrap(), want);
     write("4");
     reloads("ratewarden_config_reloads_total{result=\"success\"} 1").await;
     // A new limit, so a new rule (its own counter): 4 for value b.

@@ -180,6 +180,22 @@ pub fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
+/// Waits (up to 10 s) until `/metrics` on `admin` contains `want`.
+pub async fn wait_for_metric(admin: SocketAddr, want: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = send(admin, "GET", "/metrics", &[], "").await.body;
+        if m.contains(want) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "`{want}` never showed: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 pub async fn send(
     addr: SocketAddr,
     method: &str,

@@ -323,4 +323,10 @@ impl RedisCluster {
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
+
+    /// `store:` for a gateway on this cluster, in YAML's flow form.
+    pub fn store_yaml(&self) -> String {
+        let seeds: Vec<String> = self.urls().iter().map(|u| format!("'{u}'")).collect();
+        format!("{{type: redis, cluster: [{}]}}", seeds.join(", "))
+    }
 }
