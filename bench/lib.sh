@@ -24,6 +24,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# load_field NAME LINE: the number after NAME= in a line of
+# examples/rls_load.rs ("calls=... ok=... rate=.../s p99_us=...").
+load_field() { sed -E "s/.*(^| )$1=([0-9]+).*/\2/" <<< "$2"; }
+
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 

@@ -70,10 +70,13 @@ for pipe in 16 1; do
 done
 
 # Through the product: /v1/check and RLS, gcra, 64 in flight, 100k keys.
-ADMIN=$(port); RLS=$(port)
-cat > "$WORK/rw.yaml" <<YAML
+# rw_serve STORE: a gateway on STORE with a gcra rule for /v1/check and an
+# RLS descriptor of the same size; sets ADMIN and RLS.
+rw_serve() {
+  ADMIN=$(port); RLS=$(port)
+  cat > "$WORK/rw.yaml" <<YAML
 admin: {listen: 127.0.0.1:$ADMIN}
-store: {type: redis, url: 'redis://127.0.0.1:$PORT', timeout: 1s}
+store: $1
 rules:
   - {name: r, algorithm: gcra, limit: 1000000, window: 1s}
 rls:
@@ -84,9 +87,11 @@ rls:
         - key: k
           rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: gcra}
 YAML
-RUST_LOG=warn taskset -c 1 target/release/ratewarden serve -c "$WORK/rw.yaml" \
-  --listen 127.0.0.1:$(port) --workers 1 > /dev/null & PIDS+=($!)
-wait_port "$ADMIN"; wait_port "$RLS"
+  RUST_LOG=warn taskset -c 1 target/release/ratewarden serve -c "$WORK/rw.yaml" \
+    --listen 127.0.0.1:$(port) --workers 1 > /dev/null & PIDS+=($!)
+  wait_port "$ADMIN"; wait_port "$RLS"
+}
+rw_serve "{type: redis, url: 'redis://127.0.0.1:$PORT', timeout: 1s}"
 product() {
   local label=$1; shift
   cli flushall > /dev/null
@@ -94,9 +99,9 @@ product() {
   before=$(cpu)
   out=$(taskset -c 1 target/release/examples/rls_load "$@" --seconds 5 --keys 100000)
   after=$(cpu)
-  calls=$(sed -E 's/.*calls=([0-9]+).*/\1/' <<< "$out")
+  calls=$(load_field calls "$out")
   printf '%-40s       %9s calls/s  %6.2f us Redis CPU/decision\n' "$label" \
-    "$(sed -E 's/.*rate=([0-9]+).*/\1/' <<< "$out")" \
+    "$(load_field rate "$out")" \
     "$(echo "($after - $before) * 1000000 / $calls" | bc -l)"
 }
 product "product: POST /v1/check gcra, 100k keys" http "http://127.0.0.1:$ADMIN/v1/check"
@@ -124,23 +129,7 @@ cpu() { # summed over the cluster's nodes
     | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'
 }
 cli() { for p in "${CPORTS[@]}"; do redis-cli -p "$p" "$@"; done; }
-ADMIN=$(port); RLS=$(port)
 SEEDS=$(printf "'redis://127.0.0.1:%s', " "${CPORTS[@]}")
-cat > "$WORK/rwc.yaml" <<YAML
-admin: {listen: 127.0.0.1:$ADMIN}
-store: {type: redis, cluster: [${SEEDS%, }], timeout: 1s}
-rules:
-  - {name: r, algorithm: gcra, limit: 1000000, window: 1s}
-rls:
-  listen: 127.0.0.1:$RLS
-  domains:
-    - domain: ns
-      descriptors:
-        - key: k
-          rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: gcra}
-YAML
-RUST_LOG=warn taskset -c 1 target/release/ratewarden serve -c "$WORK/rwc.yaml" \
-  --listen 127.0.0.1:$(port) --workers 1 > /dev/null & PIDS+=($!)
-wait_port "$ADMIN"; wait_port "$RLS"
+rw_serve "{type: redis, cluster: [${SEEDS%, }], timeout: 1s}"
 product "cluster: POST /v1/check gcra, 100k keys" http "http://127.0.0.1:$ADMIN/v1/check"
 product "cluster: RLS gcra, 100k keys" grpc "http://127.0.0.1:$RLS"

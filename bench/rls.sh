@@ -40,10 +40,9 @@ run() {
   before=$(ticks $pids)
   out=$(taskset -c 1 "$LOAD" "$@" --seconds "$D")
   after=$(ticks $pids)
-  calls=$(sed -E 's/.*calls=([0-9]+).*/\1/' <<< "$out")
-  local errors=$(sed -E 's/.*errors=([0-9]+).*/\1/' <<< "$out")
-  local rate=$(sed -E 's/.*rate=([0-9]+).*/\1/' <<< "$out")
-  local p99=$(sed -E 's/.*p99_us=([0-9]+).*/\1/' <<< "$out")
+  calls=$(load_field calls "$out")
+  local errors rate p99
+  errors=$(load_field errors "$out"); rate=$(load_field rate "$out"); p99=$(load_field p99_us "$out")
   printf '%-34s %8s decisions/s  p99 %6s us  %7.1f us CPU/decision  errors %s\n' \
     "$label" "$rate" "$p99" "$(echo "($after - $before) * 1000000 / $hz / $calls" | bc -l)" "$errors"
 }
