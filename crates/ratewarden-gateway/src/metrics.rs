@@ -111,7 +111,7 @@ pub struct Metrics {
     /// the candidates `/v1/keys` inspects.
     hot: Mutex<HashMap<String, HashMap<String, Instant>>>,
     /// Envoy descriptor decisions: (domain, descriptor, code) -> count.
-    rls: Mutex<HashMap<(String, String, &'static str), u64>>,
+    rls: Mutex<HashMap<String, HashMap<String, [u64; RLS_CODES.len()]>>>,
 }
 
 impl Metrics {
@@ -227,37 +227,38 @@ impl Metrics {
         v.into_iter().map(|(k, _)| k.clone()).collect()
     }
 
-    /// Counts one Envoy descriptor's status: `code` is `ok`,
-    /// `over_limit`, `shadow_over_limit`, `unlimited`, `no_limit` or
-    /// `refunded`. The
-    /// descriptor is its place in the config (`domain.key_value...`), or
-    /// with `detailed_metric` the request's own values.
+    /// Counts one Envoy descriptor's status (`code`, one of
+    /// [`RLS_CODES`]). The descriptor is its place in the config
+    /// (`domain.key_value...`), or with `detailed_metric` the request's own
+    /// values: `domain.` and `key`, the descriptor's counter key. No
+    /// allocation once a descriptor has been counted (plain ones).
     pub fn rls(
         &self,
         domain: &str,
         limit: Option<&crate::rls::config::Limit>,
-        entries: &[(&str, &str)],
+        key: &str,
         code: &'static str,
     ) {
+        let at = RLS_CODES.iter().position(|c| *c == code).unwrap_or(0);
+        let detailed;
         let descriptor = match limit {
-            None => String::new(),
-            Some(l) if !l.detailed => l.full_key.clone(),
+            None => "",
+            Some(l) if !l.detailed => l.full_key.as_str(),
             Some(_) => {
-                let mut k = domain.to_owned();
-                for (key, value) in entries {
-                    k.push('.');
-                    k.push_str(key);
-                    k.push('_');
-                    k.push_str(value);
-                }
-                k
+                detailed = format!("{domain}.{key}");
+                detailed.as_str()
             }
         };
-        *self
-            .rls
-            .lock()
-            .entry((domain.to_owned(), descriptor, code))
-            .or_default() += 1;
+        let mut rls = self.rls.lock();
+        let by_descriptor = match rls.get_mut(domain) {
+            Some(m) => m,
+            None => rls.entry(domain.to_owned()).or_default(),
+        };
+        let counts = match by_descriptor.get_mut(descriptor) {
+            Some(c) => c,
+            None => by_descriptor.entry(descriptor.to_owned()).or_default(),
+        };
+        counts[at] += 1;
     }
 
     /// Renders the Prometheus text format; `store_errors` is the store's
@@ -326,7 +327,15 @@ impl Metrics {
             .rls
             .lock()
             .iter()
-            .map(|(k, n)| (k.clone(), *n))
+            .flat_map(|(domain, m)| {
+                m.iter().flat_map(move |(descriptor, counts)| {
+                    RLS_CODES
+                        .iter()
+                        .zip(counts)
+                        .filter(|(_, n)| **n > 0)
+                        .map(move |(code, n)| ((domain.clone(), descriptor.clone(), *code), *n))
+                })
+            })
             .collect();
         rls.sort();
         out.push_str("# HELP ratewarden_rls_decisions_total Envoy rate limit service: descriptor statuses by domain, descriptor and code (shadow_over_limit: over, answered OK).\n# TYPE ratewarden_rls_decisions_total counter\n");
@@ -351,6 +360,16 @@ impl Metrics {
         out
     }
 }
+
+/// The codes of `ratewarden_rls_decisions_total`.
+pub const RLS_CODES: [&str; 6] = [
+    "ok",
+    "over_limit",
+    "shadow_over_limit",
+    "unlimited",
+    "no_limit",
+    "refunded",
+];
 
 /// `v` as a Prometheus label value: `\\`, `"` and newlines escaped (Envoy
 /// descriptor values come from requests).

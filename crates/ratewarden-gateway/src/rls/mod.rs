@@ -413,7 +413,7 @@ pub async fn decide(
             | Plan::Peeked(l, ..)
             | Plan::Refunded(l, ..) => Some(*l),
         };
-        gw.metrics.rls(&req.domain, label, &entries[i], code);
+        gw.metrics.rls(&req.domain, label, &keys[i], code);
         statuses.push(status);
     }
     let mut response_headers_to_add = vec![];
