@@ -2,20 +2,22 @@
 //! or refused, as JSON or in nginx's `combined` format.
 //!
 //! A request never waits for it. The request's thread renders its line
-//! (no allocation: into a per-thread buffer) and appends it to a shared,
-//! bounded buffer under a lock held only for the copy; a thread of its own
-//! takes the whole buffer when it has grown past [`BATCH`] or every
-//! [`FLUSH`], and writes it with one call, as nginx's `access_log ...
-//! buffer= flush=` does. When the buffer is full (the disk or the terminal
-//! cannot keep up), the line is dropped and counted
-//! (`ratewarden_access_log_dropped_total`).
+//! straight into a buffer of its own (no allocation, no copy; a lock that
+//! only the writer ever contends, and only to swap the buffer out); a
+//! thread of its own takes each thread's buffer when one has grown past
+//! [`BATCH`] or every [`FLUSH`], and writes it with one call, as nginx's
+//! `access_log ... buffer= flush=` does per worker. When a thread's buffer
+//! is full (the disk or the terminal cannot keep up), the line is dropped
+//! and counted (`ratewarden_access_log_dropped_total`). Lines of one
+//! thread keep their order; lines of different threads interleave by
+//! batch, as nginx's workers' do.
 
 use std::cell::RefCell;
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 /// A wall-clock time as the time since the Unix epoch.
@@ -23,7 +25,8 @@ pub type Wall = Duration;
 
 use crate::request_id::RequestId;
 
-/// Bytes waiting to be written, at most; past this, lines are dropped.
+/// Bytes waiting to be written per thread, at most; past this, lines are
+/// dropped.
 const CAPACITY: usize = 8 << 20;
 /// Bytes after which the writer is woken at once.
 const BATCH: usize = 256 << 10;
@@ -103,9 +106,15 @@ pub fn since(at: quanta::Instant) -> (Wall, Duration) {
     (crate::request_id::wall(at), at.elapsed())
 }
 
+/// One request thread's pending lines.
+type Lines = Arc<Mutex<Vec<u8>>>;
+
 /// What the request threads and the writer share.
 struct Shared {
-    pending: Mutex<Vec<u8>>,
+    /// A buffer per thread that has logged; the writer visits each.
+    threads: Mutex<Vec<Lines>>,
+    /// Set when a thread's buffer has passed [`BATCH`].
+    due: Mutex<bool>,
     wake: Condvar,
     dropped: AtomicU64,
 }
@@ -148,7 +157,8 @@ impl AccessLog {
     fn unstarted(format: Format) -> Self {
         Self {
             shared: Arc::new(Shared {
-                pending: Mutex::new(Vec::with_capacity(BATCH * 2)),
+                threads: Mutex::new(Vec::new()),
+                due: Mutex::new(false),
                 wake: Condvar::new(),
                 dropped: AtomicU64::new(0),
             }),
@@ -156,28 +166,45 @@ impl AccessLog {
         }
     }
 
-    /// Renders `r` and hands the line to the writer; never waits for a
-    /// write. A full buffer drops it.
+    /// Renders `r` into this thread's buffer; never waits for a write. A
+    /// full buffer drops it.
     pub fn log(&self, r: &Record<'_>) {
         thread_local! {
-            static LINE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(512));
+            // This thread's buffer, and whose it is (a reload may start
+            // another log; the `Weak` keeps the address from being reused).
+            static MINE: RefCell<Option<(Weak<Shared>, Lines)>> = const { RefCell::new(None) };
         }
-        LINE.with_borrow_mut(|line| {
-            line.clear();
-            render(line, r, self.format);
-            let Ok(mut pending) = self.shared.pending.lock() else {
+        MINE.with_borrow_mut(|mine| {
+            let lines = match mine {
+                Some((owner, lines)) if std::ptr::eq(owner.as_ptr(), Arc::as_ptr(&self.shared)) => {
+                    lines
+                }
+                _ => {
+                    let lines = Lines::new(Mutex::new(Vec::with_capacity(BATCH * 2)));
+                    let Ok(mut threads) = self.shared.threads.lock() else {
+                        return;
+                    };
+                    threads.push(Arc::clone(&lines));
+                    &mut mine.insert((Arc::downgrade(&self.shared), lines)).1
+                }
+            };
+            let Ok(mut pending) = lines.lock() else {
                 return;
             };
-            if pending.len() + line.len() > CAPACITY {
+            let before = pending.len();
+            render(&mut pending, r, self.format);
+            if pending.len() > CAPACITY {
+                pending.truncate(before);
                 drop(pending);
                 self.shared.dropped.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            let before = pending.len();
-            pending.extend_from_slice(line);
             let crossed = before < BATCH && pending.len() >= BATCH;
             drop(pending);
             if crossed {
+                if let Ok(mut due) = self.shared.due.lock() {
+                    *due = true;
+                }
                 self.shared.wake.notify_one();
             }
         });
@@ -189,36 +216,48 @@ impl AccessLog {
     }
 }
 
-/// The writer: takes what is pending when woken or every [`FLUSH`] and
-/// writes it in one call. It holds one reference to `shared`; when it
-/// holds the only one, every handle is gone, and after that last write it
-/// ends.
+/// The writer: takes each thread's pending lines when woken or every
+/// [`FLUSH`] and writes them, a call per thread's batch. It holds one
+/// reference to `shared`; when it holds the only one, every handle is
+/// gone (a line is being rendered only under a handle), and after that
+/// last round it ends.
 fn write_all(shared: &Shared, alone: impl Fn() -> bool, mut out: Box<dyn std::io::Write + Send>) {
     let mut batch = Vec::with_capacity(BATCH * 2);
     loop {
-        let last = {
-            let Ok(pending) = shared.pending.lock() else {
+        {
+            let Ok(due) = shared.due.lock() else {
                 return;
             };
-            let Ok((mut pending, _)) = shared
-                .wake
-                .wait_timeout_while(pending, FLUSH, |p| p.len() < BATCH)
-            else {
+            let Ok((mut due, _)) = shared.wake.wait_timeout_while(due, FLUSH, |d| !*d) else {
                 return;
             };
-            // Under the lock: with no handle left, nothing more can come.
-            let last = alone();
-            std::mem::swap(&mut *pending, &mut batch);
-            last
+            *due = false;
+        }
+        let last = alone();
+        let Ok(threads) = shared.threads.lock().map(|t| t.clone()) else {
+            return;
         };
-        if !batch.is_empty() {
+        for lines in &threads {
+            match lines.lock() {
+                Ok(mut pending) => std::mem::swap(&mut *pending, &mut batch),
+                Err(_) => continue,
+            }
+            if batch.is_empty() {
+                continue;
+            }
             if let Err(e) = out.write_all(&batch).and_then(|()| out.flush()) {
-                // From here the buffer fills and every line is counted as
+                // From here the buffers fill and every line is counted as
                 // dropped; the requests go on.
                 tracing::error!(error = %e, "the access log cannot be written; its lines are dropped from now on");
                 return;
             }
             batch.clear();
+        }
+        drop(threads);
+        // Buffers of threads that have ended (the list's is then the only
+        // reference), once written, go.
+        if let Ok(mut threads) = shared.threads.lock() {
+            threads.retain(|t| Arc::strong_count(t) > 1 || t.lock().is_ok_and(|p| !p.is_empty()));
         }
         if last {
             return;
@@ -228,6 +267,7 @@ fn write_all(shared: &Shared, alone: impl Fn() -> bool, mut out: Box<dyn std::io
 
 /// Appends `s` as the inside of a JSON string: quotes, backslashes and
 /// control characters escaped; bytes that are not UTF-8 as U+FFFD.
+#[inline]
 fn json_str(out: &mut Vec<u8>, s: &[u8]) {
     // Most values (ids, methods, targets) need nothing: copied whole.
     if plain(s) {
@@ -257,21 +297,53 @@ fn json_str(out: &mut Vec<u8>, s: &[u8]) {
     }
 }
 
-/// `ip` as `Display` writes it. Rendered once per thread for a run of
-/// lines from one address (a connection's requests come together), and
-/// IPv4 without the formatting machinery.
-fn ip(out: &mut Vec<u8>, ip: IpAddr) {
-    thread_local! {
-        static LAST: RefCell<(Option<IpAddr>, Vec<u8>)> = const { RefCell::new((None, Vec::new())) };
+/// What a thread keeps between its lines: the address of the last line
+/// rendered (a connection's requests come together) and the second the
+/// last time fell in, per format (lines come many to a second). One
+/// thread-local for all of it: each access costs a check.
+struct Cache {
+    ip: Option<IpAddr>,
+    ip_text: Vec<u8>,
+    second: [(u64, Vec<u8>); 2],
+}
+
+impl Cache {
+    const fn new() -> Self {
+        Self {
+            ip: None,
+            ip_text: Vec::new(),
+            second: [(u64::MAX, Vec::new()), (u64::MAX, Vec::new())],
+        }
     }
-    LAST.with_borrow_mut(|(last, text)| {
-        if *last != Some(ip) {
+
+    /// `ip` as `Display` writes it, IPv4 without the formatting machinery.
+    fn ip(&mut self, out: &mut Vec<u8>, ip: IpAddr) {
+        if self.ip != Some(ip) {
+            self.ip_text.clear();
+            render_ip(&mut self.ip_text, ip);
+            self.ip = Some(ip);
+        }
+        out.extend_from_slice(&self.ip_text);
+    }
+
+    /// The second `t` falls in, rendered by `render` once per second.
+    fn second(
+        &mut self,
+        out: &mut Vec<u8>,
+        t: Wall,
+        which: usize,
+        render: fn(&mut Vec<u8>, (i64, u32, u32), u64),
+    ) {
+        let secs = t.as_secs();
+        let (at, text) = &mut self.second[which];
+        if *at != secs {
+            let (date, s, _) = parts(t);
             text.clear();
-            render_ip(text, ip);
-            *last = Some(ip);
+            render(text, date, s);
+            *at = secs;
         }
         out.extend_from_slice(text);
-    });
+    }
 }
 
 fn render_ip(out: &mut Vec<u8>, ip: IpAddr) {
@@ -298,6 +370,7 @@ fn render_ip(out: &mut Vec<u8>, ip: IpAddr) {
 
 /// Whether every byte of `s` is printable ASCII other than `"` and `\\`
 /// (nothing to escape), eight bytes at a time.
+#[inline]
 fn plain(s: &[u8]) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -328,6 +401,7 @@ fn plain(s: &[u8]) -> bool {
 }
 
 /// `"s"` or `null`.
+#[inline]
 fn json_opt(out: &mut Vec<u8>, s: Option<&[u8]>) {
     match s {
         Some(s) => {
@@ -358,13 +432,20 @@ fn clf_str(out: &mut Vec<u8>, s: &[u8]) {
 
 /// One line, with its newline.
 pub fn render(out: &mut Vec<u8>, r: &Record<'_>, format: Format) {
+    thread_local! {
+        static CACHE: RefCell<Cache> = const { RefCell::new(Cache::new()) };
+    }
+    CACHE.with_borrow_mut(|cache| render_with(cache, out, r, format));
+}
+
+fn render_with(cache: &mut Cache, out: &mut Vec<u8>, r: &Record<'_>, format: Format) {
     let mut n = itoa::Buffer::new();
     match format {
         Format::Json => {
             out.extend_from_slice(b"{\"time\":\"");
-            rfc3339(out, r.time);
+            rfc3339(cache, out, r.time);
             out.extend_from_slice(b"\",\"remote_addr\":\"");
-            ip(out, r.peer);
+            cache.ip(out, r.peer);
             out.extend_from_slice(b"\",\"method\":\"");
             // A method is a token: nothing in it needs escaping.
             out.extend_from_slice(r.method.as_bytes());
@@ -403,9 +484,9 @@ pub fn render(out: &mut Vec<u8>, r: &Record<'_>, format: Format) {
             // $remote_addr - - [$time_local] "$request" $status
             // $body_bytes_sent "$http_referer" "$http_user_agent", then the
             // request id and the time taken (seconds), as many sites add.
-            ip(out, r.peer);
+            cache.ip(out, r.peer);
             out.extend_from_slice(b" - - [");
-            clf_time(out, r.time);
+            clf_time(cache, out, r.time);
             out.extend_from_slice(b"] \"");
             clf_str(out, r.method.as_bytes());
             out.push(b' ');
@@ -471,33 +552,9 @@ fn parts(d: Wall) -> ((i64, u32, u32), u64, u32) {
     )
 }
 
-/// The second `t` falls in, rendered once per second per thread by
-/// `render`: lines come many to a second.
-fn cached_second(
-    out: &mut Vec<u8>,
-    t: Wall,
-    which: usize,
-    render: fn(&mut Vec<u8>, (i64, u32, u32), u64),
-) {
-    thread_local! {
-        static SECOND: RefCell<[(u64, Vec<u8>); 2]> = const { RefCell::new([(u64::MAX, Vec::new()), (u64::MAX, Vec::new())]) };
-    }
-    let secs = t.as_secs();
-    SECOND.with_borrow_mut(|cache| {
-        let (at, text) = &mut cache[which];
-        if *at != secs {
-            let (date, s, _) = parts(t);
-            text.clear();
-            render(text, date, s);
-            *at = secs;
-        }
-        out.extend_from_slice(text);
-    });
-}
-
 /// `2026-11-24T01:02:03.456Z`
-fn rfc3339(out: &mut Vec<u8>, t: Wall) {
-    cached_second(out, t, 0, |text, (y, mo, d), s| {
+fn rfc3339(cache: &mut Cache, out: &mut Vec<u8>, t: Wall) {
+    cache.second(out, t, 0, |text, (y, mo, d), s| {
         let _ = write!(
             text,
             "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}",
@@ -517,11 +574,11 @@ fn rfc3339(out: &mut Vec<u8>, t: Wall) {
 }
 
 /// `24/Nov/2026:01:02:03 +0000` (nginx's `$time_local`, in UTC).
-fn clf_time(out: &mut Vec<u8>, t: Wall) {
+fn clf_time(cache: &mut Cache, out: &mut Vec<u8>, t: Wall) {
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];
-    cached_second(out, t, 1, |text, (y, mo, d), s| {
+    cache.second(out, t, 1, |text, (y, mo, d), s| {
         let _ = write!(
             text,
             "{d:02}/{}/{y:04}:{:02}:{:02}:{:02} +0000",
@@ -624,10 +681,11 @@ mod tests {
             "2001:db8::1",
             "::ffff:1.2.3.4",
         ] {
-            // Twice: rendered, then from the per-thread copy.
+            // Twice: rendered, then from the cache.
+            let mut cache = Cache::new();
             for _ in 0..2 {
                 let mut out = Vec::new();
-                ip(&mut out, a.parse().unwrap());
+                cache.ip(&mut out, a.parse().unwrap());
                 assert_eq!(String::from_utf8(out).unwrap(), a);
             }
         }
@@ -668,7 +726,9 @@ mod tests {
             log.log(&record());
         }
         assert_eq!(log.dropped(), 5);
-        assert_eq!(log.shared.pending.lock().unwrap().len(), fit * one);
+        let threads = log.shared.threads.lock().unwrap();
+        assert_eq!(threads.len(), 1);
+        assert_eq!(threads[0].lock().unwrap().len(), fit * one);
     }
 
     #[test]
@@ -681,9 +741,18 @@ mod tests {
             format: Format::Combined,
         })
         .unwrap();
-        for _ in 0..1000 {
-            log.log(&record());
-        }
+        // From four threads, each with its own buffer; the last handle
+        // dropped while the threads' buffers still hold lines.
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                let log = log.clone();
+                s.spawn(move || {
+                    for _ in 0..250 {
+                        log.log(&record());
+                    }
+                });
+            }
+        });
         drop(log);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
