@@ -16,6 +16,7 @@ pub mod request_id;
 pub mod rls;
 pub mod route;
 pub mod server;
+pub mod simulate;
 pub mod store;
 pub mod stream;
 pub mod tls;

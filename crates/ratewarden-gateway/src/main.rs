@@ -51,6 +51,30 @@ enum Command {
         /// The file.
         file: PathBuf,
     },
+    /// Replay a traffic pattern through the configured rules (the real
+    /// admission path, on a manual clock): a summary table, and with
+    /// `--out` a time series per rule as CSV and pictures as PNG and SVG.
+    Simulate {
+        /// Config file (default: ./ratewarden.yaml if present, else the built-in example).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// A trace (CSV or JSONL: `t, identity, method, path[, status]`) or
+        /// generators: `steady:rate=50,duration=60s`, `poisson:...`,
+        /// `burst:size=100,every=10s`, `sawtooth:peak=200,period=20s`,
+        /// `attack:rate=5000,clients=1000`, joined by `+`.
+        #[arg(short, long)]
+        traffic: String,
+        /// Algorithms to replay the same traffic under as well, each
+        /// replacing every rule's (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        compare: Vec<String>,
+        /// Directory for series.csv and the pictures.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The series' resolution (default: about 120 steps), e.g. `100ms`.
+        #[arg(long, value_parser = config::parse_duration)]
+        step: Option<std::time::Duration>,
+    },
     /// Ask a running gateway's admin API whether it is healthy (`GET
     /// /healthz`, plain HTTP); exit 0 if it answers 200 within 2 s, 1 if
     /// not. For container healthchecks, where there is no curl.
@@ -132,6 +156,40 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
+        Command::Simulate {
+            config,
+            traffic,
+            compare,
+            out,
+            step,
+        } => {
+            let default = PathBuf::from("ratewarden.yaml");
+            let path = config.or_else(|| default.exists().then_some(default));
+            let (cfg, _, _) = match load(path.as_ref(), &Overrides::default()) {
+                Ok(x) => x,
+                Err(code) => return code,
+            };
+            let opts = ratewarden_gateway::simulate::Options {
+                traffic,
+                compare,
+                out,
+                step,
+                progress: true,
+            };
+            match ratewarden_gateway::simulate::simulate(&cfg, &opts) {
+                Ok(report) => {
+                    print!("{}", report.summary);
+                    for f in &report.files {
+                        println!("wrote {}", f.display());
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Serve {
             config,
             listen,

@@ -1,0 +1,388 @@
+//! The replay: each request of a [`Traffic`] through the one admission path
+//! ([`Policy::admit`], as the proxy calls it) on a memory store whose clock
+//! is set to the request's time. Nothing is modelled: what the proxy would
+//! decide at those instants is what is counted.
+
+use std::time::Duration;
+
+use futures_util::FutureExt as _;
+use http::{HeaderMap, Method, StatusCode};
+use ratewarden::MemoryStore;
+use ratewarden::clock::{ManualClock, Micros};
+use ratewarden::{Limiter, Mode};
+use ratewarden_tower::admission::{Facts, Identity, Refusal, Who};
+use ratewarden_tower::policy::Policy;
+
+use super::traffic::Traffic;
+use crate::config::RouteSpec;
+
+/// Where the simulated clock starts: 2026-01-01T00:00:00Z, so that
+/// windows aligned to the epoch fall as they would in production.
+pub const EPOCH: u64 = 1_767_225_600_000_000;
+
+/// What happened to one rule's requests in one step of time.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Requests the rule applied to.
+    pub offered: u64,
+    /// Of those, admitted (by every rule that applied).
+    pub admitted: u64,
+    /// Refused by this rule: over its limit.
+    pub limit: u64,
+    /// Refused by this rule: its key banned (`penalty`).
+    pub banned: u64,
+    /// Refused by this rule: too soon after the key's last (`min_interval`).
+    pub min_interval: u64,
+    /// Refused by another rule (this one would have admitted it).
+    pub other: u64,
+}
+
+impl Counts {
+    /// Refused by this rule, for any reason.
+    pub fn rejected(&self) -> u64 {
+        self.limit + self.banned + self.min_interval
+    }
+
+    fn add(&mut self, o: &Counts) {
+        self.offered += o.offered;
+        self.admitted += o.admitted;
+        self.limit += o.limit;
+        self.banned += o.banned;
+        self.min_interval += o.min_interval;
+        self.other += o.other;
+    }
+}
+
+/// One replay's results.
+#[derive(Debug)]
+pub struct Run {
+    /// The rules' names, in order.
+    pub rules: Vec<String>,
+    /// Their algorithms' names.
+    pub algorithms: Vec<String>,
+    /// The step of the series.
+    pub step: Duration,
+    /// From the start to the last request.
+    pub span: Duration,
+    /// Per rule, per step.
+    pub series: Vec<Vec<Counts>>,
+    /// Requests offered per step (whether or not a rule applied).
+    pub offered: Vec<u64>,
+    /// Requests refused by no rule but by the policy (`deny`: 403; no
+    /// identity under `missing: reject`: 400).
+    pub refused_otherwise: u64,
+    /// The Retry-After (whole seconds, as sent) of each request a rule
+    /// refused, per rule.
+    pub retry_after: Vec<Vec<u32>>,
+    /// Requests replayed.
+    pub requests: u64,
+}
+
+impl Run {
+    /// Adds another part's counts of the same rules and steps.
+    fn merge(&mut self, o: Run) {
+        for (mine, theirs) in self.series.iter_mut().zip(&o.series) {
+            for (a, b) in mine.iter_mut().zip(theirs) {
+                a.add(b);
+            }
+        }
+        for (a, b) in self.offered.iter_mut().zip(&o.offered) {
+            *a += b;
+        }
+        for (a, b) in self.retry_after.iter_mut().zip(o.retry_after) {
+            a.extend(b);
+        }
+        self.refused_otherwise += o.refused_otherwise;
+        self.requests += o.requests;
+    }
+
+    /// A rule's counts over the whole run.
+    pub fn total(&self, rule: usize) -> Counts {
+        let mut c = Counts::default();
+        for s in &self.series[rule] {
+            c.add(s);
+        }
+        c
+    }
+}
+
+/// Replays `traffic` under `policy` (with `routes` for rules that match on
+/// a route's name), counting per `step`. `progress` is told how many
+/// requests are done now and then.
+///
+/// When every rule's key contains the client's identity, no two clients
+/// share any state: the clients are then split between threads, each
+/// replaying its own clients' requests in time order on a store and clock
+/// of its own, which counts exactly what one thread would.
+pub fn replay(
+    policy: &Policy,
+    routes: &[RouteSpec],
+    traffic: &Traffic,
+    step: Duration,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Run, String> {
+    let prepared = Prepared::new(policy, routes, traffic)?;
+    let parts = if traffic.events.len() >= 1 << 18
+        && policy.rules.iter().all(|r| r.grouped_by_identity())
+    {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+    } else {
+        1
+    };
+    if parts == 1 {
+        return prepared.replay(step, None, progress);
+    }
+    // Each other thread on rules of its own: a decision clones its rule's
+    // `Arc`, and two threads counting on one would contend for its line.
+    let copies = (1..parts)
+        .map(|_| {
+            let mut p = policy.clone();
+            for r in &mut p.rules {
+                r.rule = ratewarden::Rule::new(r.rule.spec().clone()).map_err(|e| e.to_string())?;
+            }
+            Ok(p)
+        })
+        .collect::<Result<Vec<Policy>, String>>()?;
+    std::thread::scope(|s| {
+        let others: Vec<_> = copies
+            .iter()
+            .enumerate()
+            .map(|(i, copy)| {
+                let mine = Prepared {
+                    policy: copy,
+                    index: copy
+                        .rules
+                        .iter()
+                        .enumerate()
+                        .map(|(i, r)| (r.rule.name(), i))
+                        .collect(),
+                    ..prepared.clone()
+                };
+                s.spawn(move || mine.replay(step, Some((i + 1, parts)), &mut |_| {}))
+            })
+            .collect();
+        // This thread's share stands for all of them in the progress.
+        let mut run =
+            prepared.replay(step, Some((0, parts)), &mut |n| progress(n * parts as u64))?;
+        for o in others {
+            run.merge(
+                o.join()
+                    .map_err(|_| "a replay thread panicked".to_owned())??,
+            );
+        }
+        progress(run.requests);
+        Ok(run)
+    })
+}
+
+/// What every replay of a traffic shares: each distinct request's path as
+/// a rule sees it and its route, each client's address and who the policy
+/// says it is.
+#[derive(Clone)]
+struct Prepared<'a> {
+    policy: &'a Policy,
+    traffic: &'a Traffic,
+    requests: Vec<(Method, String, Option<&'a str>)>,
+    peers: Vec<Option<std::net::IpAddr>>,
+    /// Stage 1 depends on the client alone here (no headers): asked once
+    /// per client, as the proxy would ask it per request. `Err` for a
+    /// client refused before any rule (`deny`, no identity).
+    who: Vec<Result<Who, ()>>,
+    /// Which part of a split replay a client falls in: by its identity as
+    /// the rules see it (two addresses of one IPv6 /64 are one client).
+    hash: Vec<u64>,
+    headers: HeaderMap,
+    index: std::collections::HashMap<&'a str, usize>,
+}
+
+impl<'a> Prepared<'a> {
+    fn new(
+        policy: &'a Policy,
+        routes: &'a [RouteSpec],
+        traffic: &'a Traffic,
+    ) -> Result<Self, String> {
+        let requests: Vec<(Method, String, Option<&str>)> = traffic
+            .requests
+            .iter()
+            .map(|(m, p)| {
+                let path = crate::proxy::forward::rule_path(m, p)
+                    .map_err(|e| format!("path `{p}` is refused at the edge: {e:?}"))?
+                    .into_owned();
+                let route = routes
+                    .iter()
+                    .find(|r| r.matcher.matches(m, &path, None))
+                    .map_or(crate::route::DEFAULT, |r| r.name.as_str());
+                Ok((m.clone(), path, Some(route)))
+            })
+            .collect::<Result<_, String>>()?;
+        let peers: Vec<Option<std::net::IpAddr>> =
+            traffic.identities.iter().map(|i| i.parse().ok()).collect();
+        let headers = HeaderMap::new();
+        let who: Vec<Result<Who, ()>> = traffic
+            .identities
+            .iter()
+            .zip(&peers)
+            .map(|(id, peer)| {
+                policy
+                    .identify(&Facts {
+                        method: &Method::GET,
+                        path: "/",
+                        headers: &headers,
+                        peer: *peer,
+                        identity: Identity::Given(Some(id)),
+                        route: None,
+                    })
+                    .map_err(|_| ())
+            })
+            .collect();
+        let hash = who
+            .iter()
+            .map(|w| {
+                let id = w.as_ref().map_or("", |w| w.identity.as_str());
+                id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+                })
+            })
+            .collect();
+        let index = policy
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.rule.name(), i))
+            .collect();
+        Ok(Self {
+            policy,
+            traffic,
+            requests,
+            peers,
+            who,
+            hash,
+            headers,
+            index,
+        })
+    }
+
+    /// The requests of part `part.0` of `part.1` (all without one).
+    fn replay(
+        &self,
+        step: Duration,
+        part: Option<(usize, usize)>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Run, String> {
+        let (policy, traffic) = (self.policy, self.traffic);
+        let step_us = u64::try_from(step.as_micros()).unwrap_or(u64::MAX).max(1);
+        let steps = (traffic.span() / step_us + 1) as usize;
+        let clock = ManualClock::new(EPOCH);
+        // Room for every client under every rule: nothing is evicted early.
+        let keys = (traffic.identities.len() * policy.rules.len().max(1)).clamp(1 << 16, 1 << 26);
+        let store = MemoryStore::builder()
+            .max_keys(keys)
+            .clock(clock.clone())
+            .build();
+        let limiter = Limiter::new(store);
+        let n = policy.rules.len();
+        let mut run = Run {
+            rules: policy
+                .rules
+                .iter()
+                .map(|r| r.rule.name().to_owned())
+                .collect(),
+            algorithms: policy
+                .rules
+                .iter()
+                .map(|r| r.rule.spec().algorithm.name().to_owned())
+                .collect(),
+            step,
+            span: Duration::from_micros(traffic.span()),
+            series: vec![vec![Counts::default(); steps]; n],
+            offered: vec![0; steps],
+            refused_otherwise: 0,
+            retry_after: vec![Vec::new(); n],
+            requests: 0,
+        };
+        for (done, e) in traffic.events.iter().enumerate() {
+            if done & 0xffff == 0 {
+                progress(done as u64 / part.map_or(1, |p| p.1 as u64));
+            }
+            let client = e.identity as usize;
+            if let Some((p, parts)) = part
+                && self.hash[client] % parts as u64 != p as u64
+            {
+                continue;
+            }
+            run.requests += 1;
+            clock.set(Micros::new(EPOCH + e.t));
+            let at = (e.t / step_us) as usize;
+            run.offered[at] += 1;
+            let Ok(who) = &self.who[client] else {
+                run.refused_otherwise += 1;
+                continue;
+            };
+            let (method, path, route) = &self.requests[e.request as usize];
+            let facts = Facts {
+                method,
+                path,
+                headers: &self.headers,
+                peer: self.peers[client],
+                identity: Identity::Given(Some(&traffic.identities[client])),
+                route: *route,
+            };
+            let decided = policy
+                .matching(&facts, who.clone())
+                .decide(&limiter, 1, Mode::Apply)
+                .now_or_never()
+                .ok_or("the memory store did not decide at once")?;
+            match decided {
+                Ok(mut admitted) => {
+                    if let Some(d) = &admitted.decision {
+                        for r in &d.rules {
+                            let c = &mut run.series[self.index[r.rule.name()]][at];
+                            c.offered += 1;
+                            c.admitted += 1;
+                        }
+                    }
+                    if e.status != 0
+                        && let Ok(status) = StatusCode::from_u16(e.status)
+                    {
+                        settle(admitted.settle(&limiter, status, None).now_or_never())?;
+                    }
+                    // A simulated request takes no time: `concurrency` slots
+                    // are given back at once.
+                    settle(admitted.release(&limiter).now_or_never())?;
+                }
+                Err(Refusal::Limited(d)) => {
+                    let retry = d.retry_after_secs().unwrap_or(0).min(u64::from(u32::MAX)) as u32;
+                    for r in &d.rules {
+                        let i = self.index[r.rule.name()];
+                        let c = &mut run.series[i][at];
+                        c.offered += 1;
+                        match r.reason {
+                            None => c.other += 1,
+                            Some(reason) => {
+                                match reason {
+                                    ratewarden::Reason::Limit => c.limit += 1,
+                                    ratewarden::Reason::Banned => c.banned += 1,
+                                    ratewarden::Reason::MinInterval => c.min_interval += 1,
+                                }
+                                run.retry_after[i].push(retry);
+                            }
+                        }
+                    }
+                }
+                Err(_) => run.refused_otherwise += 1,
+            }
+        }
+        if part.is_none() {
+            progress(run.requests);
+        }
+        Ok(run)
+    }
+}
+
+fn settle(r: Option<Result<(), ratewarden::StoreError>>) -> Result<(), String> {
+    match r {
+        Some(Ok(())) => Ok(()),
+        Some(Err(e)) => Err(format!("store: {e}")),
+        None => Err("the memory store did not settle at once".into()),
+    }
+}
