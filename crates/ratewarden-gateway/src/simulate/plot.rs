@@ -168,31 +168,37 @@ fn bounds(runs: &[&Run]) -> (f64, f64) {
 fn grid<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, runs: &[&Run]) -> Result<(), String> {
     area.fill(&WHITE).map_err(|e| e.to_string())?;
     let (x_max, y_max) = bounds(runs);
-    let rows = runs.first().map_or(0, |r| r.rules.len());
-    let cells = area.split_evenly((rows.max(1), runs.len().max(1)));
+    let rows = drawn(runs);
+    let cells = area.split_evenly((rows.len().max(1), runs.len().max(1)));
     for (c, run) in runs.iter().enumerate() {
-        for rule in 0..rows {
+        for (row, &rule) in rows.iter().enumerate() {
             let title = format!("{} ({})", run.rules[rule], run.algorithms[rule]);
-            panel(
-                &cells[rule * runs.len() + c],
-                &title,
-                &rates(run, rule),
-                x_max,
-                y_max,
-            )?;
+            let cell = &cells[row * runs.len() + c];
+            panel(cell, &title, &rates(run, rule), x_max, y_max)?;
         }
     }
     Ok(())
 }
 
-/// The size of a grid picture of `runs` runs of `rules` rules.
+/// The rules drawn: those the traffic reached (a rule no request fell
+/// under would be a panel of zeros).
+pub fn drawn(runs: &[&Run]) -> Vec<usize> {
+    let Some(first) = runs.first() else {
+        return Vec::new();
+    };
+    (0..first.rules.len())
+        .filter(|&r| first.series[r].iter().any(|c| c.offered > 0))
+        .collect()
+}
+
+/// The size of a grid picture of `runs` runs of `rules` rules drawn.
 pub fn grid_size(runs: usize, rules: usize) -> (u32, u32) {
     (PANEL_W * runs.max(1) as u32, PANEL_H * rules.max(1) as u32)
 }
 
 /// `admitted.{png,svg}`: the configured run.
 pub fn admitted(dir: &Path, run: &Run) -> Result<Vec<PathBuf>, String> {
-    let size = grid_size(1, run.rules.len());
+    let size = grid_size(1, drawn(&[run]).len());
     both(dir, "admitted", size, &|a| grid(a, &[run]), &|a| {
         grid(a, &[run])
     })
@@ -200,7 +206,7 @@ pub fn admitted(dir: &Path, run: &Run) -> Result<Vec<PathBuf>, String> {
 
 /// `compare.{png,svg}`: the same traffic under each algorithm.
 pub fn compare(dir: &Path, runs: &[&Run]) -> Result<Vec<PathBuf>, String> {
-    let size = grid_size(runs.len(), runs.first().map_or(1, |r| r.rules.len()));
+    let size = grid_size(runs.len(), drawn(runs).len());
     both(dir, "compare", size, &|a| grid(a, runs), &|a| grid(a, runs))
 }
 

@@ -150,12 +150,7 @@ pub fn replay(
             .map(|(i, copy)| {
                 let mine = Prepared {
                     policy: copy,
-                    index: copy
-                        .rules
-                        .iter()
-                        .enumerate()
-                        .map(|(i, r)| (r.rule.name(), i))
-                        .collect(),
+                    ids: copy.rules.iter().map(|r| r.rule.id()).collect(),
                     ..prepared.clone()
                 };
                 s.spawn(move || mine.replay(step, Some((i + 1, parts)), &mut |_| {}))
@@ -192,7 +187,9 @@ struct Prepared<'a> {
     /// the rules see it (two addresses of one IPv6 /64 are one client).
     hash: Vec<u64>,
     headers: HeaderMap,
-    index: std::collections::HashMap<&'a str, usize>,
+    /// Each rule's id, by position: a decision's rules found among them
+    /// (a scan of a few integers; hashing the name cost more).
+    ids: Vec<u64>,
 }
 
 impl<'a> Prepared<'a> {
@@ -244,12 +241,7 @@ impl<'a> Prepared<'a> {
                 })
             })
             .collect();
-        let index = policy
-            .rules
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.rule.name(), i))
-            .collect();
+        let ids = policy.rules.iter().map(|r| r.rule.id()).collect();
         Ok(Self {
             policy,
             traffic,
@@ -258,8 +250,13 @@ impl<'a> Prepared<'a> {
             who,
             hash,
             headers,
-            index,
+            ids,
         })
+    }
+
+    fn rule_index(&self, rule: &ratewarden::Rule) -> usize {
+        let id = rule.id();
+        self.ids.iter().position(|&i| i == id).unwrap_or(0)
     }
 
     /// The requests of part `part.0` of `part.1` (all without one).
@@ -336,7 +333,7 @@ impl<'a> Prepared<'a> {
                 Ok(mut admitted) => {
                     if let Some(d) = &admitted.decision {
                         for r in &d.rules {
-                            let c = &mut run.series[self.index[r.rule.name()]][at];
+                            let c = &mut run.series[self.rule_index(&r.rule)][at];
                             c.offered += 1;
                             c.admitted += 1;
                         }
@@ -353,7 +350,7 @@ impl<'a> Prepared<'a> {
                 Err(Refusal::Limited(d)) => {
                     let retry = d.retry_after_secs().unwrap_or(0).min(u64::from(u32::MAX)) as u32;
                     for r in &d.rules {
-                        let i = self.index[r.rule.name()];
+                        let i = self.rule_index(&r.rule);
                         let c = &mut run.series[i][at];
                         c.offered += 1;
                         match r.reason {
