@@ -27,7 +27,12 @@ fn main() {
     let t = traffic::load(spec).expect("a traffic spec");
     let clock = ManualClock::new(EPOCH);
     let keys = (t.identities.len()).clamp(1 << 16, 1 << 26);
-    let limiter = Limiter::new(MemoryStore::builder().max_keys(keys).clock(clock.clone()).build());
+    let limiter = Limiter::new(
+        MemoryStore::builder()
+            .max_keys(keys)
+            .clock(clock.clone())
+            .build(),
+    );
     let started = Instant::now();
     let mut admitted = 0u64;
     for e in &t.events {

@@ -219,19 +219,31 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
     if let Some((_, Some(token))) = &live.config.admin
         && !exempt
     {
-        let ok = req
+        // The token as a bearer token, or as the password of Basic
+        // credentials: what a browser sends for `/ui` and its requests.
+        let given = req
             .headers()
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| t == token);
+            .and_then(|v| v.to_str().ok());
+        let ok = given.is_some_and(|v| {
+            v.strip_prefix("Bearer ").is_some_and(|t| t == token)
+                || crate::ui::basic_password(v).is_some_and(|p| p == *token)
+        });
         if !ok {
+            let page = req.uri().path() == "/ui" || req.uri().path().starts_with("/ui/");
             let mut r = problem_response(
                 StatusCode::UNAUTHORIZED,
-                "admin requests need Authorization: Bearer <token>",
+                "admin requests need Authorization: Bearer <token> (or the token as a Basic password)",
             );
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            // A browser asks for Basic credentials, and only for the page.
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(if page {
+                    "Basic realm=\"ratewarden admin\", charset=\"UTF-8\""
+                } else {
+                    "Bearer"
+                }),
+            );
             return r;
         }
     }
@@ -261,7 +273,12 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
             Err(r) => r,
         },
         (Method::GET, "/v1/explain") => explain(&live, &query(&req)).await,
-        (Method::GET, "/v1/rules") => rules(&live),
+        (Method::GET, "/v1/rules") => rules(gw, &live),
+        (Method::GET, "/ui") => page(crate::ui::page(&live), "text/html; charset=utf-8"),
+        (Method::GET, "/ui/app.js") => page(
+            crate::ui::SCRIPT.to_owned(),
+            "text/javascript; charset=utf-8",
+        ),
         (Method::GET, "/v1/bans") => bans(gw, &live, &query(&req)).await,
         (Method::GET, "/v1/keys") => top_keys(gw, &live, &query(&req)).await,
         (m, p) if p.starts_with("/v1/keys/") && (m == Method::GET || m == Method::DELETE) => {
@@ -569,7 +586,24 @@ fn listing_limit(q: &[(String, String)]) -> Result<usize, Box<Response<Body>>> {
 
 /// `GET /v1/rules`: the rules loaded, with their parameters and the
 /// fingerprint that names their state.
-fn rules(live: &Live) -> Response<Body> {
+/// A page of `/ui`: not cached, not framed, its own script only.
+fn page(body: String, content_type: &'static str) -> Response<Body> {
+    let mut r = respond(StatusCode::OK, content_type, body);
+    let h = r.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(crate::ui::CSP),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+fn rules(gw: &Gateway, live: &Live) -> Response<Body> {
     let banner = crate::gateway::banner(&live.config);
     let rules: Vec<Value> = live
         .config
@@ -597,6 +631,7 @@ fn rules(live: &Live) -> Response<Body> {
                 "cost": s.cost,
                 "shadow": s.shadow,
                 "summary": line,
+                "decisions": gw.metrics.decisions(&s.name),
             })
         })
         .collect();

@@ -20,4 +20,5 @@ pub mod simulate;
 pub mod store;
 pub mod stream;
 pub mod tls;
+pub mod ui;
 pub mod upstream;

@@ -66,6 +66,11 @@ impl Histogram {
 pub struct RuleCounts([AtomicU64; 3]);
 
 impl RuleCounts {
+    /// allowed, rejected, shadow_rejected so far.
+    pub fn get(&self) -> [u64; 3] {
+        [0, 1, 2].map(|i| self.0[i].load(Ordering::Relaxed))
+    }
+
     /// Counts one `allowed`, `rejected` or `shadow_rejected` decision.
     pub fn add(&self, decision: &'static str) {
         let i = DECISIONS.iter().position(|d| *d == decision).unwrap_or(1);
@@ -122,6 +127,23 @@ impl Metrics {
             Some(c) => c.clone(),
             None => m.entry(rule.to_owned()).or_default().clone(),
         }
+    }
+
+    /// `rule`'s decisions so far as JSON (`/v1/rules`, and the live page's
+    /// rates): `{"allowed": n, "rejected": n, "shadow_rejected": n}`.
+    pub fn decisions(&self, rule: &str) -> serde_json::Value {
+        let counts = self
+            .requests
+            .lock()
+            .get(rule)
+            .map(|c| c.get())
+            .unwrap_or_default();
+        DECISIONS
+            .iter()
+            .zip(counts)
+            .map(|(name, n)| ((*name).to_owned(), serde_json::Value::from(n)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
     }
 
     /// The attempt counts of `server` on `route`, created on first use.
