@@ -3,9 +3,9 @@
 //! is set to the request's time. Nothing is modelled: what the proxy would
 //! decide at those instants is what is counted.
 
+use std::future::Future as _;
 use std::time::Duration;
 
-use futures_util::FutureExt as _;
 use http::{HeaderMap, Method, StatusCode};
 use ratewarden::MemoryStore;
 use ratewarden::clock::{ManualClock, Micros};
@@ -15,6 +15,19 @@ use ratewarden_tower::policy::Policy;
 
 use super::traffic::Traffic;
 use crate::config::RouteSpec;
+
+/// Polls a future once, pinned where it is built: the memory store decides
+/// at once, and `now_or_never` moved the (large) admission future twice per
+/// request, a sixth of the replay's time. `None` if it did not finish.
+macro_rules! at_once {
+    ($f:expr) => {{
+        let f = std::pin::pin!($f);
+        match f.poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        }
+    }};
+}
 
 /// Where the simulated clock starts: 2026-01-01T00:00:00Z, so that
 /// windows aligned to the epoch fall as they would in production.
@@ -324,11 +337,12 @@ impl<'a> Prepared<'a> {
                 identity: Identity::Given(Some(&traffic.identities[client])),
                 route: *route,
             };
-            let decided = policy
-                .matching(&facts, who.clone())
-                .decide(&limiter, 1, Mode::Apply)
-                .now_or_never()
-                .ok_or("the memory store did not decide at once")?;
+            let decided = at_once!(policy.matching(&facts, who.clone()).decide(
+                &limiter,
+                1,
+                Mode::Apply
+            ))
+            .ok_or("the memory store did not decide at once")?;
             match decided {
                 Ok(mut admitted) => {
                     if let Some(d) = &admitted.decision {
@@ -341,11 +355,11 @@ impl<'a> Prepared<'a> {
                     if e.status != 0
                         && let Ok(status) = StatusCode::from_u16(e.status)
                     {
-                        settle(admitted.settle(&limiter, status, None).now_or_never())?;
+                        settle(at_once!(admitted.settle(&limiter, status, None)))?;
                     }
                     // A simulated request takes no time: `concurrency` slots
                     // are given back at once.
-                    settle(admitted.release(&limiter).now_or_never())?;
+                    settle(at_once!(admitted.release(&limiter)))?;
                 }
                 Err(Refusal::Limited(d)) => {
                     let retry = d.retry_after_secs().unwrap_or(0).min(u64::from(u32::MAX)) as u32;
