@@ -707,7 +707,46 @@ async fn bans(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response<Bod
         Ok(n) => n,
         Err(r) => return *r,
     };
-    let mut bans = gw.metrics.bans(MAX_LISTED);
+    // The bans this gateway imposed or saw, each confirmed by the store
+    // now: a ban cleared (`DELETE /v1/keys/...`, here or on another
+    // gateway sharing the store) is no longer listed, nor remembered.
+    let mut bans = Vec::new();
+    let tracked = gw.metrics.bans(MAX_LISTED);
+    let store = live.limiter.store();
+    for chunk in tracked.chunks(INSPECTING) {
+        let ops: Vec<_> = chunk
+            .iter()
+            .map(|(rule, key, _)| {
+                live.config
+                    .policy
+                    .rules
+                    .iter()
+                    .find(|r| r.rule.name() == rule)
+                    .map(|pr| (pr, pr.group_of_key(key)))
+            })
+            .collect();
+        let infos = futures_util::future::join_all(ops.iter().zip(chunk).map(
+            |(found, (_, key, _))| async move {
+                match found {
+                    Some((pr, group)) => {
+                        Some(store.inspect(Op::grouped(&pr.rule, key, group)).await)
+                    }
+                    None => None,
+                }
+            },
+        ))
+        .await;
+        for ((rule, key, _), info) in chunk.iter().zip(infos) {
+            match info {
+                Some(Ok(i)) if i.ban_left.is_some_and(|l| !l.is_zero()) => {
+                    bans.push((rule.clone(), key.clone(), i.ban_left.unwrap_or_default()));
+                }
+                Some(Err(e)) => return unavailable(e),
+                // Cleared, lapsed, or its rule is gone.
+                _ => gw.metrics.unban(rule, key),
+            }
+        }
+    }
     let mut complete = true;
     if matches!(live.limiter.store(), crate::store::AnyStore::Redis(_)) {
         for pr in live

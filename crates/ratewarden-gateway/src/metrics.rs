@@ -202,6 +202,11 @@ impl Metrics {
         b.insert((rule.to_owned(), key.to_owned()), until);
     }
 
+    /// Forgets a ban the store no longer holds.
+    pub fn unban(&self, rule: &str, key: &str) {
+        self.bans.lock().remove(&(rule.to_owned(), key.to_owned()));
+    }
+
     /// Active bans, the longest first, at most `max`: (rule, key, time left).
     pub fn bans(&self, max: usize) -> Vec<(String, String, Duration)> {
         let now = Instant::now();

@@ -274,3 +274,229 @@ async fn the_page_and_its_api_calls_take_the_token_as_a_basic_password() {
     );
     gw.shutdown().await;
 }
+
+/// The browser's profile directory, removed when done.
+struct Profile(std::path::PathBuf);
+
+impl Drop for Profile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Just enough of the Chrome DevTools protocol to click a button: a
+/// WebSocket client (RFC 6455: masked text frames out, unmasked in) on a
+/// page target of a headless Chromium started with a debugging port.
+struct Devtools {
+    browser: tokio::process::Child,
+    ws: tokio::net::TcpStream,
+    next: u64,
+    _profile: Profile,
+}
+
+impl Devtools {
+    async fn start() -> Self {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let profile = Profile(support::scratch_dir("rw-ui-cdp"));
+        let mut browser = tokio::process::Command::new(chromium())
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--remote-debugging-port=0",
+                &format!("--user-data-dir={}", profile.0.display()),
+                "about:blank",
+            ])
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // "DevTools listening on ws://127.0.0.1:PORT/devtools/browser/ID"
+        let mut lines = BufReader::new(browser.stderr.take().unwrap()).lines();
+        let port: u16 = loop {
+            let line = tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
+                .await
+                .expect("chromium's debugging port within 30 s")
+                .unwrap()
+                .expect("chromium ended before its debugging port");
+            if let Some(rest) = line.split("ws://127.0.0.1:").nth(1) {
+                break rest.split('/').next().unwrap().parse().unwrap();
+            }
+        };
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // The page target's socket.
+        let list = send(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            "GET",
+            "/json/list",
+            &[],
+            "",
+        )
+        .await
+        .body;
+        let targets: serde_json::Value = serde_json::from_str(&list).unwrap();
+        let url = targets
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["type"] == "page")
+            .expect("a page target")["webSocketDebuggerUrl"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let path = &url[url.find("/devtools/").unwrap()..];
+        let mut ws = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        ws.write_all(
+            format!(
+                "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n\
+                 Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+                 Sec-WebSocket-Version: 13\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(ws.read_u8().await.unwrap());
+        }
+        assert!(
+            head.starts_with(b"HTTP/1.1 101"),
+            "{}",
+            String::from_utf8_lossy(&head)
+        );
+        Self {
+            browser,
+            ws,
+            next: 0,
+            _profile: profile,
+        }
+    }
+
+    /// Sends one command and returns its result (events are skipped).
+    async fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.next += 1;
+        let id = self.next;
+        let text = serde_json::json!({"id": id, "method": method, "params": params}).to_string();
+        let mut frame = vec![0x81u8];
+        match text.len() {
+            n if n < 126 => frame.push(0x80 | n as u8),
+            n if n < 65_536 => {
+                frame.push(0x80 | 126);
+                frame.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                frame.push(0x80 | 127);
+                frame.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        let mask = [0x12, 0x34, 0x56, 0x78];
+        frame.extend_from_slice(&mask);
+        frame.extend(text.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        self.ws.write_all(&frame).await.unwrap();
+        loop {
+            let (b0, b1) = (
+                self.ws.read_u8().await.unwrap(),
+                self.ws.read_u8().await.unwrap(),
+            );
+            let len = match b1 & 0x7f {
+                126 => u64::from(self.ws.read_u16().await.unwrap()),
+                127 => self.ws.read_u64().await.unwrap(),
+                n => u64::from(n),
+            };
+            let mut payload = vec![0; len as usize];
+            self.ws.read_exact(&mut payload).await.unwrap();
+            if b0 & 0x0f != 1 {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// Evaluates `js` in the page; its value.
+    async fn eval(&mut self, js: &str) -> serde_json::Value {
+        let r = self
+            .call(
+                "Runtime.evaluate",
+                serde_json::json!({"expression": js, "returnByValue": true, "awaitPromise": true}),
+            )
+            .await;
+        r["result"]["value"].clone()
+    }
+
+    /// Waits (up to 10 s) until `js` is true in the page.
+    async fn until(&mut self, js: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.eval(js).await != serde_json::Value::Bool(true) {
+            assert!(std::time::Instant::now() < deadline, "never true: {js}");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Devtools {
+    fn drop(&mut self) {
+        let _ = self.browser.start_kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pages_clear_button_clears_the_key_and_its_ban() {
+    let clock = ratewarden::clock::ManualClock::new(support::now());
+    let gw = gateway(YAML, "echo", Some(clock)).await;
+    let admin = gw.admin.unwrap();
+    for _ in 0..40 {
+        send(gw.listen, "GET", "/", &[("x-user-id", "alice")], "").await;
+    }
+    let banned = |b: &serde_json::Value| {
+        b["bans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["key"] == "alice")
+    };
+    assert!(banned(&json(admin, "/v1/bans").await));
+    let mut page = Devtools::start().await;
+    page.call(
+        "Page.navigate",
+        serde_json::json!({"url": format!("http://{admin}/ui")}),
+    )
+    .await;
+    let row = "#keys tr[data-rule=\"per-client\"][data-key=\"alice\"]";
+    page.until(&format!("document.querySelector('{row} button') !== null"))
+        .await;
+    page.eval(&format!("document.querySelector('{row} button').click()"))
+        .await;
+    // Cleared in the store, the ban gone, and the page shows it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let state = json(admin, "/v1/keys/per-client/alice").await;
+        if state["exists"] == false {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never cleared: {state}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(!banned(&json(admin, "/v1/bans").await));
+    assert_eq!(
+        send(gw.listen, "GET", "/", &[("x-user-id", "alice")], "")
+            .await
+            .status,
+        200,
+        "alice is let in again"
+    );
+    page.until("document.querySelector('#bans tr[data-key=\"alice\"]') === null")
+        .await;
+    gw.shutdown().await;
+}
