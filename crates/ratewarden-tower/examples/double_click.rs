@@ -186,11 +186,22 @@ mod tests {
         end.send(true).unwrap();
         assert_eq!(tasks.pop().unwrap().await.unwrap(), StatusCode::CREATED);
         assert_eq!(other.await.unwrap(), StatusCode::CREATED);
-        // Finished: the next click passes at once, no window to wait out.
-        assert_eq!(
-            click(&apps[1 % apps.len()], user).await.status(),
-            StatusCode::CREATED
-        );
+        // Finished: the next click passes, with no window to wait out. The
+        // slot is given back when the answer's body is dropped, by a task
+        // of its own: on a busy machine that can land a moment after the
+        // status did (a click sent at once was refused, on Redis under
+        // CI's load), so "at once" is within 2 s, far inside the window.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            match click(&apps[1 % apps.len()], user).await.status() {
+                StatusCode::CREATED => break,
+                s => assert!(
+                    std::time::Instant::now() < deadline,
+                    "the slot was never given back: {s}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     fn bare<S: Store>(store: S) -> Router<Generations> {
