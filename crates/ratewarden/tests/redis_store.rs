@@ -269,6 +269,30 @@ async fn calls_go_through_a_function_loaded_on_demand() {
     assert!(!decide().await, "the limit of 2 holds across the reload");
 }
 
+/// Ops of one call on one rule share the spec the Function parsed once
+/// and keeps; each is still charged its own cost (an Envoy call's
+/// descriptors carry their own `hits_addend`), also on later calls that
+/// find the spec kept.
+#[tokio::test]
+async fn ops_sharing_a_rule_are_each_charged_their_own_cost() {
+    let server = RedisServer::start();
+    let redis = RedisStore::new(config(Some(server.url()), vec![], None)).unwrap();
+    let rule = Rule::builder("shared")
+        .algorithm(Kind::FixedWindow)
+        .limit(10, Duration::from_secs(3_600))
+        .build()
+        .unwrap();
+    for round in 1..=2u64 {
+        let ops = [
+            Op::grouped(&rule, "a", "g").weighing(1),
+            Op::grouped(&rule, "b", "g").weighing(4),
+        ];
+        let v = redis.decide(&ops, 1, Mode::Apply).await.unwrap();
+        assert_eq!(v[0].check.remaining, 10 - round, "round {round}");
+        assert_eq!(v[1].check.remaining, 10 - 4 * round, "round {round}");
+    }
+}
+
 #[tokio::test]
 async fn a_random_walk_agrees_with_the_memory_store_on_redis_cluster() {
     let cluster = RedisCluster::start();

@@ -476,7 +476,7 @@ impl RedisStore {
                 inv.key(k);
             }
             for a in &args {
-                inv.arg(*a);
+                inv.arg(a);
             }
             match conn {
                 Conn::Single(mut c) => inv.invoke_async(&mut c).await,
@@ -520,7 +520,7 @@ impl RedisStore {
         &self,
         conn: &mut Conn,
         keys: &[String],
-        args: &[i64],
+        args: &[String],
     ) -> redis::RedisResult<Vec<i64>> {
         let (library, name) = &self.inner.library;
         let mut call = redis::cmd("FCALL");

@@ -68,47 +68,69 @@ pub enum Mode {
     Refund = 6,
 }
 
-/// Values per op in ARGV.
-pub const FIELDS: usize = 16;
+/// Values per op in ARGV: the rule's spec (one string), the cost, the
+/// lease.
+pub const FIELDS: usize = 3;
+/// Integers in a rule's spec.
+pub const SPEC: usize = 14;
 /// Values per op in an apply or peek reply.
 pub const REPLY: usize = 7;
 
 /// One op of a call: the op, its cost, and the lease to release (0: none).
 pub type Call<'a> = (Op<'a>, u64, u64);
 
-/// The ARGV of a call of `ops`, at `now` (0: Redis's `TIME`).
-pub fn argv(ops: &[Call<'_>], mode: Mode, now: Micros) -> Vec<i64> {
-    let mut out = Vec::with_capacity(3 + ops.len() * FIELDS);
+/// A rule's spec as the script takes it: 14 integers joined by commas
+/// (one ARGV string: Redis makes a string per ARGV value, and fourteen
+/// cost it more than one; the script parses a spec once per library load).
+pub fn spec(rule: &crate::Rule) -> String {
+    let spec = rule.spec();
+    let (kind, p) = rule.params().script_params();
     let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    out.extend([mode as i64, ops.len() as i64, n(now.get())]);
-    for (op, cost, lease) in ops {
-        let spec = op.rule.spec();
-        let (kind, p) = op.rule.params().script_params();
-        out.push(i64::from(kind));
-        // u64::MAX marks "none" (leaky bucket reject mode): -1.
-        out.extend(p.map(|v| if v == u64::MAX { -1 } else { n(v) }));
-        out.push(n(spec.min_interval.map_or(0, |d| micros(d).get())));
-        match &spec.penalty {
-            Some(pen) => out.extend([
-                n(micros(pen.duration).get()),
-                i64::from(pen.multiplier),
-                n(micros(pen.max).get()),
-                n(micros(pen.memory).get()),
-            ]),
-            None => out.extend([0, 1, 0, 0]),
+    let mut v: [i64; SPEC] = [0; SPEC];
+    v[0] = i64::from(kind);
+    // u64::MAX marks "none" (leaky bucket reject mode): -1.
+    for (slot, p) in v[1..5].iter_mut().zip(p) {
+        *slot = if p == u64::MAX { -1 } else { n(p) };
+    }
+    v[5] = n(spec.min_interval.map_or(0, |d| micros(d).get()));
+    (v[6], v[7], v[8], v[9]) = match &spec.penalty {
+        Some(pen) => (
+            n(micros(pen.duration).get()),
+            i64::from(pen.multiplier),
+            n(micros(pen.max).get()),
+            n(micros(pen.memory).get()),
+        ),
+        None => (0, 1, 0, 0),
+    };
+    (v[10], v[11]) = match spec.counting {
+        Counting::All => (0, 0),
+        Counting::Failures { reset_on_success } => (1, i64::from(reset_on_success)),
+    };
+    v[12] = i64::from(spec.count_rejected);
+    v[13] = i64::from(spec.shadow);
+    let mut out = String::with_capacity(64);
+    let mut buf = itoa::Buffer::new();
+    for (i, x) in v.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
         }
-        let (failures, reset) = match spec.counting {
-            Counting::All => (0, 0),
-            Counting::Failures { reset_on_success } => (1, i64::from(reset_on_success)),
-        };
-        out.extend([
-            failures,
-            reset,
-            i64::from(spec.count_rejected),
-            i64::from(spec.shadow),
-            n(*cost),
-            n(*lease),
-        ]);
+        out.push_str(buf.format(*x));
+    }
+    out
+}
+
+/// The ARGV of a call of `ops`, at `now` (0: Redis's `TIME`).
+pub fn argv(ops: &[Call<'_>], mode: Mode, now: Micros) -> Vec<String> {
+    let mut out = Vec::with_capacity(3 + ops.len() * FIELDS);
+    let mut buf = itoa::Buffer::new();
+    let mut n = |v: u64| buf.format(v).to_owned();
+    out.push((mode as u8).to_string());
+    out.push(n(ops.len() as u64));
+    out.push(n(now.get()));
+    for (op, cost, lease) in ops {
+        out.push(spec(op.rule));
+        out.push(n(*cost));
+        out.push(n(*lease));
     }
     debug_assert_eq!(out.len(), 3 + ops.len() * FIELDS);
     out
@@ -158,7 +180,7 @@ mod tests {
             assert!(SCRIPT.contains(&marker), "{marker}");
         }
         assert!(SCRIPT.starts_with("-- ratewarden"));
-        assert!(SCRIPT.contains("local FIELDS = 16"));
+        assert!(SCRIPT.contains("local FIELDS = 3"));
         assert!(SCRIPT.contains("return redis.error_reply('ratewarden: unknown mode')"));
         assert!(SCRIPT.ends_with("\nreturn dispatch()\n"));
         let (library, name) = library();

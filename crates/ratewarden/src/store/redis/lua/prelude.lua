@@ -21,12 +21,14 @@
 --   ARGV[3]  0, or a time (µs) to use instead of TIME: only for tests that
 --            run the case table on a manual clock, and for the test
 --            showing what skewed local clocks would do
---   then 16 values per op (see RedisStore::invocation, script.rs):
---     kind           the algorithm's id in the Rust table
---     p1 p2 p3 p4    algorithm parameters (Algorithm::script_params)
---     min_interval   µs, 0 = none
---     pen_dur pen_mult pen_max pen_mem   penalty (pen_dur 0 = none)
---     failures reset_on_success count_rejected shadow   0/1 flags
+--   then 3 values per op (see script::argv, script.rs):
+--     spec           the rule, one string of 14 integers separated by
+--                    commas (parsed once per library load, rule.lua):
+--       kind           the algorithm's id in the Rust table
+--       p1 p2 p3 p4    algorithm parameters (Algorithm::script_params)
+--       min_interval   µs, 0 = none
+--       pen_dur pen_mult pen_max pen_mem   penalty (pen_dur 0 = none)
+--       failures reset_on_success count_rejected shadow   0/1 flags
 --     cost
 --     lease          the lease to release (mode 5), else 0
 -- Returns, for apply and peek, 7 integers per op:

@@ -1,23 +1,43 @@
 -- The rule layer (rule/eval.rs: verdict, commit, settle, idle_at) and the
 -- modes of a call.
 
-local FIELDS = 16
+local FIELDS = 3
 -- A state: one string of six integers, "s1 s2 s3 ml mb mv" (one GET, one
 -- SET ... PXAT: cheaper for Redis than a hash's HMGET, HSET and PEXPIREAT).
 local PACKED = '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+)$'
 local mode, nops
 
+-- A rule's spec arrives as one ARGV string of 14 integers (a rule's
+-- fixed part: Redis makes one string per ARGV, so one is cheaper than
+-- fourteen), parsed once and kept while the library is loaded (as a
+-- Function; run by EVAL the cache starts empty each call). Parsed specs
+-- are never changed (the per-call cost and lease come apart), so ops of
+-- one call may share one. At most SPECS kept; then it starts afresh.
+local SPECS = 1000
+local specs, nspecs = {}, 0
+local function spec_of(s)
+  local r = specs[s]
+  if r then return r end
+  local v = {}
+  for n in string.gmatch(s, '%-?%d+') do v[#v + 1] = tonumber(n) end
+  if #v ~= 14 then error('ratewarden: bad rule spec ' .. s) end
+  r = {
+    kind = v[1], p = {v[2], v[3], v[4], v[5]},
+    min_interval = v[6],
+    pen_dur = v[7], pen_mult = v[8], pen_max = v[9], pen_mem = v[10],
+    failures = v[11] == 1, reset_on_success = v[12] == 1,
+    count_rejected = v[13] == 1, shadow = v[14] == 1,
+  }
+  if nspecs >= SPECS then specs, nspecs = {}, 0 end
+  specs[s] = r
+  nspecs = nspecs + 1
+  return r
+end
+
+-- Op i's rule, cost and lease (ARGV: spec, cost, lease).
 local function rule_of(i)
   local b = 3 + (i - 1) * FIELDS
-  local a = function(k) return tonumber(ARGV[b + k]) end
-  return {
-    kind = a(1), p = {a(2), a(3), a(4), a(5)},
-    min_interval = a(6),
-    pen_dur = a(7), pen_mult = a(8), pen_max = a(9), pen_mem = a(10),
-    failures = a(11) == 1, reset_on_success = a(12) == 1,
-    count_rejected = a(13) == 1, shadow = a(14) == 1, cost = a(15),
-    lease = a(16),
-  }
+  return spec_of(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
 end
 
 local function load(i)
@@ -38,8 +58,8 @@ local function next_ban(r, st)
 end
 
 -- Returns {check, reason}: reason 0 none, 1 limit, 2 banned, 3 min_interval.
-local function verdict(r, st)
-  local c = algo[r.kind].check(r.p, st, r.cost)
+local function verdict(r, st, cost)
+  local c = algo[r.kind].check(r.p, st, cost)
   if st.mb > now then
     return {deny(0, c[3], st.mb - now), 2}
   end
@@ -63,18 +83,18 @@ local function verdict(r, st)
 end
 
 -- Mirrors Rule::commit; returns whether the state changed.
-local function commit(r, st, v, admitted)
+local function commit(r, st, v, admitted, cost)
   local reason = v[2]
   if reason == 0 then
     if not admitted then return false end
-    if not r.failures then algo[r.kind].charge(r.p, st, r.cost) end
+    if not r.failures then algo[r.kind].charge(r.p, st, cost) end
     if r.min_interval > 0 then st.ml = now end
     return (not r.failures) or r.min_interval > 0
   end
   if reason == 2 then return false end
   local dirty = false
   if r.count_rejected then
-    algo[r.kind].charge(r.p, st, r.cost)
+    algo[r.kind].charge(r.p, st, cost)
     if r.min_interval > 0 then st.ml = now end
     dirty = true
   end
@@ -116,18 +136,18 @@ local function dispatch()
   mode = tonumber(ARGV[1])
   nops = tonumber(ARGV[2])
   if mode == 0 or mode == 1 then
-    local rules, states, verdicts = {}, {}, {}
+    local rules, costs, states, verdicts = {}, {}, {}, {}
     local admitted = true
     for i = 1, nops do
-      rules[i] = rule_of(i)
+      rules[i], costs[i] = rule_of(i)
       states[i] = load(i)
-      verdicts[i] = verdict(rules[i], states[i])
+      verdicts[i] = verdict(rules[i], states[i], costs[i])
       if verdicts[i][2] ~= 0 and not rules[i].shadow then admitted = false end
     end
     local out = {}
     for i = 1, nops do
       local c, reason = verdicts[i][1], verdicts[i][2]
-      if mode == 0 and commit(rules[i], states[i], verdicts[i], admitted) then
+      if mode == 0 and commit(rules[i], states[i], verdicts[i], admitted, costs[i]) then
         store(i, rules[i], states[i])
       end
       local allowed = 0
@@ -144,11 +164,11 @@ local function dispatch()
     return out
   elseif mode == 2 or mode == 3 then
     for i = 1, nops do
-      local r = rule_of(i)
+      local r, cost = rule_of(i)
       if r.failures then
         local st = load(i)
         if mode == 2 then
-          algo[r.kind].charge(r.p, st, r.cost)
+          algo[r.kind].charge(r.p, st, cost)
           store(i, r, st)
         elseif r.reset_on_success then
           st[1], st[2], st[3] = 0, 0, 0
@@ -168,22 +188,22 @@ local function dispatch()
     return {exists, c[2], c[3], ban_left, st.mv}
   elseif mode == 5 then
     for i = 1, nops do
-      local r = rule_of(i)
+      local r, cost, lease = rule_of(i)
       local release = algo[r.kind].release
-      if release and r.lease > 0 then
+      if release and lease > 0 then
         local st = load(i)
-        release(r.p, st, r.lease, r.cost)
+        release(r.p, st, lease, cost)
         store(i, r, st)
       end
     end
     return {}
   elseif mode == 6 then
     for i = 1, nops do
-      local r = rule_of(i)
+      local r, cost = rule_of(i)
       local refund = algo[r.kind].refund
       if refund and redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
         local st = load(i)
-        refund(r.p, st, r.cost)
+        refund(r.p, st, cost)
         store(i, r, st)
       end
     end
