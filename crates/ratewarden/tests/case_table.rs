@@ -471,7 +471,7 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
             c
         }
     };
-    let raw: Vec<i64> = call
+    let reply: redis::Value = call
         .arg(2)
         .arg(key)
         .arg(log)
@@ -479,7 +479,10 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         .query(con)
         .unwrap_or_else(|e| panic!("line {}: {e}", row.line));
     let verdict = match kind {
-        OpKind::Apply | OpKind::Peek => Some(script::verdicts(&raw, 1).unwrap()[0]),
+        OpKind::Apply | OpKind::Peek => {
+            let text: String = redis::from_redis_value(reply).unwrap();
+            Some(script::verdicts(&text, 1).unwrap()[0])
+        }
         _ => None,
     };
     // Read the state back.

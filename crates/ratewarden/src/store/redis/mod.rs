@@ -446,7 +446,13 @@ impl RedisStore {
     /// breaker: `FCALL` of the library's function (loaded when missing:
     /// first use, a restarted or new node), or `EVALSHA` of the script
     /// where the server has no Functions (before Redis 7) or they are off.
-    async fn run(&self, ops: &[Call<'_>], mode: script::Mode) -> Result<Vec<i64>, StoreError> {
+    /// The reply is an apply or peek call's text (a `String`), an
+    /// inspection's integers, or nothing much (`redis::Value`).
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        ops: &[Call<'_>],
+        mode: script::Mode,
+    ) -> Result<T, StoreError> {
         let mut keys = Vec::with_capacity(ops.len() * 2);
         for (op, _, _) in ops {
             let (k, log) = self.key_names(op);
@@ -516,12 +522,12 @@ impl RedisStore {
 
     /// `FCALL` of the library's function; on a server that does not have
     /// it yet, `FUNCTION LOAD` (to every master of a cluster) and again.
-    async fn fcall(
+    async fn fcall<T: redis::FromRedisValue>(
         &self,
         conn: &mut Conn,
         keys: &[String],
         args: &[String],
-    ) -> redis::RedisResult<Vec<i64>> {
+    ) -> redis::RedisResult<T> {
         let (library, name) = &self.inner.library;
         let mut call = redis::cmd("FCALL");
         call.arg(name).arg(keys.len()).arg(keys).arg(args);
@@ -742,8 +748,8 @@ impl Store for RedisStore {
                 Mode::Apply if !rejected => script::Mode::Apply,
                 _ => script::Mode::Peek,
             };
-            let raw = self.run(batch, mode).await?;
-            let v = script::verdicts(&raw, batch.len()).map_err(StoreError::Protocol)?;
+            let reply: String = self.run(batch, mode).await?;
+            let v = script::verdicts(&reply, batch.len()).map_err(StoreError::Protocol)?;
             let plain: Vec<Op<'_>> = batch.iter().map(|(op, _, _)| *op).collect();
             rejected |= !crate::store::admitted(&plain, &v);
             out.extend(v);
@@ -781,7 +787,7 @@ impl Store for RedisStore {
             script::Mode::Success
         };
         for batch in self.batches(&ops) {
-            self.run(&batch, mode).await?;
+            self.run::<redis::Value>(&batch, mode).await?;
         }
         Ok(())
     }
@@ -789,7 +795,8 @@ impl Store for RedisStore {
     async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
         let calls: Vec<Call<'_>> = ops.iter().map(|op| (*op, op.cost(weight), 0)).collect();
         for batch in self.batches(&calls) {
-            self.run(&batch, script::Mode::Refund).await?;
+            self.run::<redis::Value>(&batch, script::Mode::Refund)
+                .await?;
         }
         Ok(())
     }
@@ -800,13 +807,14 @@ impl Store for RedisStore {
             .map(|(op, lease, cost)| (*op, *cost, *lease))
             .collect();
         for batch in self.batches(&calls) {
-            self.run(&batch, script::Mode::Release).await?;
+            self.run::<redis::Value>(&batch, script::Mode::Release)
+                .await?;
         }
         Ok(())
     }
 
     async fn inspect(&self, op: Op<'_>) -> Result<KeyInfo, StoreError> {
-        let raw = self
+        let raw: Vec<i64> = self
             .run(&[(op, op.rule.cost(1), 0)], script::Mode::Inspect)
             .await?;
         if raw.len() != 5 {

@@ -136,8 +136,14 @@ pub fn argv(ops: &[Call<'_>], mode: Mode, now: Micros) -> Vec<String> {
     out
 }
 
-/// The verdicts of an apply or peek reply for `n` ops.
-pub fn verdicts(raw: &[i64], n: usize) -> Result<Vec<Verdict>, String> {
+/// The verdicts of an apply or peek reply (its integers separated by
+/// spaces) for `n` ops.
+pub fn verdicts(reply: &str, n: usize) -> Result<Vec<Verdict>, String> {
+    let raw = reply
+        .split(' ')
+        .map(|v| v.parse::<i64>())
+        .collect::<Result<Vec<i64>, _>>()
+        .map_err(|_| format!("script returned `{reply}`"))?;
     if raw.len() != n * REPLY {
         return Err(format!("script returned {} values for {n} ops", raw.len()));
     }

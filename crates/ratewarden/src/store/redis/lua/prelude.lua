@@ -31,7 +31,8 @@
 --       failures reset_on_success count_rejected shadow   0/1 flags
 --     cost
 --     lease          the lease to release (mode 5), else 0
--- Returns, for apply and peek, 7 integers per op:
+-- Returns, for apply and peek, one string of 7 integers per op, separated
+-- by spaces (one bulk reply is cheaper for Redis than an array of them):
 --   allowed (0/1), reason (0 none, 1 limit, 2 banned, 3 min_interval),
 --   remaining, reset_after µs, retry_after µs (-1 = never), delay µs,
 --   lease (the concurrency lease taken, 0 = none)

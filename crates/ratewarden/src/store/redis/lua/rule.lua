@@ -57,11 +57,12 @@ local function next_ban(r, st)
   return len, level
 end
 
--- Returns {check, reason}: reason 0 none, 1 limit, 2 banned, 3 min_interval.
+-- Returns check, reason: reason 0 none, 1 limit, 2 banned, 3 min_interval
+-- (two values, not a table: a table per op per call cost Redis 10%).
 local function verdict(r, st, cost)
   local c = algo[r.kind].check(r.p, st, cost)
   if st.mb > now then
-    return {deny(0, c[3], st.mb - now), 2}
+    return deny(0, c[3], st.mb - now), 2
   end
   if r.min_interval > 0 and st.ml > 0 and now < st.ml + r.min_interval then
     local wait = st.ml + r.min_interval - now
@@ -69,7 +70,7 @@ local function verdict(r, st, cost)
     if not c[1] then
       if c[4] == NEVER or c[4] > wait then retry = c[4] end
     end
-    return {deny(c[2], c[3], retry), 3}
+    return deny(c[2], c[3], retry), 3
   end
   if not c[1] then
     if r.pen_dur > 0 then
@@ -77,14 +78,13 @@ local function verdict(r, st, cost)
       c[4] = len
       if len > c[3] then c[3] = len end
     end
-    return {c, 1}
+    return c, 1
   end
-  return {c, 0}
+  return c, 0
 end
 
 -- Mirrors Rule::commit; returns whether the state changed.
-local function commit(r, st, v, admitted, cost)
-  local reason = v[2]
+local function commit(r, st, reason, admitted, cost)
   if reason == 0 then
     if not admitted then return false end
     if not r.failures then algo[r.kind].charge(r.p, st, cost) end
@@ -130,38 +130,45 @@ local function store(i, r, st)
   if algo[r.kind].uses_log then redis.call('PEXPIREAT', st.log, ms) end
 end
 
+-- An op's part of an apply or peek reply: 7 integers (see the prelude).
+local function reply(c, reason, st)
+  local allowed = 0
+  if reason == 0 then allowed = 1 end
+  return string.format('%d %d %d %d %d %d %d', allowed, reason, c[2], c[3], c[4], c[5],
+                       st.lease or 0)
+end
+
 -- One call: its time, its mode, its ops.
 local function dispatch()
   set_now()
   mode = tonumber(ARGV[1])
   nops = tonumber(ARGV[2])
-  if mode == 0 or mode == 1 then
-    local rules, costs, states, verdicts = {}, {}, {}, {}
+  if (mode == 0 or mode == 1) and nops == 1 then
+    -- One op (most calls): no tables for the call.
+    local r, cost = rule_of(1)
+    local st = load(1)
+    local c, reason = verdict(r, st, cost)
+    if mode == 0 and commit(r, st, reason, reason == 0 or r.shadow, cost) then
+      store(1, r, st)
+    end
+    return reply(c, reason, st)
+  elseif mode == 0 or mode == 1 then
+    local rules, costs, states, checks, reasons = {}, {}, {}, {}, {}
     local admitted = true
     for i = 1, nops do
       rules[i], costs[i] = rule_of(i)
       states[i] = load(i)
-      verdicts[i] = verdict(rules[i], states[i], costs[i])
-      if verdicts[i][2] ~= 0 and not rules[i].shadow then admitted = false end
+      checks[i], reasons[i] = verdict(rules[i], states[i], costs[i])
+      if reasons[i] ~= 0 and not rules[i].shadow then admitted = false end
     end
     local out = {}
     for i = 1, nops do
-      local c, reason = verdicts[i][1], verdicts[i][2]
-      if mode == 0 and commit(rules[i], states[i], verdicts[i], admitted, costs[i]) then
+      if mode == 0 and commit(rules[i], states[i], reasons[i], admitted, costs[i]) then
         store(i, rules[i], states[i])
       end
-      local allowed = 0
-      if reason == 0 then allowed = 1 end
-      local n = #out
-      out[n + 1] = allowed
-      out[n + 2] = reason
-      out[n + 3] = c[2]
-      out[n + 4] = c[3]
-      out[n + 5] = c[4]
-      out[n + 6] = c[5]
-      out[n + 7] = states[i].lease or 0
+      out[i] = reply(checks[i], reasons[i], states[i])
     end
-    return out
+    return table.concat(out, ' ')
   elseif mode == 2 or mode == 3 then
     for i = 1, nops do
       local r, cost = rule_of(i)
