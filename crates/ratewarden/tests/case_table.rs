@@ -480,8 +480,8 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         .unwrap_or_else(|e| panic!("line {}: {e}", row.line));
     let verdict = match kind {
         OpKind::Apply | OpKind::Peek => {
-            let text: String = redis::from_redis_value(reply).unwrap();
-            Some(script::verdicts(&text, 1).unwrap()[0])
+            let bytes: Vec<u8> = redis::from_redis_value(reply).unwrap();
+            Some(script::verdicts(&bytes, 1).unwrap()[0])
         }
         _ => None,
     };

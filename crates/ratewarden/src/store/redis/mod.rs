@@ -446,7 +446,7 @@ impl RedisStore {
     /// breaker: `FCALL` of the library's function (loaded when missing:
     /// first use, a restarted or new node), or `EVALSHA` of the script
     /// where the server has no Functions (before Redis 7) or they are off.
-    /// The reply is an apply or peek call's text (a `String`), an
+    /// The reply is an apply or peek call's bytes (`Vec<u8>`), an
     /// inspection's integers, or nothing much (`redis::Value`).
     async fn run<T: redis::FromRedisValue>(
         &self,
@@ -748,7 +748,7 @@ impl Store for RedisStore {
                 Mode::Apply if !rejected => script::Mode::Apply,
                 _ => script::Mode::Peek,
             };
-            let reply: String = self.run(batch, mode).await?;
+            let reply: Vec<u8> = self.run(batch, mode).await?;
             let v = script::verdicts(&reply, batch.len()).map_err(StoreError::Protocol)?;
             let plain: Vec<Op<'_>> = batch.iter().map(|(op, _, _)| *op).collect();
             rejected |= !crate::store::admitted(&plain, &v);

@@ -136,14 +136,21 @@ pub fn argv(ops: &[Call<'_>], mode: Mode, now: Micros) -> Vec<String> {
     out
 }
 
-/// The verdicts of an apply or peek reply (its integers separated by
-/// spaces) for `n` ops.
-pub fn verdicts(reply: &str, n: usize) -> Result<Vec<Verdict>, String> {
-    let raw = reply
-        .split(' ')
-        .map(|v| v.parse::<i64>())
-        .collect::<Result<Vec<i64>, _>>()
-        .map_err(|_| format!("script returned `{reply}`"))?;
+/// The verdicts of an apply or peek reply (its integers as little-endian
+/// doubles, 8 bytes each) for `n` ops.
+pub fn verdicts(reply: &[u8], n: usize) -> Result<Vec<Verdict>, String> {
+    if reply.len() % 8 != 0 {
+        return Err(format!("script returned {} bytes", reply.len()));
+    }
+    let raw: Vec<i64> = reply
+        .chunks_exact(8)
+        .map(|b| {
+            let mut w = [0; 8];
+            w.copy_from_slice(b);
+            // Integers below 2^53: exact as doubles.
+            f64::from_le_bytes(w) as i64
+        })
+        .collect();
     if raw.len() != n * REPLY {
         return Err(format!("script returned {} values for {n} ops", raw.len()));
     }
@@ -173,6 +180,31 @@ pub fn verdicts(reply: &str, n: usize) -> Result<Vec<Verdict>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reply_reads_as_the_script_packs_it() {
+        // What struct.pack('<ddddddd', ...) makes of one op's reply:
+        // refused by a ban, 2^53 - 1 remaining, retry never, a lease.
+        let values = [
+            0.0,
+            2.0,
+            9_007_199_254_740_991.0,
+            1_500_000.0,
+            -1.0,
+            0.0,
+            7.0,
+        ];
+        let bytes: Vec<u8> = values.iter().flat_map(|v: &f64| v.to_le_bytes()).collect();
+        let v = verdicts(&bytes, 1).unwrap();
+        assert!(!v[0].check.allowed);
+        assert_eq!(v[0].reason, Some(Reason::Banned));
+        assert_eq!(v[0].check.remaining, 9_007_199_254_740_991);
+        assert_eq!(v[0].check.reset_after, Micros::new(1_500_000));
+        assert_eq!(v[0].check.retry_after, NEVER);
+        assert_eq!(v[0].lease, Some(7));
+        assert!(verdicts(&bytes, 2).is_err());
+        assert!(verdicts(&bytes[..55], 1).is_err());
+    }
 
     #[test]
     fn every_algorithm_of_the_table_is_in_the_script() {

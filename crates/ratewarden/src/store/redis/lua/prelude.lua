@@ -31,8 +31,9 @@
 --       failures reset_on_success count_rejected shadow   0/1 flags
 --     cost
 --     lease          the lease to release (mode 5), else 0
--- Returns, for apply and peek, one string of 7 integers per op, separated
--- by spaces (one bulk reply is cheaper for Redis than an array of them):
+-- Returns, for apply and peek, one string of 7 integers per op, each a
+-- little-endian double (struct.pack '<d': one bulk reply is cheaper for
+-- Redis than an array of integers, and packing cheaper than formatting):
 --   allowed (0/1), reason (0 none, 1 limit, 2 banned, 3 min_interval),
 --   remaining, reset_after µs, retry_after µs (-1 = never), delay µs,
 --   lease (the concurrency lease taken, 0 = none)
@@ -41,7 +42,8 @@
 -- disagree still agree. Lua numbers are doubles, exact to 2^53 µs (285 years);
 -- the Rust rule validator keeps every product below that. Numbers are never
 -- concatenated into strings (Lua would print 14 digits): they go to redis.call
--- as numbers, which Redis formats exactly, or through string.format('%d').
+-- as numbers, which Redis formats exactly, through string.format('%d'), or
+-- packed as doubles (the reply).
 
 local NEVER = -1
 

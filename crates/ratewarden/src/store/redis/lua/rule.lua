@@ -130,12 +130,12 @@ local function store(i, r, st)
   if algo[r.kind].uses_log then redis.call('PEXPIREAT', st.log, ms) end
 end
 
--- An op's part of an apply or peek reply: 7 integers (see the prelude).
+-- An op's part of an apply or peek reply: 7 integers as little-endian
+-- doubles (see the prelude; exact: every value is below 2^53).
 local function reply(c, reason, st)
   local allowed = 0
   if reason == 0 then allowed = 1 end
-  return string.format('%d %d %d %d %d %d %d', allowed, reason, c[2], c[3], c[4], c[5],
-                       st.lease or 0)
+  return struct.pack('<ddddddd', allowed, reason, c[2], c[3], c[4], c[5], st.lease or 0)
 end
 
 -- One call: its time, its mode, its ops.
@@ -168,7 +168,7 @@ local function dispatch()
       end
       out[i] = reply(checks[i], reasons[i], states[i])
     end
-    return table.concat(out, ' ')
+    return table.concat(out)
   elseif mode == 2 or mode == 3 then
     for i = 1, nops do
       local r, cost = rule_of(i)
