@@ -488,7 +488,12 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
     // Read the state back.
     let packed: Option<String> = redis::cmd("GET").arg(key).query(con).unwrap();
     let h: Vec<Option<u64>> = match &packed {
-        Some(p) => p.split(' ').map(|v| v.parse().ok()).collect(),
+        // Trailing zero fields are left out of a stored state.
+        Some(p) => {
+            let mut h: Vec<Option<u64>> = p.split(' ').map(|v| v.parse().ok()).collect();
+            h.resize(6, Some(0));
+            h
+        }
         None => vec![None; 6],
     };
     let zs: Vec<(String, f64)> = redis::cmd("ZRANGE")

@@ -12,6 +12,7 @@
 -- KEYS (two per op, all sharing one cluster hash slot):
 --   KEYS[2i-1]  string: the op's state "s1 s2 s3 ml mb mv": s1-s3 the
 --               algorithm's, ml last admitted, mb banned until, mv ban level
+--               (trailing zero fields left out: "s1" alone reads as s1 0 0 0 0 0)
 --   KEYS[2i]    zset: sliding_window_log entries / concurrency leases,
 --               member "seq:cost"
 -- ARGV:
