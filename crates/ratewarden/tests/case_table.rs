@@ -692,8 +692,8 @@ fn a_mutant_of_each_lua_algorithm_fails_the_table() {
         ),
         (
             Kind::SlidingWindowLog,
-            "now - p[2])\nend",
-            "now - p[2] - 1)\nend",
+            "now - p[2]) end\n  return st.gone",
+            "now - p[2] - 1) end\n  return st.gone",
         ),
         (
             Kind::SlidingWindowCounter,

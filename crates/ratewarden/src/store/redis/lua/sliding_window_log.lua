@@ -4,9 +4,11 @@
 local A = {}
 A.uses_log = true
 
--- Entries with t + window <= now, i.e. t <= now - window.
+-- Entries with t + window <= now, i.e. t <= now - window. Read once per
+-- call: a check and the charge that follows it share the list.
 local function expired(p, st)
-  return redis.call('ZRANGEBYSCORE', st.log, '-inf', now - p[2])
+  if not st.gone then st.gone = redis.call('ZRANGEBYSCORE', st.log, '-inf', now - p[2]) end
+  return st.gone
 end
 
 function A.check(p, st, cost)
@@ -50,8 +52,10 @@ function A.charge(p, st, cost)
   st[2] = st[2] + 1
   redis.call('ZADD', st.log, at, member(st[2], cost))
   st[1] = st[1] + cost
-  -- Drop the oldest while the newer ones alone still reach the limit.
-  while true do
+  st.gone = nil
+  -- Drop the oldest while the newer ones alone still reach the limit (an
+  -- entry costs at least 1: at or under the limit, none can go).
+  while st[1] > limit do
     local oldest = redis.call('ZRANGE', st.log, 0, 0)
     if not oldest[1] then break end
     local c = member_cost(oldest[1])
