@@ -1,7 +1,9 @@
 //! Decisions per second through the Redis store at 64 concurrent callers, on
-//! one key and over 100,000 keys, beside `redis-benchmark` sending EVALSHA of
-//! the same script to the same server in the same run: the ceiling a client
-//! can reach on this machine.
+//! one key and over 100,000 keys, beside `redis-benchmark` calling the same
+//! script on the same server in the same run, built by the store's own
+//! `script::argv`: by EVALSHA unpipelined (issue 3's reference) and as the
+//! store calls it, FCALL of the library with 16 in flight per connection
+//! (issue 18's: the ceiling a client can reach on this machine).
 //!
 //! `cargo bench -p ratewarden --bench redis` (needs redis-server and
 //! redis-benchmark from Debian's redis-server / redis-tools; loopback only,
@@ -61,19 +63,31 @@ fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// `redis-benchmark` EVALSHA of the store's script for one gcra op; returns requests/s.
-fn reference(port: u16, sha: &str, random_keys: bool) -> f64 {
-    let key = if random_keys {
-        "rw:{__rand_int__}:k"
+/// The bench's rule: gcra, 1000/s (never limiting a run's callers much).
+fn rule() -> Rule {
+    Rule::builder("bench")
+        .algorithm(Kind::Gcra)
+        .limit(1000, Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
+/// `redis-benchmark` calling the store's script for one gcra op, as the
+/// store would (`script::argv`), by `EVALSHA` of the script or `FCALL` of
+/// the library's function, with `pipeline` calls in flight per connection;
+/// returns requests/s.
+fn reference(port: u16, call: &[&str], random_keys: bool, pipeline: usize) -> f64 {
+    let (key, log) = if random_keys {
+        ("rw:{__rand_int__}:k", "rw:{__rand_int__}:k:log")
     } else {
-        "rw:{hot}:k"
+        ("rw:{hot}:k", "rw:{hot}:k:log")
     };
-    let log = if random_keys {
-        "rw:{__rand_int__}:k:log"
-    } else {
-        "rw:{hot}:k:log"
-    };
-    // mode 0, 1 op, time from Redis; gcra 1000/s burst 1000 (interval 1000 µs).
+    let rule = rule();
+    let argv = ratewarden::store::redis::script::argv(
+        &[(Op::new(&rule, "k"), 1, 0)],
+        ratewarden::store::redis::script::Mode::Apply,
+        ratewarden::clock::Micros::ZERO,
+    );
     let mut args: Vec<String> = [
         "-p",
         &port.to_string(),
@@ -81,6 +95,8 @@ fn reference(port: u16, sha: &str, random_keys: bool) -> f64 {
         "64",
         "-n",
         &DECISIONS.to_string(),
+        "-P",
+        &pipeline.to_string(),
         "-q",
     ]
     .iter()
@@ -89,14 +105,9 @@ fn reference(port: u16, sha: &str, random_keys: bool) -> f64 {
     if random_keys {
         args.extend(["-r".into(), "100000".into()]);
     }
-    args.extend(
-        [
-            "EVALSHA", sha, "2", key, log, "0", "1", "0", "6", "1000", "1000000", "1000", "0", "0",
-            "0", "1", "0", "0", "0", "0", "0", "0", "1", "0",
-        ]
-        .iter()
-        .map(|s| s.to_string()),
-    );
+    args.extend(call.iter().map(|s| s.to_string()));
+    args.extend(["2".into(), key.into(), log.into()]);
+    args.extend(argv);
     let out = Command::new("redis-benchmark")
         .args(&args)
         .output()
@@ -125,11 +136,7 @@ fn ours(rt: &tokio::runtime::Runtime, port: u16, random_keys: bool) -> (f64, Dur
             ..RedisConfig::default()
         })
         .unwrap();
-        let rule = Rule::builder("bench")
-            .algorithm(Kind::Gcra)
-            .limit(1000, Duration::from_secs(1))
-            .build()
-            .unwrap();
+        let rule = rule();
         store
             .decide(&[Op::new(&rule, "warm")], 1, Mode::Apply)
             .await
@@ -184,21 +191,33 @@ fn main() {
         server.1,
         &["script", "load", ratewarden::store::redis::script::SCRIPT],
     );
+    let (library, function) = ratewarden::store::redis::script::library();
+    cli(server.1, &["function", "load", &library]);
     println!(
         "{CALLERS} concurrent callers, {DECISIONS} gcra decisions each run, one redis-server on loopback"
     );
     println!(
-        "{:<12} {:>22} {:>16} {:>8} {:>10} {:>10}",
-        "keys", "redis-benchmark req/s", "ratewarden /s", "ratio", "p50", "p99"
+        "{:<12} {:>16} {:>16} {:>14} {:>10} {:>10} {:>10} {:>10}",
+        "keys",
+        "EVALSHA -P1 /s",
+        "FCALL -P16 /s",
+        "ratewarden /s",
+        "vs -P1",
+        "vs -P16",
+        "p50",
+        "p99"
     );
     for (name, random) in [("1 key", false), ("100k keys", true)] {
         cli(server.1, &["flushall"]);
-        let reference = reference(server.1, &sha, random);
+        let unpipelined = reference(server.1, &["EVALSHA", &sha], random, 1);
+        cli(server.1, &["flushall"]);
+        let ceiling = reference(server.1, &["FCALL", &function], random, 16);
         cli(server.1, &["flushall"]);
         let (rate, p50, p99) = ours(&rt, server.1, random);
         println!(
-            "{name:<12} {reference:>22.0} {rate:>16.0} {:>8.2} {:>10.2?} {:>10.2?}",
-            rate / reference,
+            "{name:<12} {unpipelined:>16.0} {ceiling:>16.0} {rate:>14.0} {:>10.2} {:>10.2} {:>10.2?} {:>10.2?}",
+            rate / unpipelined,
+            rate / ceiling,
             p50,
             p99
         );
