@@ -5,7 +5,9 @@
 # where the server has Functions), on one key and over 100,000 keys, beside a minimal
 # 11-line GCRA script (GET, arithmetic, SET PX) in the same run; then
 # through the product: POST /v1/check and Envoy RLS on a gcra rule, 64
-# calls in flight.
+# calls in flight; the same product load on a 3-master cluster; and the
+# script on one cluster node beside the standalone server at the same load
+# shape.
 #
 #   bash bench/redis_cpu.sh [N]       # N=300000 calls per redis-benchmark run
 #
@@ -133,3 +135,25 @@ SEEDS=$(printf "'redis://127.0.0.1:%s', " "${CPORTS[@]}")
 rw_serve "{type: redis, cluster: [${SEEDS%, }], timeout: 1s}"
 product "cluster: POST /v1/check gcra, 100k keys" http "http://127.0.0.1:$ADMIN/v1/check"
 product "cluster: RLS gcra, 100k keys" grpc "http://127.0.0.1:$RLS"
+
+# The script itself on one cluster node beside the standalone server, at
+# the same load shape (FCALL gcra, -P 16, 100k keys under one hash tag that
+# the node holds; one key: gcra keeps no log): what cluster mode adds per
+# call, apart from how the product's calls spread over three nodes.
+GCRA_ARGS=$(awk '$1 == "gcra" { $1 = ""; print }' "$WORK/argv")
+NODE=${CPORTS[0]}
+TAG=""
+for t in a b c d e f g h i j k l m n o p q r s t u v w x y z; do
+  if [ "$(redis-cli -p "$NODE" set "{$t}probe" 1)" = OK ]; then TAG=$t; break; fi
+done
+redis-cli -p "$NODE" function load "$(cat "$WORK/library.lua")" > /dev/null 2>&1 || true
+cpu() { redis-cli -p "$NODE" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
+cli() { redis-cli -p "$NODE" "$@"; }
+PORT_STANDALONE=$PORT; PORT=$NODE
+# shellcheck disable=SC2086
+bench "FCALL gcra on one cluster node, 100k keys" 16 -r 100000 fcall "$FN" 1 "{$TAG}:k:__rand_int__" $GCRA_ARGS
+PORT=$PORT_STANDALONE
+cpu() { redis-cli -p "$PORT" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
+cli() { redis-cli -p "$PORT" "$@"; }
+# shellcheck disable=SC2086
+bench "  the same on the standalone server" 16 -r 100000 fcall "$FN" 1 "{$TAG}:k:__rand_int__" $GCRA_ARGS
