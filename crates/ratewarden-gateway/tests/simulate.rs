@@ -296,5 +296,24 @@ fn the_command_prints_the_table_and_refuses_a_bad_spec() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown key `rat`"));
+    // A step so small the series would not fit is refused, not allocated.
+    let tiny = std::process::Command::new(bin)
+        .args([
+            "simulate",
+            "-c",
+            conf.to_str().unwrap(),
+            "--traffic",
+            "steady:rate=1,duration=1d",
+            "--step",
+            "1ms",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(tiny.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&tiny.stderr).contains("at most 1000000"),
+        "{}",
+        String::from_utf8_lossy(&tiny.stderr)
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -21,6 +21,10 @@ pub use traffic::Traffic;
 
 use crate::config::Config;
 
+/// Steps a series may have, at most (each is a row per rule in memory and
+/// in `series.csv`).
+pub const MAX_STEPS: u64 = 1_000_000;
+
 /// What to simulate.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -57,6 +61,13 @@ pub fn simulate(config: &Config, opts: &Options) -> Result<Report, String> {
         return Err("the traffic has no requests".into());
     }
     let step = opts.step.unwrap_or_else(|| nice_step(traffic.span()));
+    let steps = traffic.span() / u64::try_from(step.as_micros()).unwrap_or(u64::MAX).max(1);
+    if steps > MAX_STEPS {
+        return Err(format!(
+            "--step {step:?} makes {steps} steps of a {:?} traffic: at most {MAX_STEPS}",
+            Duration::from_micros(traffic.span())
+        ));
+    }
     let mut policies = vec![("as configured".to_owned(), config.policy.clone())];
     for name in &opts.compare {
         let kind: Kind = name.parse()?;

@@ -1,7 +1,9 @@
-//! The replay: each request of a [`Traffic`] through the one admission path
-//! ([`Policy::admit`], as the proxy calls it) on a memory store whose clock
-//! is set to the request's time. Nothing is modelled: what the proxy would
-//! decide at those instants is what is counted.
+//! The replay: each request of a [`Traffic`] through the one admission
+//! path's stages, as [`Policy::admit`] runs them for the proxy
+//! (`identify`, asked once per client since a replayed request has no
+//! headers; then `matching` and `decide` per request), on a memory store
+//! whose clock is set to the request's time. Nothing is modelled: what the
+//! proxy would decide at those instants is what is counted.
 
 use std::future::Future as _;
 use std::time::Duration;
@@ -17,8 +19,9 @@ use super::traffic::Traffic;
 use crate::config::RouteSpec;
 
 /// Polls a future once, pinned where it is built: the memory store decides
-/// at once, and `now_or_never` moved the (large) admission future twice per
-/// request, a sixth of the replay's time. `None` if it did not finish.
+/// at once, and `now_or_never` moved the 608-byte admission future twice
+/// per request (polling it in place took one thread's replay from 4.5-4.7
+/// to ~5.0M requests/s). `None` if it did not finish.
 macro_rules! at_once {
     ($f:expr) => {{
         let f = std::pin::pin!($f);
