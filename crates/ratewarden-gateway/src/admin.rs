@@ -247,6 +247,9 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
             return r;
         }
     }
+    if let Some(r) = cross_site(&req) {
+        return r;
+    }
     let path = req.uri().path().to_owned();
     let store = live.limiter.store();
     match (req.method().clone(), path.as_str()) {
@@ -586,6 +589,42 @@ fn listing_limit(q: &[(String, String)]) -> Result<usize, Box<Response<Body>>> {
 
 /// `GET /v1/rules`: the rules loaded, with their parameters and the
 /// fingerprint that names their state.
+/// A request that would change something (not `GET`/`HEAD`) sent by a
+/// browser on behalf of another site: refused (403). A browser sends the
+/// admin token it was given for `/ui` (Basic) with any request to the
+/// admin listener, and with no token any page can reach a loopback admin
+/// API: a form on another site (or on the proxied site, another port of the
+/// same host) could charge keys or clear bans. Browsers say where a request
+/// comes from (`Sec-Fetch-Site`, `Origin`); clients that are not browsers
+/// (curl, Prometheus, scripts) send neither and are not affected.
+fn cross_site(req: &Request<Incoming>) -> Option<Response<Body>> {
+    if matches!(*req.method(), Method::GET | Method::HEAD) {
+        return None;
+    }
+    let h = req.headers();
+    let site_ok = match h.get("sec-fetch-site").map(HeaderValue::as_bytes) {
+        None | Some(b"same-origin" | b"none") => true,
+        Some(_) => false,
+    };
+    let origin_ok = match (h.get(header::ORIGIN), h.get(header::HOST)) {
+        (None, _) => true,
+        (Some(o), Some(host)) => {
+            let (o, host) = (o.as_bytes(), host.as_bytes());
+            [b"http://".as_slice(), b"https://"]
+                .iter()
+                .any(|scheme| o.strip_prefix(*scheme) == Some(host))
+        }
+        (Some(_), None) => false,
+    };
+    if site_ok && origin_ok {
+        return None;
+    }
+    Some(problem_response(
+        StatusCode::FORBIDDEN,
+        "a browser request from another site to the admin API is refused",
+    ))
+}
+
 /// A page of `/ui`: not cached, not framed, its own script only.
 fn page(body: String, content_type: &'static str) -> Response<Body> {
     let mut r = respond(StatusCode::OK, content_type, body);

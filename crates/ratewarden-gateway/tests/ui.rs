@@ -272,6 +272,43 @@ async fn the_page_and_its_api_calls_take_the_token_as_a_basic_password() {
         .status,
         200
     );
+    // A browser holding the Basic credentials sends them with any request
+    // to this listener: a change asked from another site (or another port
+    // of this host: same-site) is refused; from the page itself, or from a
+    // client that is not a browser, it goes through.
+    let check = r#"{"rule":"per-client","key":"victim"}"#;
+    let own = format!("http://{admin}");
+    for (extra, want) in [
+        (vec![("sec-fetch-site", "cross-site")], 403),
+        (vec![("sec-fetch-site", "same-site")], 403),
+        (vec![("origin", "http://evil.example")], 403),
+        (
+            vec![("origin", own.as_str()), ("sec-fetch-site", "same-origin")],
+            200,
+        ),
+        (vec![], 200),
+    ] {
+        let mut headers = vec![
+            ("authorization", "Basic YW55OnMzY3JldA=="),
+            ("content-type", "application/json"),
+        ];
+        headers.extend(extra.iter().copied());
+        let r = send(admin, "POST", "/v1/check", &headers, check).await;
+        assert_eq!(r.status, want, "{extra:?}: {}", r.body);
+    }
+    // Reading is not guarded.
+    let r = send(
+        admin,
+        "GET",
+        "/v1/rules",
+        &[
+            ("authorization", "Basic YW55OnMzY3JldA=="),
+            ("sec-fetch-site", "cross-site"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200);
     gw.shutdown().await;
 }
 
