@@ -24,10 +24,8 @@ use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::Message as _;
 use ratewarden::{HeaderStyle, Mode, Op, Rule};
 use ratewarden_tower::admission::{Refusal, decide_ops};
 use tokio::net::TcpListener;
@@ -82,27 +80,139 @@ pub fn descriptor_files(path: &std::path::Path) -> std::io::Result<Vec<std::path
 }
 
 /// The service, answering from the gateway's live config and store.
-#[derive(Clone)]
-pub struct Rls {
-    gw: Arc<Gateway>,
-}
+/// The service's gRPC name (health reports it serving).
+const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
-impl Rls {
-    /// The service of `gw`.
-    pub fn new(gw: Arc<Gateway>) -> Self {
-        Self { gw }
+/// The method's path.
+const METHOD: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// Largest request message taken, as tonic's default (4 MiB).
+const MAX_MESSAGE: usize = 4 << 20;
+
+/// `ShouldRateLimit`, one unary call, served on hyper directly rather than
+/// through tonic's generated server: its codec streams a unary body
+/// through several layers (a decoder, an encoder stream, boxed futures),
+/// which cost more per call than the decision. The request is one
+/// length-prefixed message (uncompressed: Envoy does not compress these
+/// calls, and a compressed one is refused with UNIMPLEMENTED); the answer
+/// is one message and its trailers, or a trailers-only status.
+async fn should_rate_limit(
+    gw: &Gateway,
+    req: http::Request<hyper::body::Incoming>,
+) -> http::Response<tonic::body::Body> {
+    use http_body_util::BodyExt as _;
+    if req
+        .headers()
+        .get("grpc-encoding")
+        .is_some_and(|e| e.as_bytes() != b"identity")
+    {
+        return status(tonic::Status::unimplemented(
+            "compressed requests are not accepted (grpc-accept-encoding: identity)",
+        ));
+    }
+    // The body, frame by frame: one data frame is taken as it is (a unary
+    // call's usual case), more are joined; at most MAX_MESSAGE.
+    let mut incoming = req.into_body();
+    let mut body = bytes::Bytes::new();
+    let mut joined: Option<bytes::BytesMut> = None;
+    let mut total = 0;
+    while let Some(frame) = incoming.frame().await {
+        let Ok(data) = frame.map(http_body::Frame::into_data) else {
+            return status(tonic::Status::cancelled("the request's body broke off"));
+        };
+        // (Trailers from a client are not looked at.)
+        let Ok(data) = data else { continue };
+        total += data.len();
+        if total > MAX_MESSAGE + 5 {
+            return status(tonic::Status::resource_exhausted(format!(
+                "the request is over {MAX_MESSAGE} bytes"
+            )));
+        }
+        match &mut joined {
+            Some(j) => j.extend_from_slice(&data),
+            None if body.is_empty() => body = data,
+            None => {
+                let mut j = bytes::BytesMut::from(&body[..]);
+                j.extend_from_slice(&data);
+                joined = Some(j);
+            }
+        }
+    }
+    let body = joined.map_or(body, bytes::BytesMut::freeze);
+    let Some(message) = unframe(&body) else {
+        return status(tonic::Status::invalid_argument(
+            "the request is not one uncompressed, length-prefixed gRPC message",
+        ));
+    };
+    let request = match RateLimitRequest::decode(message) {
+        Ok(r) => r,
+        Err(e) => {
+            return status(tonic::Status::invalid_argument(format!(
+                "the request does not decode: {e}"
+            )));
+        }
+    };
+    match decide(gw, &request).await {
+        Ok(answer) => {
+            let len = answer.encoded_len();
+            let mut framed = bytes::BytesMut::with_capacity(5 + len);
+            framed.extend_from_slice(&[0]);
+            framed.extend_from_slice(&(len as u32).to_be_bytes());
+            // Into a buffer sized for it: cannot fail.
+            answer.encode_raw(&mut framed);
+            let mut r = http::Response::new(tonic::body::Body::new(Unary {
+                data: Some(framed.freeze()),
+                trailers: true,
+            }));
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            r
+        }
+        Err(s) => status(s),
     }
 }
 
-#[tonic::async_trait]
-impl RateLimitService for Rls {
-    async fn should_rate_limit(
-        &self,
-        request: tonic::Request<RateLimitRequest>,
-    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        decide(&self.gw, &request.into_inner())
-            .await
-            .map(tonic::Response::new)
+/// The message of a body holding exactly one uncompressed gRPC frame.
+fn unframe(body: &[u8]) -> Option<&[u8]> {
+    let (head, message) = body.split_at_checked(5)?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    (head[0] == 0 && len == message.len()).then_some(message)
+}
+
+/// A trailers-only answer: the status in the head, no body.
+fn status(s: tonic::Status) -> http::Response<tonic::body::Body> {
+    s.into_http()
+}
+
+/// A unary answer's body: the message, then `grpc-status: 0`.
+struct Unary {
+    data: Option<bytes::Bytes>,
+    trailers: bool,
+}
+
+impl http_body::Body for Unary {
+    type Data = bytes::Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Infallible>>> {
+        if let Some(d) = self.data.take() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(d))));
+        }
+        if std::mem::take(&mut self.trailers) {
+            let mut t = http::HeaderMap::with_capacity(1);
+            t.insert("grpc-status", http::HeaderValue::from_static("0"));
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::trailers(t))));
+        }
+        std::task::Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && !self.trailers
     }
 }
 
@@ -494,10 +604,9 @@ fn prost_duration(d: Duration) -> envoy_types::pb::google::protobuf::Duration {
 /// Serves the rate limit service, health and reflection on `listener`
 /// (HTTP/2, cleartext) until `stop` turns true.
 pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Receiver<bool>) {
-    let rls = RateLimitServiceServer::new(Rls::new(gw));
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
-        .set_serving::<RateLimitServiceServer<Rls>>()
+        .set_service_status(SERVICE, tonic_health::ServingStatus::Serving)
         .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(DESCRIPTORS)
@@ -514,13 +623,13 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Rec
     let route = move |req: http::Request<hyper::body::Incoming>| {
         use tonic::codegen::Service as _;
         let path = req.uri().path();
-        let (mut rls, mut health, mut refl, mut alpha) = (
-            rls.clone(),
+        let (gw, mut health, mut refl, mut alpha) = (
+            gw.clone(),
             health.clone(),
             reflection.clone(),
             reflection_alpha.clone(),
         );
-        let which = if path.starts_with("/envoy.service.ratelimit.v3.RateLimitService/") {
+        let which = if path == METHOD {
             0
         } else if path.starts_with("/grpc.health.v1.Health/") {
             1
@@ -533,7 +642,7 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Rec
         };
         async move {
             match which {
-                0 => rls.call(req).await,
+                0 => Ok(should_rate_limit(&gw, req).await),
                 1 => health.call(req).await,
                 2 => refl.call(req).await,
                 3 => alpha.call(req).await,
@@ -552,8 +661,11 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Rec
         let _ = stream.set_nodelay(true);
         let route = route.clone();
         tokio::spawn(async move {
-            let builder =
+            let mut builder =
                 hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+            // No `date` header: gRPC answers have no use for one, and it
+            // was a header to encode per call.
+            builder.auto_date_header(false);
             let _ = builder
                 .serve_connection(
                     hyper_util::rt::TokioIo::new(stream),
@@ -579,6 +691,35 @@ fn unimplemented() -> http::Response<tonic::body::Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_body_is_one_uncompressed_length_prefixed_message() {
+        assert_eq!(unframe(&[0, 0, 0, 0, 3, 7, 8, 9]), Some(&[7u8, 8, 9][..]));
+        assert_eq!(unframe(&[0, 0, 0, 0, 0]), Some(&[][..]));
+        // Compressed, a length that is not the rest, too short: refused.
+        assert_eq!(unframe(&[1, 0, 0, 0, 1, 7]), None);
+        assert_eq!(unframe(&[0, 0, 0, 0, 2, 7]), None);
+        assert_eq!(unframe(&[0, 0, 0, 0, 1, 7, 8]), None);
+        assert_eq!(unframe(&[0, 0, 0]), None);
+        assert_eq!(unframe(&[]), None);
+        // Any bytes: an answer, never a panic; what is taken decodes or is
+        // refused by prost, never read out of bounds.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for n in 0..2_000usize {
+            let body: Vec<u8> = (0..n % 64)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            if let Some(m) = unframe(&body) {
+                assert_eq!(m.len() + 5, body.len());
+                let _ = RateLimitRequest::decode(m);
+            }
+        }
+    }
 
     #[test]
     fn long_keys_are_cut_and_fingerprinted() {
