@@ -235,6 +235,19 @@ pub struct Router {
 /// The name of the route of the top-level `upstream:`.
 pub const DEFAULT: &str = "default";
 
+/// Which of `routes` (their matchers, in order) a request takes: the first
+/// whose match takes it; `None` is the default route. The one rule for the
+/// router and for `simulate` (which picks routes without servers).
+pub fn chosen<'a>(
+    routes: impl IntoIterator<Item = &'a Matcher>,
+    method: &Method,
+    path: &str,
+) -> Option<usize> {
+    routes
+        .into_iter()
+        .position(|m| m.matches(method, path, None))
+}
+
 impl Router {
     /// Groups for `routes` and the `default` servers (none: the echo
     /// upstream), reusing `old`'s pools where a server is unchanged.
@@ -300,12 +313,13 @@ impl Router {
     /// The route for a request: the first whose match takes it, else the
     /// default (`None`: the echo upstream).
     pub fn route(&self, method: &Method, path: &str) -> Option<(&str, &Arc<Group>)> {
-        for (name, m, g) in &self.routes {
-            if m.matches(method, path, None) {
-                return Some((name, g));
+        match chosen(self.routes.iter().map(|(_, m, _)| m), method, path) {
+            Some(i) => {
+                let (name, _, g) = &self.routes[i];
+                Some((name, g))
             }
+            None => self.default.as_ref().map(|g| (DEFAULT, g)),
         }
-        self.default.as_ref().map(|g| (DEFAULT, g))
     }
 
     /// The name of the route a request goes to (`default` for the echo

@@ -221,10 +221,8 @@ impl<'a> Prepared<'a> {
                 let path = crate::proxy::forward::rule_path(m, p)
                     .map_err(|e| format!("path `{p}` is refused at the edge: {e:?}"))?
                     .into_owned();
-                let route = routes
-                    .iter()
-                    .find(|r| r.matcher.matches(m, &path, None))
-                    .map_or(crate::route::DEFAULT, |r| r.name.as_str());
+                let route = crate::route::chosen(routes.iter().map(|r| &r.matcher), m, &path)
+                    .map_or(crate::route::DEFAULT, |i| routes[i].name.as_str());
                 Ok((m.clone(), path, Some(route)))
             })
             .collect::<Result<_, String>>()?;
