@@ -87,49 +87,20 @@ pub fn page(live: &Live) -> String {
     h
 }
 
-/// The password of an `Authorization: Basic` value (the user name is not
-/// looked at): browsers send it for a page that asks with
-/// `WWW-Authenticate: Basic`, and again with the page's own requests.
+/// The password of an `Authorization: Basic` value (standard base64 with
+/// its padding, as browsers send it; the user name is not looked at):
+/// browsers send it for a page that asks with `WWW-Authenticate: Basic`,
+/// and again with the page's own requests.
 pub fn basic_password(value: &str) -> Option<String> {
+    use base64::Engine as _;
     let b64 = value.strip_prefix("Basic ")?.trim();
-    let raw = decode_base64(b64)?;
+    if b64.len() > 4096 {
+        return None;
+    }
+    let raw = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
     let text = String::from_utf8(raw).ok()?;
     let (_, password) = text.split_once(':')?;
     Some(password.to_owned())
-}
-
-/// Standard base64 with padding (RFC 4648 §4), as browsers send it.
-fn decode_base64(s: &str) -> Option<Vec<u8>> {
-    let s = s.as_bytes();
-    if s.len() % 4 != 0 || s.len() > 4096 {
-        return None;
-    }
-    let val = |c: u8| -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    };
-    let mut out = Vec::with_capacity(s.len() / 4 * 3);
-    for (i, quad) in s.chunks(4).enumerate() {
-        let last = i == s.len() / 4 - 1;
-        let pad = quad.iter().rev().take_while(|&&c| c == b'=').count();
-        if pad > 2 || (pad > 0 && !last) {
-            return None;
-        }
-        let mut n = 0u32;
-        for &c in &quad[..4 - pad] {
-            n = n << 6 | val(c)?;
-        }
-        n <<= 6 * pad as u32;
-        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-        out.extend_from_slice(&bytes[..3 - pad]);
-    }
-    Some(out)
 }
 
 #[cfg(test)]
