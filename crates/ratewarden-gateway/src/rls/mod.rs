@@ -110,35 +110,17 @@ async fn should_rate_limit(
             "compressed requests are not accepted (grpc-accept-encoding: identity)",
         ));
     }
-    // The body, frame by frame: one data frame is taken as it is (a unary
-    // call's usual case), more are joined; at most MAX_MESSAGE.
-    let mut incoming = req.into_body();
-    let mut body = bytes::Bytes::new();
-    let mut joined: Option<bytes::BytesMut> = None;
-    let mut total = 0;
-    while let Some(frame) = incoming.frame().await {
-        let Ok(data) = frame.map(http_body::Frame::into_data) else {
-            return status(tonic::Status::cancelled("the request's body broke off"));
-        };
-        // (Trailers from a client are not looked at.)
-        let Ok(data) = data else { continue };
-        total += data.len();
-        if total > MAX_MESSAGE + 5 {
+    let body = match http_body_util::Limited::new(req.into_body(), MAX_MESSAGE + 5)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
             return status(tonic::Status::resource_exhausted(format!(
-                "the request is over {MAX_MESSAGE} bytes"
+                "the request could not be read whole (at most {MAX_MESSAGE} bytes): {e}"
             )));
         }
-        match &mut joined {
-            Some(j) => j.extend_from_slice(&data),
-            None if body.is_empty() => body = data,
-            None => {
-                let mut j = bytes::BytesMut::from(&body[..]);
-                j.extend_from_slice(&data);
-                joined = Some(j);
-            }
-        }
-    }
-    let body = joined.map_or(body, bytes::BytesMut::freeze);
+    };
     let Some(message) = unframe(&body) else {
         return status(tonic::Status::invalid_argument(
             "the request is not one uncompressed, length-prefixed gRPC message",
@@ -646,7 +628,9 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Rec
                 1 => health.call(req).await,
                 2 => refl.call(req).await,
                 3 => alpha.call(req).await,
-                _ => Ok::<_, Infallible>(unimplemented()),
+                _ => Ok::<_, Infallible>(status(tonic::Status::unimplemented(
+                    "no such service or method here",
+                ))),
             }
         }
     };
@@ -674,18 +658,6 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Rec
                 .await;
         });
     }
-}
-
-/// gRPC's answer to a method no service here has: UNIMPLEMENTED.
-fn unimplemented() -> http::Response<tonic::body::Body> {
-    let mut r = http::Response::new(tonic::body::Body::empty());
-    let h = r.headers_mut();
-    h.insert(
-        "content-type",
-        http::HeaderValue::from_static("application/grpc"),
-    );
-    h.insert("grpc-status", http::HeaderValue::from_static("12"));
-    r
 }
 
 #[cfg(test)]
