@@ -132,20 +132,13 @@ local function store(i, r, st)
     return
   end
   local ms = ceil_div(at, 1000)
-  local n = 6
-  if st.mv == 0 then
-    n = 5
-    if st.mb == 0 then
-      n = 4
-      if st.ml == 0 then
-        n = 3
-        if st[3] == 0 then
-          n = 2
-          if st[2] == 0 then n = 1 end
-        end
-      end
-    end
-  end
+  -- Fields up to the last that is not zero.
+  local n = 1
+  if st[2] ~= 0 then n = 2 end
+  if st[3] ~= 0 then n = 3 end
+  if st.ml ~= 0 then n = 4 end
+  if st.mb ~= 0 then n = 5 end
+  if st.mv ~= 0 then n = 6 end
   redis.call('SET', key, string.format(FORMATS[n], st[1], st[2], st[3], st.ml, st.mb, st.mv),
              'PXAT', ms)
   if algo[r.kind].uses_log then redis.call('PEXPIREAT', st.log, ms) end
