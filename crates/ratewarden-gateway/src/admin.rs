@@ -718,24 +718,32 @@ async fn existing(
     // A key may come twice (sighted and scanned, under two spellings of its
     // group): listed once.
     let mut listed = std::collections::HashSet::new();
-    for chunk in candidates.chunks(INSPECTING) {
-        let infos = futures_util::future::join_all(
-            chunk
-                .iter()
-                .map(|(group, key)| store.inspect(Op::grouped(&pr.rule, key, group))),
-        )
-        .await;
-        for ((_, key), info) in chunk.iter().zip(infos) {
-            let info = info?;
-            if info.exists && listed.insert(key.as_str()) {
-                found.push(Found {
-                    key: key.clone(),
-                    info,
-                });
-            }
+    let ops: Vec<Op<'_>> = candidates
+        .iter()
+        .map(|(group, key)| Op::grouped(&pr.rule, key, group))
+        .collect();
+    for ((_, key), info) in candidates.iter().zip(inspect_all(store, &ops).await) {
+        let info = info?;
+        if info.exists && listed.insert(key.as_str()) {
+            found.push(Found {
+                key: key.clone(),
+                info,
+            });
         }
     }
     Ok((found, complete))
+}
+
+/// Each op's state read from the store, [`INSPECTING`] at a time.
+async fn inspect_all(
+    store: &crate::store::AnyStore,
+    ops: &[Op<'_>],
+) -> Vec<Result<ratewarden::KeyInfo, ratewarden::StoreError>> {
+    let mut out = Vec::with_capacity(ops.len());
+    for chunk in ops.chunks(INSPECTING) {
+        out.extend(futures_util::future::join_all(chunk.iter().map(|op| store.inspect(*op))).await);
+    }
+    out
 }
 
 /// `GET /v1/bans?limit=`: active bans, the longest first: those this
@@ -752,38 +760,36 @@ async fn bans(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response<Bod
     let mut bans = Vec::new();
     let tracked = gw.metrics.bans(MAX_LISTED);
     let store = live.limiter.store();
-    for chunk in tracked.chunks(INSPECTING) {
-        let ops: Vec<_> = chunk
+    // Those whose rule is still loaded, with its key's group.
+    let mut known = Vec::with_capacity(tracked.len());
+    for (rule, key, _) in &tracked {
+        match live
+            .config
+            .policy
+            .rules
             .iter()
-            .map(|(rule, key, _)| {
-                live.config
-                    .policy
-                    .rules
-                    .iter()
-                    .find(|r| r.rule.name() == rule)
-                    .map(|pr| (pr, pr.group_of_key(key)))
-            })
-            .collect();
-        let infos = futures_util::future::join_all(ops.iter().zip(chunk).map(
-            |(found, (_, key, _))| async move {
-                match found {
-                    Some((pr, group)) => {
-                        Some(store.inspect(Op::grouped(&pr.rule, key, group)).await)
-                    }
-                    None => None,
-                }
-            },
-        ))
-        .await;
-        for ((rule, key, _), info) in chunk.iter().zip(infos) {
-            match info {
-                Some(Ok(i)) if i.ban_left.is_some_and(|l| !l.is_zero()) => {
-                    bans.push((rule.clone(), key.clone(), i.ban_left.unwrap_or_default()));
-                }
-                Some(Err(e)) => return unavailable(e),
-                // Cleared, lapsed, or its rule is gone.
-                _ => gw.metrics.unban(rule, key),
+            .find(|r| r.rule.name() == rule)
+        {
+            Some(pr) => known.push((pr, key, pr.group_of_key(key))),
+            None => gw.metrics.unban(rule, key),
+        }
+    }
+    let ops: Vec<Op<'_>> = known
+        .iter()
+        .map(|(pr, key, group)| Op::grouped(&pr.rule, key, group))
+        .collect();
+    for ((pr, key, _), info) in known.iter().zip(inspect_all(store, &ops).await) {
+        match info {
+            Ok(i) if i.ban_left.is_some_and(|l| !l.is_zero()) => {
+                bans.push((
+                    pr.rule.name().to_owned(),
+                    (*key).clone(),
+                    i.ban_left.unwrap_or_default(),
+                ));
             }
+            Err(e) => return unavailable(e),
+            // Cleared or lapsed.
+            Ok(_) => gw.metrics.unban(pr.rule.name(), key),
         }
     }
     let mut complete = true;
