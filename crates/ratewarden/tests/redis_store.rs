@@ -719,23 +719,22 @@ async fn a_master_killed_under_traffic_fails_over_without_failing_a_decision() {
     let promoted_at = Instant::now();
     // What the replica had: the count it was promoted with.
     let new_master = cluster.nodes.iter().find(|n| n.port == promoted).unwrap();
-    let kept: u64 = new_master
-        .cli(&["get", &state_key])
-        .split(' ')
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    // The fixed window's count (the state's second field) on the new master.
+    let count = || -> u64 {
+        new_master
+            .cli(&["get", &state_key])
+            .split(' ')
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let kept = count();
     // Traffic goes on, and comes back to Redis: the breaker's next probe
     // (its interval grew during the outage, up to 1 s) finds the new
     // topology.
     let deadline = Instant::now() + Duration::from_secs(15);
     let back = loop {
-        let n: u64 = new_master
-            .cli(&["get", &state_key])
-            .split(' ')
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        let n = count();
         if n > kept {
             break Instant::now();
         }
@@ -750,12 +749,7 @@ async fn a_master_killed_under_traffic_fails_over_without_failing_a_decision() {
     for t in tasks {
         t.await.unwrap();
     }
-    let after: u64 = new_master
-        .cli(&["get", &state_key])
-        .split(' ')
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let after = count();
     let admitted_after_promotion =
         stamps.lock().iter().filter(|t| **t > promoted_at).count() as u64;
     let lost = before_kill.saturating_sub(kept);
