@@ -5,7 +5,9 @@
 //!
 //! The own parsers are guilty until fuzzed: the HTTP/1.1 path reads
 //! requests and answers with code of ours where hyper would have, so
-//! [`differential`] runs hyper on the same bytes and asserts they agree.
+//! [`differential`] runs hyper on the same bytes and asserts they agree;
+//! the RLS listener reads `RateLimitRequest` with code of ours where prost
+//! would have, so [`rls_request`] runs prost on the same bytes.
 
 use std::net::IpAddr;
 use std::ops::Range;
@@ -326,5 +328,51 @@ pub fn differential(data: &[u8]) {
             "the HTTP/1.1 path says {own:?}, hyper {hyper:?}: {:?}",
             String::from_utf8_lossy(data)
         ),
+    }
+}
+
+/// `RateLimitRequest` read by the RLS listener's own decoder and by prost:
+/// both refuse `data`, or both read the same fields.
+pub fn rls_request(data: &[u8]) {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry, RateLimitOverride,
+    };
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use prost::Message as _;
+    let ours = crate::rls::wire::decode(data);
+    let theirs = RateLimitRequest::decode(data);
+    match (&ours, &theirs) {
+        (Ok(r), Ok(b)) => {
+            let a = RateLimitRequest {
+                domain: r.domain.to_owned(),
+                descriptors: r
+                    .descriptors
+                    .iter()
+                    .map(|d| RateLimitDescriptor {
+                        entries: r
+                            .entries_of(d)
+                            .iter()
+                            .map(|(k, v)| Entry {
+                                key: (*k).to_owned(),
+                                value: (*v).to_owned(),
+                            })
+                            .collect(),
+                        limit: d.limit.map(|(rpu, unit)| RateLimitOverride {
+                            requests_per_unit: rpu,
+                            unit,
+                        }),
+                        hits_addend: d
+                            .hits_addend
+                            .map(|value| envoy_types::pb::google::protobuf::UInt64Value { value }),
+                        is_negative_hits: d.is_negative_hits,
+                    })
+                    .collect(),
+                hits_addend: r.hits_addend,
+            };
+            assert_eq!(&a, b, "{data:02x?}");
+        }
+        (Err(_), Err(_)) => {}
+        _ => panic!("{data:02x?}: ours {ours:?}, prost {theirs:?}"),
     }
 }

@@ -116,7 +116,7 @@ pub struct Metrics {
     /// the candidates `/v1/keys` inspects.
     hot: Mutex<HashMap<String, HashMap<String, Instant>>>,
     /// Envoy descriptor decisions: (domain, descriptor, code) -> count.
-    rls: Mutex<HashMap<String, HashMap<String, [u64; RLS_CODES.len()]>>>,
+    rls: Mutex<foldhash::HashMap<String, foldhash::HashMap<String, [u64; RLS_CODES.len()]>>>,
 }
 
 impl Metrics {

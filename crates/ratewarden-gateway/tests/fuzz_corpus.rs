@@ -58,3 +58,8 @@ fn config() {
 fn differential() {
     corpus("differential", ratewarden_gateway::fuzzing::differential);
 }
+
+#[test]
+fn rls_request() {
+    corpus("rls_request", ratewarden_gateway::fuzzing::rls_request);
+}

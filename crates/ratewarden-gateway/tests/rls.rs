@@ -651,3 +651,103 @@ async fn detailed_metric_counts_by_the_request_values() {
     );
     gw.shutdown().await;
 }
+
+/// A raw HTTP/2 call to the RLS listener: the answer's head, its body's
+/// bytes and its trailers (or, for a trailers-only answer, the head's).
+async fn raw_call(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    frames: Vec<Vec<u8>>,
+) -> (http::HeaderMap, Vec<u8>, http::HeaderMap) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut req = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let (answer, mut body) = send.send_request(req.body(()).unwrap(), false).unwrap();
+    let last = frames.len().saturating_sub(1);
+    for (i, f) in frames.into_iter().enumerate() {
+        body.reserve_capacity(f.len());
+        body.send_data(f.into(), i == last).unwrap();
+    }
+    let answer = answer.await.unwrap();
+    let head = answer.headers().clone();
+    let mut recv = answer.into_body();
+    let mut bytes = vec![];
+    while let Some(d) = recv.data().await {
+        let d = d.unwrap();
+        let _ = recv.flow_control().release_capacity(d.len());
+        bytes.extend_from_slice(&d);
+    }
+    let trailers = recv
+        .trailers()
+        .await
+        .unwrap()
+        .unwrap_or_else(|| head.clone());
+    (head, bytes, trailers)
+}
+
+fn grpc_frame(message: &[u8]) -> Vec<u8> {
+    let mut f = vec![0];
+    f.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    f.extend_from_slice(message);
+    f
+}
+
+#[tokio::test]
+async fn bad_calls_get_a_grpc_status_and_the_listener_goes_on() {
+    use prost::Message as _;
+    let gw = gateway(TREE, "{type: memory}", None).await;
+    let addr = gw.rls.unwrap();
+    let method = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let status = |t: &http::HeaderMap| t.get("grpc-status").map(|v| v.to_str().unwrap().to_owned());
+    let good = request("app", vec![descriptor(&[("client", "raw")])]).encode_to_vec();
+
+    // A message in one-byte DATA frames is read whole and decided.
+    let framed = grpc_frame(&good);
+    let bytes: Vec<Vec<u8>> = framed.iter().map(|b| vec![*b]).collect();
+    let (head, body, trailers) = raw_call(addr, method, &[], bytes).await;
+    assert_eq!(head.get("content-type").unwrap(), "application/grpc");
+    assert_eq!(status(&trailers).as_deref(), Some("0"));
+    let answer = RateLimitResponse::decode(&body[5..]).unwrap();
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    assert_eq!(
+        answer.statuses[0].current_limit.as_ref().unwrap().name,
+        "per_client"
+    );
+
+    // Bytes that are not a RateLimitRequest: INVALID_ARGUMENT (3).
+    let (_, _, t) = raw_call(addr, method, &[], vec![grpc_frame(&[0x0a, 0x05, b'a'])]).await;
+    assert_eq!(status(&t).as_deref(), Some("3"));
+    // Not one length-prefixed frame: INVALID_ARGUMENT.
+    let (_, _, t) = raw_call(addr, method, &[], vec![vec![0, 0, 0, 0, 9, 1]]).await;
+    assert_eq!(status(&t).as_deref(), Some("3"));
+    // Compressed: UNIMPLEMENTED (12).
+    let (_, _, t) = raw_call(
+        addr,
+        method,
+        &[("grpc-encoding", "gzip")],
+        vec![framed.clone()],
+    )
+    .await;
+    assert_eq!(status(&t).as_deref(), Some("12"));
+    // Over 4 MiB: RESOURCE_EXHAUSTED (8), without reading it all.
+    let big = vec![vec![0u8; 1 << 20]; 5];
+    let (_, _, t) = raw_call(addr, method, &[], big).await;
+    assert_eq!(status(&t).as_deref(), Some("8"));
+    // No such method: UNIMPLEMENTED.
+    let (_, _, t) = raw_call(addr, "/no.Such/Method", &[], vec![framed.clone()]).await;
+    assert_eq!(status(&t).as_deref(), Some("12"));
+
+    // And the listener still decides, having counted the one good call
+    // (of 3 a minute) and none of the refused ones.
+    let mut c = client(addr).await;
+    assert_eq!(oks(&mut c, "app", &[("client", "raw")], 3).await, 2);
+}

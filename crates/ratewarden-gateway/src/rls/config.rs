@@ -13,7 +13,9 @@
 //! `min_interval`, `penalty`, and `window` (any duration, in place of
 //! `unit`).
 
-use std::collections::HashMap;
+/// Looked up per call with request-given keys, built from the config
+/// only (nothing a request sends is inserted): a fast hash, seeded.
+type HashMap<K, V> = foldhash::HashMap<K, V>;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -197,9 +199,13 @@ impl Domains {
             return Found::None;
         };
         let mut found = Found::None;
+        let mut exact = String::new();
         for (i, (key, value)) in entries.iter().enumerate() {
-            let exact = format!("{key}_{value}");
-            let next = level.children.get(&exact).or_else(|| {
+            exact.clear();
+            exact.push_str(key);
+            exact.push('_');
+            exact.push_str(value);
+            let next = level.children.get(exact.as_str()).or_else(|| {
                 level
                     .wildcards
                     .iter()

@@ -14,18 +14,14 @@
 //! with `grpc.health.v1` and server reflection (v1 and v1alpha).
 
 pub mod config;
+pub(crate) mod wire;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code, DescriptorStatus, RateLimit,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use prost::Message as _;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use ratewarden::{HeaderStyle, Mode, Op, Rule};
 use ratewarden_tower::admission::{Refusal, decide_ops};
 use tokio::net::TcpListener;
@@ -89,71 +85,68 @@ const METHOD: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLim
 /// Largest request message taken, as tonic's default (4 MiB).
 const MAX_MESSAGE: usize = 4 << 20;
 
-/// `ShouldRateLimit`, one unary call, served on hyper directly rather than
-/// through tonic's generated server: its codec streams a unary body
-/// through several layers (a decoder, an encoder stream, boxed futures),
-/// which cost more per call than the decision. The request is one
-/// length-prefixed message (uncompressed: Envoy does not compress these
-/// calls, and a compressed one is refused with UNIMPLEMENTED); the answer
-/// is one message and its trailers, or a trailers-only status.
+/// `ShouldRateLimit`, one unary call, answered without tonic's generated
+/// server: its codec streams a unary body through several layers (a
+/// decoder, an encoder stream, boxed futures), which cost more per call
+/// than the decision. The request is one length-prefixed message
+/// (uncompressed: Envoy does not compress these calls, and a compressed
+/// one is refused with UNIMPLEMENTED); the answer is one message and its
+/// trailers, or a trailers-only status.
 async fn should_rate_limit(
     gw: &Gateway,
-    req: http::Request<hyper::body::Incoming>,
-) -> http::Response<tonic::body::Body> {
-    use http_body_util::BodyExt as _;
+    req: http::Request<h2::RecvStream>,
+) -> Result<bytes::Bytes, tonic::Status> {
     if req
         .headers()
-        .get("grpc-encoding")
+        .get(GRPC_ENCODING)
         .is_some_and(|e| e.as_bytes() != b"identity")
     {
-        return status(tonic::Status::unimplemented(
+        return Err(tonic::Status::unimplemented(
             "compressed requests are not accepted (grpc-accept-encoding: identity)",
         ));
     }
-    let body = match http_body_util::Limited::new(req.into_body(), MAX_MESSAGE + 5)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return status(tonic::Status::resource_exhausted(format!(
-                "the request could not be read whole (at most {MAX_MESSAGE} bytes): {e}"
-            )));
-        }
-    };
+    let body = read_whole(req.into_body(), MAX_MESSAGE + 5).await?;
     let Some(message) = unframe(&body) else {
-        return status(tonic::Status::invalid_argument(
+        return Err(tonic::Status::invalid_argument(
             "the request is not one uncompressed, length-prefixed gRPC message",
         ));
     };
-    let request = match RateLimitRequest::decode(message) {
-        Ok(r) => r,
-        Err(e) => {
-            return status(tonic::Status::invalid_argument(format!(
-                "the request does not decode: {e}"
+    let request = wire::decode(message).map_err(|e| {
+        tonic::Status::invalid_argument(format!("the request does not decode: {e}"))
+    })?;
+    decide(gw, &request).await
+}
+
+/// A request body, whole, up to `max` bytes. One DATA frame (a unary
+/// call's usual shape, an empty END_STREAM frame aside) is taken as it is.
+async fn read_whole(mut body: h2::RecvStream, max: usize) -> Result<bytes::Bytes, tonic::Status> {
+    let mut first = bytes::Bytes::new();
+    let mut rest: Option<bytes::BytesMut> = None;
+    while let Some(chunk) = std::future::poll_fn(|cx| body.poll_data(cx)).await {
+        let chunk = chunk.map_err(|e| {
+            tonic::Status::cancelled(format!("the request could not be read whole: {e}"))
+        })?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        if first.len() + rest.as_ref().map_or(0, |r| r.len()) + chunk.len() > max {
+            return Err(tonic::Status::resource_exhausted(format!(
+                "the request is over {MAX_MESSAGE} bytes"
             )));
         }
-    };
-    match decide(gw, &request).await {
-        Ok(answer) => {
-            let len = answer.encoded_len();
-            let mut framed = bytes::BytesMut::with_capacity(5 + len);
-            framed.extend_from_slice(&[0]);
-            framed.extend_from_slice(&(len as u32).to_be_bytes());
-            // Into a buffer sized for it: cannot fail.
-            answer.encode_raw(&mut framed);
-            let mut r = http::Response::new(tonic::body::Body::new(Unary {
-                data: Some(framed.freeze()),
-                trailers: true,
-            }));
-            r.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/grpc"),
-            );
-            r
+        if chunk.is_empty() {
+            continue;
         }
-        Err(s) => status(s),
+        match &mut rest {
+            Some(r) => r.extend_from_slice(&chunk),
+            None if first.is_empty() => first = chunk,
+            None => {
+                let mut r = bytes::BytesMut::with_capacity(first.len() + chunk.len());
+                r.extend_from_slice(&first);
+                r.extend_from_slice(&chunk);
+                rest = Some(r);
+            }
+        }
     }
+    Ok(rest.map_or(first, bytes::BytesMut::freeze))
 }
 
 /// The message of a body holding exactly one uncompressed gRPC frame.
@@ -163,39 +156,120 @@ fn unframe(body: &[u8]) -> Option<&[u8]> {
     (head[0] == 0 && len == message.len()).then_some(message)
 }
 
-/// A trailers-only answer: the status in the head, no body.
-fn status(s: tonic::Status) -> http::Response<tonic::body::Body> {
-    s.into_http()
+const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
+const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+const APPLICATION_GRPC: http::HeaderValue = http::HeaderValue::from_static("application/grpc");
+
+/// Sends a unary call's answer: the head, the message, `grpc-status: 0`;
+/// or, for an error, a trailers-only status.
+fn send_unary(
+    respond: &mut h2::server::SendResponse<bytes::Bytes>,
+    answer: Result<bytes::Bytes, tonic::Status>,
+) {
+    let message = match answer {
+        Ok(m) => m,
+        Err(s) => {
+            let (head, _) = s.into_http::<()>().into_parts();
+            let _ = respond.send_response(http::Response::from_parts(head, ()), true);
+            return;
+        }
+    };
+    let mut head = http::Response::new(());
+    head.headers_mut()
+        .insert(http::header::CONTENT_TYPE, APPLICATION_GRPC);
+    let Ok(mut send) = respond.send_response(head, false) else {
+        return;
+    };
+    // A few hundred bytes: within any window a client opens, and buffered
+    // by h2 until the window allows if not.
+    if send.send_data(message, false).is_ok() {
+        let mut trailers = http::HeaderMap::with_capacity(1);
+        trailers.insert(GRPC_STATUS, http::HeaderValue::from_static("0"));
+        let _ = send.send_trailers(trailers);
+    }
 }
 
-/// A unary answer's body: the message, then `grpc-status: 0`.
-struct Unary {
-    data: Option<bytes::Bytes>,
-    trailers: bool,
-}
+/// A request body from h2, as tonic's services read one.
+struct H2Body(h2::RecvStream);
 
-impl http_body::Body for Unary {
+impl http_body::Body for H2Body {
     type Data = bytes::Bytes;
-    type Error = Infallible;
+    type Error = h2::Error;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Infallible>>> {
-        if let Some(d) = self.data.take() {
-            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(d))));
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, h2::Error>>> {
+        use std::task::Poll;
+        match self.0.poll_data(cx) {
+            Poll::Ready(Some(Ok(d))) => {
+                let _ = self.0.flow_control().release_capacity(d.len());
+                Poll::Ready(Some(Ok(http_body::Frame::data(d))))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(None) => match self.0.poll_trailers(cx) {
+                Poll::Ready(Ok(Some(t))) => Poll::Ready(Some(Ok(http_body::Frame::trailers(t)))),
+                Poll::Ready(Ok(None)) => Poll::Ready(None),
+                Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
+                Poll::Pending => Poll::Pending,
+            },
+            Poll::Pending => Poll::Pending,
         }
-        if std::mem::take(&mut self.trailers) {
-            let mut t = http::HeaderMap::with_capacity(1);
-            t.insert("grpc-status", http::HeaderValue::from_static("0"));
-            return std::task::Poll::Ready(Some(Ok(http_body::Frame::trailers(t))));
-        }
-        std::task::Poll::Ready(None)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.is_none() && !self.trailers
+        self.0.is_end_stream()
     }
+}
+
+/// Sends a tonic service's answer (health, reflection: streams of any
+/// length), as much at a time as the client's window takes.
+async fn send_streamed(
+    respond: &mut h2::server::SendResponse<bytes::Bytes>,
+    answer: http::Response<tonic::body::Body>,
+) {
+    use http_body::Body as _;
+    use http_body_util::BodyExt as _;
+    let (head, mut body) = answer.into_parts();
+    let end = body.is_end_stream();
+    let Ok(mut send) = respond.send_response(http::Response::from_parts(head, ()), end) else {
+        return;
+    };
+    if end {
+        return;
+    }
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(_) => {
+                send.send_reset(h2::Reason::INTERNAL_ERROR);
+                return;
+            }
+        };
+        let mut data = match frame.into_data() {
+            Ok(d) => d,
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    let _ = send.send_trailers(t);
+                }
+                return;
+            }
+        };
+        while !data.is_empty() {
+            send.reserve_capacity(data.len());
+            match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(Ok(0)) => continue,
+                Some(Ok(n)) => {
+                    let chunk = data.split_to(n.min(data.len()));
+                    if send.send_data(chunk, false).is_err() {
+                        return;
+                    }
+                }
+                _ => return,
+            }
+        }
+    }
+    let _ = send.send_data(bytes::Bytes::new(), true);
 }
 
 /// What became of one descriptor before the store was asked.
@@ -279,11 +353,11 @@ fn op_key(entries: &[(&str, &str)]) -> String {
     key
 }
 
-/// Decides one `ShouldRateLimit` call.
-pub async fn decide(
-    gw: &Gateway,
-    req: &RateLimitRequest,
-) -> Result<RateLimitResponse, tonic::Status> {
+/// A call's descriptors, and what is made of each: a few, on the stack.
+type Few<T> = smallvec::SmallVec<[T; 4]>;
+
+/// Decides one `ShouldRateLimit` call: its answer, as one gRPC frame.
+pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Bytes, tonic::Status> {
     if req.domain.is_empty() {
         return Err(tonic::Status::invalid_argument(
             "rate limit domain must not be empty",
@@ -301,57 +375,58 @@ pub async fn decide(
         ));
     };
     let domains: &Domains = &spec.domains;
-    let entries: Vec<Vec<(&str, &str)>> = req
-        .descriptors
-        .iter()
-        .map(|d| {
-            d.entries
+    // Overrides made per call (rare: none, and no allocation, usually).
+    let overrides: Vec<Option<Limit>>;
+    // The entries and what is worked out from them are not kept across
+    // the store call: the call's future stays small (it is moved when the
+    // call starts).
+    let (reached, keys) = {
+        let entries: Few<&[(&str, &str)]> =
+            req.descriptors.iter().map(|d| req.entries_of(d)).collect();
+        overrides = if req.descriptors.iter().any(|d| d.limit.is_some()) {
+            req.descriptors
                 .iter()
-                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .zip(&entries)
+                .map(|(d, e)| {
+                    d.limit
+                        .as_ref()
+                        .and_then(|&(rpu, unit)| override_limit(req.domain, e, rpu, unit))
+                })
                 .collect()
-        })
-        .collect();
-    // Limits reached, overrides made per call.
-    let overrides: Vec<Option<Limit>> = req
-        .descriptors
-        .iter()
-        .zip(&entries)
-        .map(|(d, e)| {
-            d.limit
-                .as_ref()
-                .and_then(|l| override_limit(&req.domain, e, l.requests_per_unit, l.unit))
-        })
-        .collect();
-    let mut reached: Vec<Option<&Limit>> = req
-        .descriptors
-        .iter()
-        .zip(&entries)
-        .zip(&overrides)
-        .map(|((_, e), o)| match o {
-            Some(l) => Some(l),
-            None => match domains.limit(&req.domain, e) {
-                Found::None => None,
-                Found::Limit(l) => Some(&**l),
-            },
-        })
-        .collect();
-    // `replaces`: a limit named by another reached limit does not apply.
-    let replaced: Vec<&str> = reached
-        .iter()
-        .flatten()
-        .flat_map(|l| l.replaces.iter().map(String::as_str))
-        .collect();
-    for r in &mut reached {
-        if r.is_some_and(|l| !l.name.is_empty() && replaced.contains(&l.name.as_str())) {
-            *r = None;
+        } else {
+            Vec::new()
+        };
+        // Limits reached.
+        let mut reached: Few<Option<&Limit>> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| match overrides.get(i).and_then(Option::as_ref) {
+                Some(l) => Some(l),
+                None => match domains.limit(req.domain, e) {
+                    Found::None => None,
+                    Found::Limit(l) => Some(&**l),
+                },
+            })
+            .collect();
+        // `replaces`: a limit named by another reached limit does not apply.
+        let replaced: Few<&str> = reached
+            .iter()
+            .flatten()
+            .flat_map(|l| l.replaces.iter().map(String::as_str))
+            .collect();
+        for r in &mut reached {
+            if r.is_some_and(|l| !l.name.is_empty() && replaced.contains(&l.name.as_str())) {
+                *r = None;
+            }
         }
-    }
+        let keys: Few<String> = entries.iter().map(|e| op_key(e)).collect();
+        (reached, keys)
+    };
     // Each descriptor's weight: its own `hits_addend` (an explicit 0 is a
     // peek), else the request's (0, which proto3 cannot tell from unset,
     // is 1).
     let call_weight = u64::from(req.hits_addend.max(1));
-    let keys: Vec<String> = entries.iter().map(|e| op_key(e)).collect();
-    let mut plans = Vec::with_capacity(req.descriptors.len());
+    let mut plans: Few<Plan<'_>> = Few::new();
     let (mut charged, mut peeked, mut refunded) = (0, 0, 0);
     for (i, d) in req.descriptors.iter().enumerate() {
         plans.push(match reached[i] {
@@ -362,7 +437,7 @@ pub async fn decide(
                     plans.push(Plan::Blocked(l));
                     continue;
                 };
-                match d.hits_addend.map(|h| h.value) {
+                match d.hits_addend {
                     Some(0) => {
                         peeked += 1;
                         Plan::Peeked(l, rule, peeked - 1)
@@ -379,13 +454,12 @@ pub async fn decide(
             }
         });
     }
-    let weight_of = |i: usize| match req.descriptors[i].hits_addend.map(|h| h.value) {
+    let weight_of = |i: usize| match req.descriptors[i].hits_addend {
         Some(w) if w > 0 => w,
         _ => call_weight,
     };
-    let mut charge_ops = Vec::with_capacity(charged);
-    let mut peek_ops = Vec::with_capacity(peeked);
-    let mut refund_ops = Vec::with_capacity(refunded);
+    // Peeks and refunds are rare: no room kept for them.
+    let (mut charge_ops, mut peek_ops, mut refund_ops) = (Few::new(), Vec::new(), Vec::new());
     for (i, plan) in plans.iter().enumerate() {
         match plan {
             Plan::Charged(_, rule, _) => {
@@ -421,37 +495,36 @@ pub async fn decide(
     let peeked_decision = decided(&live.limiter, &peek_ops, Mode::Peek)
         .await
         .map_err(|e| store_failed(&e))?;
-    let mut statuses = Vec::with_capacity(plans.len());
+    let mut statuses: Few<wire::Status<'_>> = Few::new();
     let mut over = false;
     for (i, plan) in plans.iter().enumerate() {
         let (status, code) = match plan {
             Plan::Free => (
-                DescriptorStatus {
+                wire::Status {
                     code: Code::Ok as i32,
-                    ..Default::default()
+                    limit: None,
+                    remaining: 0,
+                    until_reset: None,
                 },
                 "no_limit",
             ),
             Plan::Unlimited(_) => (
-                DescriptorStatus {
+                wire::Status {
                     code: Code::Ok as i32,
-                    limit_remaining: u32::MAX,
-                    ..Default::default()
+                    limit: None,
+                    remaining: u32::MAX,
+                    until_reset: None,
                 },
                 "unlimited",
             ),
             Plan::Blocked(l) => {
                 over |= !l.shadow;
                 (
-                    DescriptorStatus {
+                    wire::Status {
                         code: if l.shadow { Code::Ok } else { Code::OverLimit } as i32,
-                        current_limit: Some(RateLimit {
-                            name: l.name.clone(),
-                            requests_per_unit: 0,
-                            unit: l.unit,
-                        }),
-                        duration_until_reset: Some(prost_duration(until_boundary(l.window))),
-                        ..Default::default()
+                        limit: Some((&l.name, 0, l.unit)),
+                        remaining: 0,
+                        until_reset: Some(until_boundary(l.window)),
                     },
                     if l.shadow {
                         "shadow_over_limit"
@@ -478,20 +551,15 @@ pub async fn decide(
                 };
                 over |= refused && !l.shadow;
                 (
-                    DescriptorStatus {
+                    wire::Status {
                         code: if refused && !l.shadow {
                             Code::OverLimit
                         } else {
                             Code::Ok
                         } as i32,
-                        current_limit: Some(RateLimit {
-                            name: l.name.clone(),
-                            requests_per_unit: l.requests_per_unit,
-                            unit: l.unit,
-                        }),
-                        limit_remaining: u32::try_from(r.remaining).unwrap_or(u32::MAX),
-                        duration_until_reset: Some(prost_duration(r.reset_after)),
-                        ..Default::default()
+                        limit: Some((&l.name, l.requests_per_unit, l.unit)),
+                        remaining: u32::try_from(r.remaining).unwrap_or(u32::MAX),
+                        until_reset: Some(r.reset_after),
                     },
                     code,
                 )
@@ -505,10 +573,10 @@ pub async fn decide(
             | Plan::Peeked(l, ..)
             | Plan::Refunded(l, ..) => Some(*l),
         };
-        gw.metrics.rls(&req.domain, label, &keys[i], code);
+        gw.metrics.rls(req.domain, label, &keys[i], code);
         statuses.push(status);
     }
-    let mut response_headers_to_add = vec![];
+    let mut headers = vec![];
     if spec.headers.legacy || spec.headers.ietf {
         // The headers of every decided descriptor together, as the
         // proxy's of every rule: the binding one's numbers.
@@ -524,23 +592,18 @@ pub async fn decide(
             all.rules.extend(d.rules.iter().cloned());
         }
         if !all.rules.is_empty() {
-            response_headers_to_add = all
-                .headers(spec.headers)
-                .into_iter()
-                .map(|(key, value)| HeaderValue {
-                    key: key.to_owned(),
-                    value,
-                    ..Default::default()
-                })
-                .collect();
+            headers = all.headers(spec.headers);
         }
     }
-    Ok(RateLimitResponse {
-        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
-        statuses,
-        response_headers_to_add,
-        ..Default::default()
-    })
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut framed = Vec::new();
+    wire::frame(
+        &mut framed,
+        if over { Code::OverLimit } else { Code::Ok } as i32,
+        &statuses,
+        &headers,
+    );
+    Ok(bytes::Bytes::from(framed))
 }
 
 /// `ops` decided together, through the admission path's one store call
@@ -576,11 +639,122 @@ fn until_boundary(window: Duration) -> Duration {
     Duration::from_micros(u64::try_from(w - now % w).unwrap_or(0))
 }
 
-fn prost_duration(d: Duration) -> envoy_types::pb::google::protobuf::Duration {
-    envoy_types::pb::google::protobuf::Duration {
-        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+/// What a connection's calls are answered by.
+struct Services<H, R, A> {
+    gw: Arc<Gateway>,
+    health: H,
+    reflection: R,
+    reflection_alpha: A,
+}
+
+/// A tonic service, as health and reflection are.
+trait Grpc:
+    tonic::codegen::Service<
+        http::Request<tonic::body::Body>,
+        Response = http::Response<tonic::body::Body>,
+        Error = Infallible,
+    > + Clone
+{
+}
+
+impl<S> Grpc for S where
+    S: tonic::codegen::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+{
+}
+
+impl<H: Grpc, R: Grpc, A: Grpc> Services<H, R, A> {
+    /// Answers one call (one HTTP/2 stream).
+    async fn call(
+        &self,
+        req: http::Request<h2::RecvStream>,
+        mut respond: h2::server::SendResponse<bytes::Bytes>,
+    ) {
+        let path = req.uri().path();
+        if path == METHOD {
+            let answer = should_rate_limit(&self.gw, req).await;
+            return send_unary(&mut respond, answer);
+        }
+        // Boxed: tonic's futures are large, and every call's future is as
+        // large as its largest branch (it is moved when the call starts).
+        Box::pin(self.tonic(req, respond)).await;
     }
+
+    /// Health, reflection, or UNIMPLEMENTED, through tonic.
+    async fn tonic(
+        &self,
+        req: http::Request<h2::RecvStream>,
+        mut respond: h2::server::SendResponse<bytes::Bytes>,
+    ) {
+        let (head, body) = req.into_parts();
+        let req = http::Request::from_parts(head, tonic::body::Body::new(H2Body(body)));
+        let path = req.uri().path();
+        let answer = if path.starts_with("/grpc.health.v1.Health/") {
+            self.health.clone().call(req).await
+        } else if path.starts_with("/grpc.reflection.v1.ServerReflection/") {
+            self.reflection.clone().call(req).await
+        } else if path.starts_with("/grpc.reflection.v1alpha.ServerReflection/") {
+            self.reflection_alpha.clone().call(req).await
+        } else {
+            Ok(tonic::Status::unimplemented("no such service or method here").into_http())
+        };
+        match answer {
+            Ok(a) => send_streamed(&mut respond, a).await,
+            Err(never) => match never {},
+        }
+    }
+}
+
+/// Serves one HTTP/2 connection on h2 directly: its calls run inside the
+/// connection's task (no task spawned per call, no body channel between
+/// tasks), and what they answer is written when the connection is next
+/// driven, several answers to a write. Settings as hyper's defaults.
+async fn connection<H: Grpc, R: Grpc, A: Grpc>(
+    stream: tokio::net::TcpStream,
+    services: &Services<H, R, A>,
+) {
+    use futures_util::StreamExt as _;
+    use std::task::Poll;
+    let mut builder = h2::server::Builder::new();
+    builder
+        .initial_window_size(1 << 20)
+        .initial_connection_window_size(1 << 20)
+        .max_frame_size(16 << 10)
+        .max_header_list_size(16 << 10)
+        .max_concurrent_streams(200)
+        .max_send_buffer_size(400 << 10)
+        .max_local_error_reset_streams(Some(1024));
+    let Ok(mut conn) = builder.handshake::<_, bytes::Bytes>(stream).await else {
+        return;
+    };
+    let mut calls = futures_util::stream::FuturesUnordered::new();
+    std::future::poll_fn(|cx| {
+        loop {
+            let mut moved = false;
+            // Reads what came (and writes what was answered).
+            loop {
+                match conn.poll_accept(cx) {
+                    Poll::Ready(Some(Ok((req, respond)))) => {
+                        calls.push(services.call(req, respond));
+                        moved = true;
+                    }
+                    // Closed, or broken: its calls cannot answer any more.
+                    Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
+                    Poll::Pending => break,
+                }
+            }
+            while let Poll::Ready(Some(())) = calls.poll_next_unpin(cx) {
+                moved = true;
+            }
+            if !moved {
+                return Poll::Pending;
+            }
+        }
+    })
+    .await;
 }
 
 /// Serves the rate limit service, health and reflection on `listener`
@@ -602,38 +776,12 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Rec
         tracing::error!("rls: the reflection descriptors do not load; not serving");
         return;
     };
-    let route = move |req: http::Request<hyper::body::Incoming>| {
-        use tonic::codegen::Service as _;
-        let path = req.uri().path();
-        let (gw, mut health, mut refl, mut alpha) = (
-            gw.clone(),
-            health.clone(),
-            reflection.clone(),
-            reflection_alpha.clone(),
-        );
-        let which = if path == METHOD {
-            0
-        } else if path.starts_with("/grpc.health.v1.Health/") {
-            1
-        } else if path.starts_with("/grpc.reflection.v1.ServerReflection/") {
-            2
-        } else if path.starts_with("/grpc.reflection.v1alpha.ServerReflection/") {
-            3
-        } else {
-            4
-        };
-        async move {
-            match which {
-                0 => Ok(should_rate_limit(&gw, req).await),
-                1 => health.call(req).await,
-                2 => refl.call(req).await,
-                3 => alpha.call(req).await,
-                _ => Ok::<_, Infallible>(status(tonic::Status::unimplemented(
-                    "no such service or method here",
-                ))),
-            }
-        }
-    };
+    let services = Arc::new(Services {
+        gw,
+        health,
+        reflection,
+        reflection_alpha,
+    });
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -643,20 +791,8 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Rec
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let route = route.clone();
-        tokio::spawn(async move {
-            let mut builder =
-                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
-            // No `date` header: gRPC answers have no use for one, and it
-            // was a header to encode per call.
-            builder.auto_date_header(false);
-            let _ = builder
-                .serve_connection(
-                    hyper_util::rt::TokioIo::new(stream),
-                    hyper::service::service_fn(route),
-                )
-                .await;
-        });
+        let services = services.clone();
+        tokio::spawn(async move { connection(stream, &services).await });
     }
 }
 
@@ -688,7 +824,7 @@ mod tests {
                 .collect();
             if let Some(m) = unframe(&body) {
                 assert_eq!(m.len() + 5, body.len());
-                let _ = RateLimitRequest::decode(m);
+                let _ = wire::decode(m);
             }
         }
     }
