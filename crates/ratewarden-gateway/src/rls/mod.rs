@@ -126,7 +126,9 @@ async fn read_whole(mut body: h2::RecvStream, max: usize) -> Result<bytes::Bytes
         let chunk = chunk.map_err(|e| {
             tonic::Status::cancelled(format!("the request could not be read whole: {e}"))
         })?;
-        let _ = body.flow_control().release_capacity(chunk.len());
+        if !chunk.is_empty() {
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
         if first.len() + rest.as_ref().map_or(0, |r| r.len()) + chunk.len() > max {
             return Err(tonic::Status::resource_exhausted(format!(
                 "the request is over {MAX_MESSAGE} bytes"
@@ -330,7 +332,8 @@ const KEPT: usize = 480;
 /// counter only if they also share that hash (the safe side: counted
 /// together).
 fn op_key(entries: &[(&str, &str)]) -> String {
-    let mut key = String::new();
+    let len: usize = entries.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    let mut key = String::with_capacity(len);
     for (i, (k, v)) in entries.iter().enumerate() {
         if i > 0 {
             key.push('.');

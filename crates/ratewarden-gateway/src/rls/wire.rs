@@ -356,11 +356,10 @@ fn header_len((key, value): (&str, &str)) -> usize {
 /// `RateLimitResponse` of `overall`, `statuses` and
 /// `response_headers_to_add`.
 pub fn frame(out: &mut Vec<u8>, overall: i32, statuses: &[Status<'_>], headers: &[(&str, &str)]) {
+    // Each status's length once: it is written before the status.
+    let lens: Few<usize, 4> = statuses.iter().map(status_len).collect();
     let len = varint_field(int32(overall))
-        + statuses
-            .iter()
-            .map(|s| message_field(status_len(s)))
-            .sum::<usize>()
+        + lens.iter().map(|&l| message_field(l)).sum::<usize>()
         + headers
             .iter()
             .map(|h| message_field(header_len(*h)))
@@ -369,8 +368,8 @@ pub fn frame(out: &mut Vec<u8>, overall: i32, statuses: &[Status<'_>], headers: 
     out.push(0);
     out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
     put_varint_field(out, 1, int32(overall));
-    for s in statuses {
-        put_message_head(out, 2, status_len(s));
+    for (s, &l) in statuses.iter().zip(&lens) {
+        put_message_head(out, 2, l);
         put_varint_field(out, 1, int32(s.code));
         if let Some(l) = s.limit {
             put_message_head(out, 2, limit_len(l));
