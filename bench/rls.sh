@@ -8,6 +8,7 @@
 #   BUDGET=0.5 bash bench/rls.sh     # servers limited to half of CPU 0 (a
 #                                    # cgroup quota): they, not the load
 #                                    # generator, set the decisions/s
+#   STORES=memory bash bench/rls.sh  # one store only (memory or redis)
 #
 # Each server runs alone, pinned to CPU 0 (Redis, when used, shares CPU 0: a
 # decision's Redis work is part of its cost); the load generator
@@ -55,7 +56,7 @@ taskset -c 0 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appe
   --dir "$WORK" > /dev/null & PIDS+=($!); REDIS_PID=$!
 wait_port "$REDIS_PORT"
 
-for store in memory redis; do
+for store in ${STORES:-memory redis}; do
   if [ $store = memory ]; then STORE='{type: memory}'; PROC="" ; else
     STORE="{type: redis, url: 'redis://127.0.0.1:$REDIS_PORT', timeout: 1s}"; PROC=$REDIS_PID; fi
   RLS=$(port); ADMIN=$(port)
