@@ -751,3 +751,29 @@ async fn bad_calls_get_a_grpc_status_and_the_listener_goes_on() {
     let mut c = client(addr).await;
     assert_eq!(oks(&mut c, "app", &[("client", "raw")], 3).await, 2);
 }
+
+#[tokio::test]
+async fn a_connection_that_never_speaks_http2_is_closed_after_the_header_timeout() {
+    use tokio::io::AsyncReadExt as _;
+    let gw = gateway(TREE, "{type: memory}\nclient_header_timeout: 300ms", None).await;
+    let addr = gw.rls.unwrap();
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 256];
+    // The server's SETTINGS may come first; then, with no preface from
+    // us, the end of the stream.
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match silent.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "still open after 10 s");
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    // A client that does speak is served.
+    let mut c = client(addr).await;
+    assert_eq!(one(&mut c, "app", &[("client", "x")]).await, Code::Ok);
+}

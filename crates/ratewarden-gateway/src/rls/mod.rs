@@ -730,7 +730,11 @@ async fn connection<H: Grpc, R: Grpc, A: Grpc>(
         .max_concurrent_streams(200)
         .max_send_buffer_size(400 << 10)
         .max_local_error_reset_streams(Some(1024));
-    let Ok(mut conn) = builder.handshake::<_, bytes::Bytes>(stream).await else {
+    // A client that connects and never speaks HTTP/2 holds its socket no
+    // longer than a request head may take (`client_header_timeout`).
+    let limit = services.gw.live().config.client_header_timeout;
+    let handshake = builder.handshake::<_, bytes::Bytes>(stream);
+    let Ok(Ok(mut conn)) = tokio::time::timeout(limit, handshake).await else {
         return;
     };
     let mut calls = futures_util::stream::FuturesUnordered::new();
