@@ -293,6 +293,36 @@ async fn ops_sharing_a_rule_are_each_charged_their_own_cost() {
     }
 }
 
+/// Keys `x` and `x:log` of one rule and group: the second's state is not
+/// the first's log (a client choosing its key could otherwise break
+/// another's `sliding_window_log` with WRONGTYPE, or reset it), and each
+/// counts on its own.
+#[tokio::test]
+async fn a_key_ending_in_log_is_not_another_keys_log() {
+    let server = RedisServer::start();
+    let redis = RedisStore::new(config(Some(server.url()), vec![], None)).unwrap();
+    let rule = Rule::builder("logged")
+        .algorithm(Kind::SlidingWindowLog)
+        .limit(3, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let decide = |key: &'static str| {
+        let op = Op::grouped(&rule, key, "g");
+        let redis = &redis;
+        async move { redis.decide(&[op], 1, Mode::Apply).await }
+    };
+    for round in 1..=3u64 {
+        for key in ["x", "x:log", "x:log:k", "x:k"] {
+            let v = decide(key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
+            assert!(v[0].allowed(), "{key}, round {round}");
+            assert_eq!(v[0].check.remaining, 3 - round, "{key}, round {round}");
+        }
+    }
+    for key in ["x", "x:log", "x:log:k", "x:k"] {
+        assert!(!decide(key).await.unwrap()[0].allowed(), "{key}: its own 3");
+    }
+}
+
 #[tokio::test]
 async fn a_random_walk_agrees_with_the_memory_store_on_redis_cluster() {
     let cluster = RedisCluster::start();

@@ -1,5 +1,8 @@
 //! Key names: `<prefix>{<group>}:s2:<rule id>:<key>`, and `:log` after it
-//! for the op's zset. `s2` is the state's format (a string of six integers;
+//! for the op's zset. A key that itself ends in `:log` or `:k` gets `:k`
+//! after it in its state's name, so that no state name is another key's
+//! zset name (`x:log`'s state would otherwise be `x`'s zset) and the names
+//! stay one-to-one with the keys. `s2` is the state's format (a string of six integers;
 //! the first format, a hash, had no marker), so that gateways of the two
 //! formats on one Redis never read each other's keys. The `{group}` hash tag (the client's identity by default)
 //! puts all keys of one request on one cluster slot, while different
@@ -29,7 +32,22 @@ pub fn names(prefix: &str, op: &Op<'_>) -> (String, String) {
     let group = if group.is_empty() { "_".into() } else { group };
     let base = format!("{prefix}{{{group}}}:s2:{:016x}:{}", op.rule.id(), op.key);
     let log = format!("{base}:log");
-    (base, log)
+    let state = if escaped(op.key) {
+        format!("{base}{ESCAPE}")
+    } else {
+        base
+    };
+    (state, log)
+}
+
+/// What a state name gets after a key that could be read as a zset name
+/// or as an escaped key.
+const ESCAPE: &str = ":k";
+
+/// Whether `key`'s state name needs [`ESCAPE`]: a key ending as a zset
+/// name ends, or as an escaped name ends.
+fn escaped(key: &str) -> bool {
+    key.ends_with(":log") || key.ends_with(ESCAPE)
 }
 
 /// A `SCAN ... MATCH` pattern for every key of the rule with id `rule_id`
@@ -57,6 +75,10 @@ pub fn parse(prefix: &str, rule_id: u64, name: &str) -> Option<(String, String)>
     let close = rest.find('}')?;
     let (group, rest) = (&rest[..close], &rest[close + 1..]);
     let key = rest.strip_prefix(format!(":s2:{rule_id:016x}:").as_str())?;
+    let key = match key.strip_suffix(ESCAPE) {
+        Some(k) if escaped(k) => k,
+        _ => key,
+    };
     Some((group.to_owned(), key.to_owned()))
 }
 
@@ -76,6 +98,9 @@ mod tests {
             ("a", "k"),
             ("10.0.0.1", "GET:10.0.0.1"),
             ("2001:db8::", "x:log"),
+            ("a", "x:k"),
+            ("a", "x:log:k"),
+            ("a", "x:k:k"),
         ] {
             let (state, _) = names("rw:", &Op::grouped(&rule, key, group));
             assert_eq!(
@@ -87,6 +112,43 @@ mod tests {
         let (state, _) = names("rw:", &Op::grouped(&rule, "k", "a"));
         assert_eq!(parse("rw:", rule.id() ^ 1, &state), None);
         assert_eq!(parse("other:", rule.id(), &state), None);
+    }
+
+    #[test]
+    fn no_state_name_is_another_keys_state_or_zset_name() {
+        let rule = Rule::builder("r")
+            .limit(1, Duration::from_secs(1))
+            .build()
+            .unwrap();
+        // Keys built from a few pieces that end names: every state name
+        // differs from every other name, zsets included.
+        let pieces = ["", "x", ":log", ":k", ":lo", "g", "k", ":"];
+        let mut keys = vec![String::new()];
+        for _ in 0..3 {
+            let mut next = vec![];
+            for k in &keys {
+                for p in pieces {
+                    next.push(format!("{k}{p}"));
+                }
+            }
+            keys = next;
+        }
+        keys.sort();
+        keys.dedup();
+        let mut seen = std::collections::HashMap::new();
+        for k in &keys {
+            let (state, log) = names("rw:", &Op::grouped(&rule, k, "g"));
+            for (name, what) in [(state.clone(), "state"), (log, "zset")] {
+                if let Some(other) = seen.insert(name.clone(), (k.clone(), what)) {
+                    panic!("{name}: {what} of {k:?} and {other:?}");
+                }
+            }
+            assert_eq!(
+                parse("rw:", rule.id(), &state),
+                Some(("g".into(), k.clone())),
+                "{k:?}"
+            );
+        }
     }
 
     #[test]
