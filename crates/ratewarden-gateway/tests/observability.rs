@@ -31,7 +31,7 @@ async fn json_logs_say_what_happened_and_redis_outages_are_logged_both_ways() {
         ),
     )
     .unwrap();
-    let bin = spawn_binary(&file, "echo", &[], dir.clone());
+    let bin = spawn_binary(&file, "echo", &[], None);
     // Every line is JSON; the banner says what was loaded.
     let banner = json(&bin.wait_for_line(|l| l.contains("ratewarden serving")));
     assert_eq!(banner["level"], "INFO");
@@ -127,7 +127,7 @@ async fn the_access_log_has_a_line_per_answer_with_its_request_id() {
     )
     .unwrap();
     let up = support::Upstream::start().await;
-    let bin = spawn_binary(&file, &up.url(), &[], dir.clone());
+    let bin = spawn_binary(&file, &up.url(), &[], None);
     let ok = send(bin.listen, "GET", "/x?y=1", &[("user-agent", "t/1")], "").await;
     let no = send(bin.listen, "GET", "/z", &[], "").await;
     assert_eq!((ok.status.as_u16(), no.status.as_u16()), (200, 429));
@@ -317,7 +317,7 @@ fn config_values_come_from_the_environment_and_an_unset_one_is_named() {
         err.contains("ratewarden.yaml:1:17") && err.contains("`RW_TEST_TOKEN` is not set"),
         "{err}"
     );
-    let bin = spawn_binary(&file, "echo", &[("RW_TEST_TOKEN", "from-env")], dir);
+    let bin = spawn_binary(&file, "echo", &[("RW_TEST_TOKEN", "from-env")], Some(dir));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -342,7 +342,7 @@ fn a_reload_that_changes_what_needs_a_restart_says_so() {
     )
     .unwrap();
     let path = file.display().to_string();
-    let bin = support::spawn_binary_with(&["serve", "-c", &path], &[], dir);
+    let bin = support::spawn_binary_with(&["serve", "-c", &path], &[], Some(dir));
     std::fs::write(
         &file,
         format!("{base}listen: 127.0.0.1:1\nworkers: 3\nrules: []\n"),
@@ -380,7 +380,7 @@ async fn a_502_and_a_504_are_logged_with_the_upstream_and_the_reason() {
         ),
     )
     .unwrap();
-    let bin = spawn_binary(&file, &refused, &[], dir);
+    let bin = spawn_binary(&file, &refused, &[], Some(dir));
     let r = send(bin.listen, "GET", "/x", &[], "").await;
     assert_eq!(r.status, 502);
     let line = json(&bin.wait_for_line(|l| l.contains(": 502")));

@@ -153,7 +153,12 @@ fn a_failures_rule_is_charged_by_the_traces_status() {
 fn png_size(bytes: &[u8]) -> (u32, u32) {
     let decoder = png::Decoder::new(std::io::Cursor::new(bytes));
     let mut reader = decoder.read_info().unwrap();
-    let mut buf = vec![0; reader.output_buffer_size().expect("a size that fits in memory")];
+    let mut buf = vec![
+        0;
+        reader
+            .output_buffer_size()
+            .expect("a size that fits in memory")
+    ];
     let info = reader.next_frame(&mut buf).unwrap();
     assert!(buf.iter().any(|&b| b != 255), "an all-white picture");
     (info.width, info.height)
@@ -182,7 +187,7 @@ fn the_files_are_written_valid_and_of_the_expected_size() {
     );
     let mut opts = options(
         "steady:rate=20,duration=20s+steady:rate=1,duration=20s,path=/login",
-        Some(dir.clone()),
+        Some(dir.to_path_buf()),
     );
     opts.compare = vec!["fixed_window".into(), "sliding_window_log".into()];
     let report = simulate::simulate(&cfg, &opts).unwrap();

@@ -361,7 +361,8 @@ pub struct Binary {
     pub child: std::process::Child,
     pub listen: SocketAddr,
     pub admin: SocketAddr,
-    dir: std::path::PathBuf,
+    /// Its scratch directory, when it holds it (removed after it stops).
+    _dir: Option<Scratch>,
     /// Every line the binary wrote to its standard output so far.
     pub lines: Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -388,7 +389,6 @@ impl Drop for Binary {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -396,25 +396,51 @@ pub fn binary(yaml: &str, upstream: &str) -> Binary {
     let dir = scratch_dir("rw-hostile");
     let file = dir.join("ratewarden.yaml");
     std::fs::write(&file, format!("admin: {{listen: 127.0.0.1:0}}\n{yaml}")).unwrap();
-    spawn_binary(&file, upstream, &[], dir)
+    spawn_binary(&file, upstream, &[], Some(dir))
 }
 
-/// A fresh directory under the temp dir, unique per call.
-pub fn scratch_dir(prefix: &str) -> std::path::PathBuf {
+/// A fresh directory under the temp dir, unique per call, removed with
+/// what is in it when dropped (a failed test's too).
+pub fn scratch_dir(prefix: &str) -> Scratch {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
+}
+
+/// See [`scratch_dir`].
+#[derive(Debug)]
+pub struct Scratch(std::path::PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for Scratch {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The real binary serving the config `file` (listeners on free ports) in
-/// front of `upstream`, with `env` set; `dir` is removed when it stops.
+/// front of `upstream`, with `env` set; `dir`, if given, is removed when
+/// it stops.
 pub fn spawn_binary(
     file: &std::path::Path,
     upstream: &str,
     env: &[(&str, &str)],
-    dir: std::path::PathBuf,
+    dir: Option<Scratch>,
 ) -> Binary {
     let file = file.display().to_string();
     let args = [
@@ -434,8 +460,8 @@ pub fn spawn_binary(
 }
 
 /// The real binary run with `args`, which must make it serve with an
-/// admin listener; `dir` is removed when it stops.
-pub fn spawn_binary_with(args: &[&str], env: &[(&str, &str)], dir: std::path::PathBuf) -> Binary {
+/// admin listener; `dir`, if given, is removed when it stops.
+pub fn spawn_binary_with(args: &[&str], env: &[(&str, &str)], dir: Option<Scratch>) -> Binary {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
         .args(args)
         .envs(env.iter().copied())
@@ -486,7 +512,7 @@ pub fn spawn_binary_with(args: &[&str], env: &[(&str, &str)], dir: std::path::Pa
         child,
         listen,
         admin,
-        dir,
+        _dir: dir,
         lines,
     }
 }

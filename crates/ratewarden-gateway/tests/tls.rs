@@ -645,6 +645,8 @@ struct RedisPki {
     server: (PathBuf, PathBuf),
     ca: PathBuf,
     client: (PathBuf, PathBuf),
+    /// Where the files are, removed with the last of their users.
+    _dir: support::Scratch,
 }
 
 impl RedisPki {
@@ -662,6 +664,7 @@ impl RedisPki {
             server,
             ca: put(&dir, "ca.pem", &ca.pem),
             client,
+            _dir: dir,
         }
     }
 
@@ -749,7 +752,7 @@ async fn seed_002s_file_runs_against_a_local_https_upstream() {
         &seed,
         &up.url(),
         &[("SSL_CERT_FILE", trust.to_str().unwrap())],
-        dir,
+        Some(dir),
     );
     let addr = bin.listen;
     // The seed's API rule: 5 comment writes per minute per client.

@@ -312,15 +312,6 @@ async fn the_page_and_its_api_calls_take_the_token_as_a_basic_password() {
     gw.shutdown().await;
 }
 
-/// The browser's profile directory, removed when done.
-struct Profile(std::path::PathBuf);
-
-impl Drop for Profile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Just enough of the Chrome DevTools protocol to click a button: a
 /// WebSocket client (RFC 6455: masked text frames out, unmasked in) on a
 /// page target of a headless Chromium started with a debugging port.
@@ -328,13 +319,14 @@ struct Devtools {
     browser: tokio::process::Child,
     ws: tokio::net::TcpStream,
     next: u64,
-    _profile: Profile,
+    /// The browser's profile directory, removed when done.
+    _profile: support::Scratch,
 }
 
 impl Devtools {
     async fn start() -> Self {
         use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-        let profile = Profile(support::scratch_dir("rw-ui-cdp"));
+        let profile = support::scratch_dir("rw-ui-cdp");
         let mut browser = tokio::process::Command::new(chromium())
             .args([
                 "--headless",
@@ -342,7 +334,7 @@ impl Devtools {
                 "--disable-gpu",
                 "--disable-dev-shm-usage",
                 "--remote-debugging-port=0",
-                &format!("--user-data-dir={}", profile.0.display()),
+                &format!("--user-data-dir={}", profile.display()),
                 "about:blank",
             ])
             .stderr(std::process::Stdio::piped())
