@@ -357,7 +357,7 @@ fn op_key(entries: &[(&str, &str)]) -> String {
 }
 
 /// A call's descriptors, and what is made of each: a few, on the stack.
-type Few<T> = smallvec::SmallVec<[T; 4]>;
+type Few<T> = wire::Few<T, 4>;
 
 /// Decides one `ShouldRateLimit` call: its answer, as one gRPC frame.
 pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Bytes, tonic::Status> {
@@ -819,16 +819,9 @@ mod tests {
         assert_eq!(unframe(&[]), None);
         // Any bytes: an answer, never a panic; what is taken decodes or is
         // refused by prost, never read out of bounds.
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = wire::tests::xorshift(0x9E37_79B9_7F4A_7C15);
         for n in 0..2_000usize {
-            let body: Vec<u8> = (0..n % 64)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
+            let body: Vec<u8> = (0..n % 64).map(|_| next() as u8).collect();
             if let Some(m) = unframe(&body) {
                 assert_eq!(m.len() + 5, body.len());
                 let _ = wire::decode(m);

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 /// A few, on the stack.
-type Few<T, const N: usize> = smallvec::SmallVec<[T; N]>;
+pub(crate) type Few<T, const N: usize> = smallvec::SmallVec<[T; N]>;
 
 /// `envoy.service.ratelimit.v3.RateLimitRequest`, its strings borrowed.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -126,6 +126,36 @@ impl<'a> Reader<'a> {
         self.varint()
     }
 
+    /// Reads a message's fields to its end: `field` takes those it knows
+    /// (and says so); the others are skipped as prost skips them, nested
+    /// at most to what `depth` leaves.
+    #[inline]
+    fn fields(
+        mut self,
+        depth: u32,
+        mut field: impl FnMut(&mut Self, u32, u8) -> Result<bool, DecodeError>,
+    ) -> Result<(), DecodeError> {
+        while !self.is_empty() {
+            let (number, wire) = self.key()?;
+            if !field(&mut self, number, wire)? {
+                self.skip(number, wire, depth)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An embedded message's bytes, to read with [`Reader::fields`]; one
+    /// past prost's recursion limit is refused, as prost refuses it.
+    #[inline]
+    fn message(&mut self, wire: u8, depth: u32) -> Result<Self, DecodeError> {
+        if depth == 0 {
+            return Err("recursion limit reached");
+        }
+        Ok(Reader {
+            bytes: self.delimited(wire)?,
+        })
+    }
+
     /// Skips a field this decoder does not know, as prost does (groups
     /// included, nested at most to what `depth` leaves).
     fn skip(&mut self, number: u32, wire: u8, depth: u32) -> Result<(), DecodeError> {
@@ -157,95 +187,75 @@ impl<'a> Reader<'a> {
 
 /// Decodes a `RateLimitRequest`.
 pub fn decode(bytes: &[u8]) -> Result<Request<'_>, DecodeError> {
-    let mut r = Reader { bytes };
     let mut req = Request::default();
-    while !r.is_empty() {
-        let (number, wire) = r.key()?;
+    Reader { bytes }.fields(DEPTH, |r, number, wire| {
         match number {
             1 => req.domain = r.string(wire)?,
-            2 => {
-                let body = r.delimited(wire)?;
-                descriptor(&mut req, body, DEPTH - 1)?;
-            }
+            2 => descriptor(&mut req, r.message(wire, DEPTH)?, DEPTH - 1)?,
             3 => req.hits_addend = r.scalar(wire)? as u32,
-            _ => r.skip(number, wire, DEPTH)?,
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     Ok(req)
 }
 
-/// One `RateLimitDescriptor`, appended to `req`.
-fn descriptor<'a>(req: &mut Request<'a>, bytes: &'a [u8], depth: u32) -> Result<(), DecodeError> {
-    let mut r = Reader { bytes };
+/// One `RateLimitDescriptor`, read from `body`, appended to `req`.
+fn descriptor<'a>(req: &mut Request<'a>, body: Reader<'a>, depth: u32) -> Result<(), DecodeError> {
     let from = req.entries.len();
     let mut d = Descriptor {
         from,
         to: from,
         ..Default::default()
     };
-    while !r.is_empty() {
-        let (number, wire) = r.key()?;
+    body.fields(depth, |r, number, wire| {
         match number {
             1 => {
-                let mut e = Reader {
-                    bytes: r.delimited(wire)?,
-                };
-                if depth == 0 {
-                    return Err("recursion limit reached");
-                }
                 let (mut key, mut value) = ("", "");
-                while !e.is_empty() {
-                    let (number, wire) = e.key()?;
-                    match number {
-                        1 => key = e.string(wire)?,
-                        2 => value = e.string(wire)?,
-                        _ => e.skip(number, wire, depth - 1)?,
-                    }
-                }
+                r.message(wire, depth)?
+                    .fields(depth - 1, |e, number, wire| {
+                        match number {
+                            1 => key = e.string(wire)?,
+                            2 => value = e.string(wire)?,
+                            _ => return Ok(false),
+                        }
+                        Ok(true)
+                    })?;
                 req.entries.push((key, value));
             }
             2 => {
-                let mut o = Reader {
-                    bytes: r.delimited(wire)?,
-                };
-                if depth == 0 {
-                    return Err("recursion limit reached");
-                }
                 // A second occurrence merges into the first.
                 let (mut rpu, mut unit) = d.limit.unwrap_or_default();
-                while !o.is_empty() {
-                    let (number, wire) = o.key()?;
-                    match number {
-                        1 => rpu = o.scalar(wire)? as u32,
-                        2 => unit = o.scalar(wire)? as i32,
-                        _ => o.skip(number, wire, depth - 1)?,
-                    }
-                }
+                r.message(wire, depth)?
+                    .fields(depth - 1, |o, number, wire| {
+                        match number {
+                            1 => rpu = o.scalar(wire)? as u32,
+                            2 => unit = o.scalar(wire)? as i32,
+                            _ => return Ok(false),
+                        }
+                        Ok(true)
+                    })?;
                 d.limit = Some((rpu, unit));
             }
             3 => {
-                let mut w = Reader {
-                    bytes: r.delimited(wire)?,
-                };
-                if depth == 0 {
-                    return Err("recursion limit reached");
-                }
                 let mut value = d.hits_addend.unwrap_or_default();
-                while !w.is_empty() {
-                    let (number, wire) = w.key()?;
-                    match number {
-                        1 => value = w.scalar(wire)?,
-                        _ => w.skip(number, wire, depth - 1)?,
-                    }
-                }
+                r.message(wire, depth)?
+                    .fields(depth - 1, |w, number, wire| {
+                        if number != 1 {
+                            return Ok(false);
+                        }
+                        value = w.scalar(wire)?;
+                        Ok(true)
+                    })?;
                 d.hits_addend = Some(value);
             }
             4 => d.is_negative_hits = r.scalar(wire)? != 0,
-            _ => r.skip(number, wire, depth)?,
+            _ => return Ok(false),
         }
-        // Entries of this descriptor only are pushed while it is read.
-        d.to = req.entries.len();
-    }
+        Ok(true)
+    })?;
+    // Only this descriptor's entries were pushed while it was read.
+    d.to = req.entries.len();
     req.descriptors.push(d);
     Ok(())
 }
@@ -392,7 +402,7 @@ pub fn frame(out: &mut Vec<u8>, overall: i32, statuses: &[Status<'_>], headers: 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use envoy_types::pb::envoy::config::core::v3::HeaderValue;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
@@ -483,15 +493,19 @@ mod tests {
         .encode_to_vec()
     }
 
-    #[test]
-    fn requests_decode_as_prost_decodes_them() {
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = move || {
+    /// A reproducible stream of numbers from `seed`.
+    pub(crate) fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x
-        };
+        }
+    }
+
+    #[test]
+    fn requests_decode_as_prost_decodes_them() {
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
         for _ in 0..20_000 {
             let mut bytes = request(&mut next);
             agrees(&bytes);
@@ -605,13 +619,7 @@ mod tests {
 
     #[test]
     fn answers_encode_as_prost_encodes_them() {
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
         let names = ["", "a", "per_user", &"n".repeat(200)];
         let values = ["", "0", "100, 100;w=60", &"v".repeat(300)];
         for round in 0..5_000 {
