@@ -88,12 +88,16 @@ mod tests {
     use crate::Rule;
     use std::time::Duration;
 
-    #[test]
-    fn a_name_parses_back_to_its_group_and_key() {
-        let rule = Rule::builder("r")
+    fn rule() -> Rule {
+        Rule::builder("r")
             .limit(1, Duration::from_secs(1))
             .build()
-            .unwrap();
+            .unwrap()
+    }
+
+    #[test]
+    fn a_name_parses_back_to_its_group_and_key() {
+        let rule = rule();
         for (group, key) in [
             ("a", "k"),
             ("10.0.0.1", "GET:10.0.0.1"),
@@ -116,10 +120,7 @@ mod tests {
 
     #[test]
     fn no_state_name_is_another_keys_state_or_zset_name() {
-        let rule = Rule::builder("r")
-            .limit(1, Duration::from_secs(1))
-            .build()
-            .unwrap();
+        let rule = rule();
         // Keys built from a few pieces that end names: every state name
         // differs from every other name, zsets included.
         let pieces = ["", "x", ":log", ":k", ":lo", "g", "k", ":"];
