@@ -264,6 +264,13 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
         },
         (Method::GET, "/metrics") => respond(StatusCode::OK, "text/plain; version=0.0.4", {
             let mut text = gw.metrics.render(store.errors(), gw.access_dropped());
+            let (grants, local) = store.leases();
+            text.push_str(&format!(
+                "# HELP ratewarden_lease_grants_total Slices of leased rules granted by the store to this gateway.\n\
+                 # TYPE ratewarden_lease_grants_total counter\nratewarden_lease_grants_total {grants}\n\
+                 # HELP ratewarden_lease_local_decisions_total Decisions answered from leased slices, without a store call.\n\
+                 # TYPE ratewarden_lease_local_decisions_total counter\nratewarden_lease_local_decisions_total {local}\n"
+            ));
             live.router.render(&mut text);
             text
         }),
@@ -708,7 +715,7 @@ async fn existing(
         .collect();
     let mut complete = true;
     if let crate::store::AnyStore::Redis(f) = store {
-        let scanned = f.primary().scan(&pr.rule, SCAN_BUDGET).await?;
+        let scanned = f.inner().primary().scan(&pr.rule, SCAN_BUDGET).await?;
         complete = scanned.complete;
         let known: std::collections::HashSet<(String, String)> =
             candidates.iter().cloned().collect();

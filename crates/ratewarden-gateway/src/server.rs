@@ -67,6 +67,19 @@ impl Running {
         for t in self.tasks {
             let _ = t.await;
         }
+        // Slices of leased rules not used go back to Redis, for the other
+        // gateways (bounded: a lost Redis leaves them to lapse).
+        if let crate::store::AnyStore::Redis(f) = self.gateway.live().limiter.store() {
+            match tokio::time::timeout(Duration::from_secs(2), f.give_back()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "leased slices not given back; they lapse on their own")
+                }
+                Err(_) => tracing::warn!(
+                    "leased slices not given back within 2 s; they lapse on their own"
+                ),
+            }
+        }
     }
 }
 
@@ -120,9 +133,23 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     // by `on_error` while the connection is made (up to 2 s; a server that
     // refuses fails at once, and the gateway serves per `on_error`).
     if let crate::store::AnyStore::Redis(f) = gateway.live().limiter.store()
-        && let Err(e) = f.primary().connect_now(Duration::from_secs(2)).await
+        && let Err(e) = f
+            .inner()
+            .primary()
+            .connect_now(Duration::from_secs(2))
+            .await
     {
         tracing::warn!(error = %e, "redis not reachable at start; serving per on_error until it is");
+    }
+    if let crate::store::AnyStore::Memory(_) = gateway.live().limiter.store() {
+        for r in &gateway.live().config.policy.rules {
+            if r.rule.distribution().is_some() {
+                tracing::warn!(
+                    rule = r.rule.name(),
+                    "`distribution: lease` has no effect on the memory store: its decisions are already local"
+                );
+            }
+        }
     }
     let (listener, listen) = bind(listen, false).await?;
     let (admin_listener, admin) = match admin {

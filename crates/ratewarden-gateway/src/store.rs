@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use ratewarden::clock::Clock;
+use ratewarden::store::lease::{Ask, Grant, Leased};
 use ratewarden::store::redis::{RedisConfig, RedisStore};
 use ratewarden::{Fallback, KeyInfo, MemoryStore, Mode, Op, Store, StoreError, Verdict};
 
@@ -13,8 +14,9 @@ use crate::config::StoreSpec;
 pub enum AnyStore {
     /// In-process.
     Memory(MemoryStore),
-    /// Redis, falling back per `on_error`.
-    Redis(Fallback<RedisStore>),
+    /// Redis, falling back per `on_error`, its leased rules answered from
+    /// slices ([`Leased`]).
+    Redis(Arc<Leased<Fallback<RedisStore>>>),
 }
 
 impl AnyStore {
@@ -49,7 +51,11 @@ impl AnyStore {
                     functions: true,
                     tls: tls.clone(),
                 })?;
-                AnyStore::Redis(Fallback::new(redis, *on_error, MemoryStore::default()))
+                AnyStore::Redis(Arc::new(Leased::new(Fallback::new(
+                    redis,
+                    *on_error,
+                    MemoryStore::default(),
+                ))))
             }
         })
     }
@@ -58,7 +64,16 @@ impl AnyStore {
     pub fn errors(&self) -> u64 {
         match self {
             AnyStore::Memory(_) => 0,
-            AnyStore::Redis(f) => f.primary().errors(),
+            AnyStore::Redis(f) => f.inner().primary().errors(),
+        }
+    }
+
+    /// Slices granted to leased rules, and decisions answered from them
+    /// (Redis only).
+    pub fn leases(&self) -> (u64, u64) {
+        match self {
+            AnyStore::Memory(_) => (0, 0),
+            AnyStore::Redis(f) => f.counts(),
         }
     }
 
@@ -67,7 +82,7 @@ impl AnyStore {
     pub fn purge(&self) {
         match self {
             AnyStore::Memory(m) => m.purge_expired(),
-            AnyStore::Redis(f) => f.local().purge_expired(),
+            AnyStore::Redis(f) => f.inner().local().purge_expired(),
         };
     }
 }
@@ -108,6 +123,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(s) => s.release(leases).await,
             AnyStore::Redis(s) => Box::pin(s.release(leases)).await,
+        }
+    }
+
+    async fn grant(&self, op: Op<'_>, ask: &Ask) -> Result<Grant, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.grant(op, ask).await,
+            AnyStore::Redis(s) => Box::pin(s.grant(op, ask)).await,
         }
     }
 

@@ -49,7 +49,9 @@ pub mod store;
 
 pub use decision::{Decision, FieldRef, HeaderField, HeaderStyle, RuleDecision};
 pub use limiter::{Admission, Limiter, Pending, assemble, pending};
-pub use rule::{Counting, KeyState, Marks, Penalty, Reason, Rule, RuleError, RuleSpec, Verdict};
+pub use rule::{
+    Counting, Distribution, KeyState, Marks, Penalty, Reason, Rule, RuleError, RuleSpec, Verdict,
+};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "tls")]
 pub use store::redis::RedisTls;

@@ -155,6 +155,7 @@ fn compat_rule(
         cost: None,
         shadow: None,
         max_hold: None,
+        distribution: None,
     }
 }
 

@@ -228,6 +228,16 @@ pub(crate) struct RuleFile {
     pub cost: Option<Sp<i64>>,
     pub shadow: Option<Sp<bool>>,
     pub max_hold: Option<Sp<String>>,
+    pub distribution: Option<Sp<DistributionFile>>,
+}
+
+/// `distribution: {mode: lease, epsilon, max_share}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DistributionFile {
+    pub mode: String,
+    pub epsilon: Option<f64>,
+    pub max_share: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

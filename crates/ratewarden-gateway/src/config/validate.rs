@@ -786,6 +786,7 @@ fn rule_location<'r>(r: &'r RuleFile, key: &str) -> &'r Location {
         "penalty" => r.penalty.as_ref().map(|p| &p.referenced),
         "cost" => r.cost.as_ref().map(|c| &c.referenced),
         "max_hold" => r.max_hold.as_ref().map(|m| &m.referenced),
+        "distribution" => r.distribution.as_ref().map(|m| &m.referenced),
         "count" => r.count.as_ref().map(|c| &c.referenced),
         "count_rejected" => r.count_rejected.as_ref().map(|c| &c.referenced),
         _ => None,
@@ -990,6 +991,32 @@ fn rule(d: &Diag<'_>, r: RuleFile, routes: &[String]) -> Option<PolicyRule> {
     };
     let limit = d.positive("limit", &r.limit);
     let concurrency = kind == Some(Kind::Concurrency);
+    let distribution = opt(&r.distribution, |dist| {
+        let f = &dist.value;
+        let at = Some(&dist.referenced);
+        if f.mode != "lease" {
+            d.error(
+                "distribution",
+                at,
+                format!(
+                    "unknown `distribution.mode` `{}`: the one mode is `lease`",
+                    f.mode
+                ),
+            );
+            return None;
+        }
+        let (eps, share) = (f.epsilon.unwrap_or(0.01), f.max_share.unwrap_or(0.25));
+        let ok = |x: f64| (0.000_001..=1.0).contains(&x);
+        if !ok(eps) || !ok(share) {
+            d.error(
+                "distribution",
+                at,
+                "`distribution.epsilon` and `distribution.max_share` must be between 0.000001 and 1",
+            );
+            return None;
+        }
+        Some(ratewarden::Distribution::lease(eps, share))
+    });
     let max_hold = opt(&r.max_hold, |m| {
         let hold = d.duration("max_hold", m)?;
         if hold.is_zero() {
@@ -1177,6 +1204,7 @@ fn rule(d: &Diag<'_>, r: RuleFile, routes: &[String]) -> Option<PolicyRule> {
         cost: cost?,
         shadow: r.shadow.as_ref().is_some_and(|s| s.value),
         max_hold: max_hold?,
+        distribution: distribution?,
     };
     // Only a rule whose every part is valid gets here, so a mistake is not
     // reported twice.

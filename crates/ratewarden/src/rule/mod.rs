@@ -19,7 +19,7 @@ use crate::clock::Micros;
 
 pub(crate) use eval::finite;
 pub use eval::{KeyState, Marks, Reason, Verdict};
-pub use spec::{Counting, MAX_HOLD, Penalty, RuleBuilder, RuleError, RuleSpec};
+pub use spec::{Counting, Distribution, MAX_HOLD, Penalty, RuleBuilder, RuleError, RuleSpec};
 
 /// A validated rule, cheap to clone.
 ///
@@ -89,6 +89,17 @@ impl Rule {
     /// Whether the rule charges only reported failures.
     pub fn counts_failures(&self) -> bool {
         matches!(self.0.spec.counting, Counting::Failures { .. })
+    }
+    /// How gateways share its allowance, if they lease it.
+    pub fn distribution(&self) -> Option<&spec::Distribution> {
+        self.0.spec.distribution.as_ref()
+    }
+    /// What all leases of one key may hold together, in requests of weight
+    /// 1: ε × limit / cost (at least 1 for a leased rule; 0 otherwise).
+    pub fn lease_room(&self) -> u64 {
+        self.0.spec.distribution.map_or(0, |d| {
+            self.limit() * u64::from(d.epsilon_ppm) / 1_000_000 / self.0.spec.cost.get()
+        })
     }
     /// Cost of a request of `weight` under this rule.
     pub fn cost(&self, weight: u64) -> u64 {

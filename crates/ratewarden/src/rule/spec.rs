@@ -142,6 +142,35 @@ pub struct RuleSpec {
     /// `concurrency`: how long a lease counts if its holder never releases
     /// it (default 60 s).
     pub max_hold: Option<Duration>,
+    /// `distribution: {mode: lease}`: gateways answer this rule's keys
+    /// from slices leased from the shared store ([`crate::store::lease`]).
+    pub distribution: Option<Distribution>,
+}
+
+/// How gateways share a hot key's allowance (`distribution: {mode: lease,
+/// epsilon, max_share}`): each leases a slice of it from the shared store
+/// and answers from the slice locally. The slices all gateways hold
+/// together never exceed `epsilon` × `limit`, which bounds what leasing
+/// can over-admit in any window ([`crate::store::lease`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Distribution {
+    /// ε: what outstanding leases of one key may hold together, as a share
+    /// of the limit, in millionths.
+    pub epsilon_ppm: u32,
+    /// The most one lease may take of that room, in millionths.
+    pub max_share_ppm: u32,
+}
+
+impl Distribution {
+    /// Leases bounded by `epsilon` of the limit, each at most `max_share`
+    /// of that (both shares in (0, 1]; rounded to millionths).
+    pub fn lease(epsilon: f64, max_share: f64) -> Self {
+        let ppm = |x: f64| (x * 1e6).round().clamp(0.0, u32::MAX as f64) as u32;
+        Self {
+            epsilon_ppm: ppm(epsilon),
+            max_share_ppm: ppm(max_share),
+        }
+    }
 }
 
 /// How long a `concurrency` lease counts when nobody releases it, unless
@@ -211,6 +240,11 @@ impl RuleBuilder {
         self.0.max_hold = Some(hold);
         self
     }
+    /// Lease slices of the allowance to gateways ([`Distribution`]).
+    pub fn distribution(mut self, d: Distribution) -> Self {
+        self.0.distribution = Some(d);
+        self
+    }
     /// Validates and compiles the rule.
     pub fn build(self) -> Result<Rule, RuleError> {
         if self.1 {
@@ -244,6 +278,7 @@ impl Rule {
                 cost: NonZeroU64::MIN,
                 shadow: false,
                 max_hold: None,
+                distribution: None,
             },
             false,
         )
@@ -442,6 +477,9 @@ impl Rule {
                 ));
             }
         }
+        if let Some(d) = &spec.distribution {
+            lease_check(&spec, d)?;
+        }
         // The id names the rule's state: a rule reloaded with the same name and
         // parameters keeps its keys; change a parameter and it starts afresh.
         let id = fnv1a(canonical(&spec).as_bytes());
@@ -452,6 +490,48 @@ impl Rule {
             spec,
         })))
     }
+}
+
+/// Whether a rule can be leased: a plain limit on an algorithm whose
+/// charge can be taken ahead of use. Bans, minimum gaps and failure
+/// counting decide per request, on the request's own time, which a slice
+/// answered locally cannot reproduce.
+fn lease_check(spec: &RuleSpec, d: &Distribution) -> Result<(), RuleError> {
+    const WHERE: &str = "a plain limit (no penalty, min_interval, count: failures, \
+                         count_rejected) of fixed_window, sliding_window_log, \
+                         sliding_window_counter, token_bucket, gcra or leaky_bucket (reject mode)";
+    let plain = spec.penalty.is_none()
+        && spec.min_interval.is_none()
+        && spec.counting == Counting::All
+        && !spec.count_rejected
+        && spec.max_delay.is_none()
+        && spec.algorithm != Kind::Concurrency;
+    if !plain {
+        return Err(RuleError::NotApplicable {
+            key: "distribution",
+            valid: WHERE,
+        });
+    }
+    let share = |x: u32| (1..=1_000_000).contains(&x);
+    if !share(d.epsilon_ppm) || !share(d.max_share_ppm) {
+        return Err(RuleError::range(
+            "distribution",
+            "`distribution.epsilon` and `distribution.max_share` must be in (0, 1] \
+             (at least 0.000001)",
+        ));
+    }
+    let room = spec.limit.get() * u64::from(d.epsilon_ppm) / 1_000_000;
+    if room < spec.cost.get() {
+        return Err(RuleError::range(
+            "distribution",
+            format!(
+                "`distribution.epsilon` × `limit` ({room}) must cover at least one request's \
+                 cost ({}); raise epsilon, or leave the rule undistributed",
+                spec.cost
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Maps an algorithm's own parameter error onto the config key it is about.

@@ -24,6 +24,7 @@ use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::clock::{Clock, Micros, SystemClock};
 use crate::rule::{KeyState, Verdict};
+use crate::store::lease::{self, Ask, Grant};
 use crate::store::mirror::Mirror;
 use crate::store::{KeyInfo, Mode, Op, Store, StoreError, admitted};
 
@@ -71,6 +72,8 @@ struct Inner {
     max_keys: usize,
     seed: foldhash::quality::RandomState,
     clock: Arc<dyn Clock>,
+    /// Leased slices ([`lease`]), by key hash: only keys with a live one.
+    leases: parking_lot::Mutex<std::collections::HashMap<u64, Vec<lease::Holding>>>,
 }
 
 /// The in-process store. Cheap to clone; clones share the state.
@@ -131,6 +134,7 @@ impl MemoryStoreBuilder {
                 per_shard,
                 max_keys: self.max_keys,
                 seed: foldhash::quality::RandomState::default(),
+                leases: Default::default(),
                 clock: self.clock,
             }),
         }
@@ -300,6 +304,43 @@ impl MemoryStore {
         verdicts
     }
 
+    /// [`Store::grant`], synchronously: the holdings of all keys sit in one
+    /// table under one lock (grants are rare next to decisions), held
+    /// across the grant so that two grants of a key never interleave.
+    pub fn grant_now(&self, op: Op<'_>, ask: &Ask) -> Grant {
+        let now = self.now();
+        let h = self.hash(&op);
+        let mut table = self.inner.leases.lock();
+        let mut holdings = table.remove(&h).unwrap_or_default();
+        holdings.retain(|x| x.until > now);
+        let grant = lease::grant_with(
+            ask,
+            op.rule,
+            now,
+            &mut holdings,
+            |w| self.decide_one(&op.weighing(w), 1, Mode::Apply),
+            |w| self.refund_now(&op, op.rule.cost(w)),
+        );
+        if !holdings.is_empty() {
+            table.insert(h, holdings);
+        }
+        grant
+    }
+
+    /// Gives `cost` back to `op`'s key, if it has a live state.
+    fn refund_now(&self, op: &Op<'_>, cost: u64) {
+        let now = self.now();
+        let h = self.hash(op);
+        let cell = &self.inner.shards[self.shard_of(h)];
+        let mut shard = lock(cell);
+        if shard.map.get(&h).is_some_and(|s| s.expires > now) {
+            self.update(&mut shard, &cell.mirror, h, now, |state| {
+                op.rule.refund(state, now, cost);
+                op.rule.idle_at(state)
+            });
+        }
+    }
+
     /// One rule, one key: the common case, with one lock, one hash lookup and
     /// no allocation for a key already held.
     pub fn decide_one(&self, op: &Op<'_>, weight: u64, mode: Mode) -> Verdict {
@@ -439,17 +480,8 @@ impl Store for MemoryStore {
     }
 
     async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
-        let now = self.now();
         for op in ops {
-            let h = self.hash(op);
-            let cell = &self.inner.shards[self.shard_of(h)];
-            let mut shard = lock(cell);
-            if shard.map.get(&h).is_some_and(|s| s.expires > now) {
-                self.update(&mut shard, &cell.mirror, h, now, |state| {
-                    op.rule.refund(state, now, op.cost(weight));
-                    op.rule.idle_at(state)
-                });
-            }
+            self.refund_now(op, op.cost(weight));
         }
         Ok(())
     }
@@ -468,6 +500,10 @@ impl Store for MemoryStore {
             }
         }
         Ok(())
+    }
+
+    async fn grant(&self, op: Op<'_>, ask: &Ask) -> Result<Grant, StoreError> {
+        Ok(self.grant_now(op, ask))
     }
 
     async fn inspect(&self, op: Op<'_>) -> Result<KeyInfo, StoreError> {

@@ -5,6 +5,7 @@
 //! on Redis in one script call. That is why the trait takes the whole list of
 //! `(rule, key)` pairs of a request rather than one key at a time.
 
+pub mod lease;
 pub mod memory;
 mod mirror;
 #[cfg(feature = "redis")]
@@ -164,6 +165,14 @@ pub trait Store: Send + Sync + 'static {
         ops: &[Op<'_>],
         weight: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Leases a slice of `op`'s key to a gateway, gives back what it did
+    /// not use, or both, in one atomic step ([`lease`]).
+    fn grant(
+        &self,
+        op: Op<'_>,
+        ask: &lease::Ask,
+    ) -> impl Future<Output = Result<lease::Grant, StoreError>> + Send;
 
     /// The state of one key.
     fn inspect(&self, op: Op<'_>) -> impl Future<Output = Result<KeyInfo, StoreError>> + Send;
@@ -336,6 +345,12 @@ impl<P: Store> Store for Fallback<P> {
             Err(_) if self.policy == OnError::Local => local,
             other => other,
         }
+    }
+
+    /// A grant goes to the primary only: during an outage a gateway
+    /// decides directly, and so locally, without leases.
+    async fn grant(&self, op: Op<'_>, ask: &lease::Ask) -> Result<lease::Grant, StoreError> {
+        self.primary.grant(op, ask).await
     }
 
     async fn inspect(&self, op: Op<'_>) -> Result<KeyInfo, StoreError> {

@@ -1,5 +1,6 @@
 //! Key names: `<prefix>{<group>}:s2:<rule id>:<key>`, and `:log` after it
-//! for the op's zset. A key that itself ends in `:log` or `:k` gets `:k`
+//! for the op's zset (`:lease` for a leased rule's slices). A key that
+//! itself ends in `:log`, `:lease` or `:k` gets `:k`
 //! after it in its state's name, so that no state name is another key's
 //! zset name (`x:log`'s state would otherwise be `x`'s zset) and the names
 //! stay one-to-one with the keys. `s2` is the state's format (a string of six integers;
@@ -40,14 +41,21 @@ pub fn names(prefix: &str, op: &Op<'_>) -> (String, String) {
     (state, log)
 }
 
-/// What a state name gets after a key that could be read as a zset name
-/// or as an escaped key.
+/// The name of the hash of `op`'s leased slices ([`crate::store::lease`]):
+/// the zset's name with `:lease` in place of `:log`, so in the same slot.
+pub fn lease_name(prefix: &str, op: &Op<'_>) -> String {
+    let (_, log) = names(prefix, op);
+    format!("{}:lease", log.strip_suffix(":log").expect("a zset name"))
+}
+
+/// What a state name gets after a key that could be read as a zset name,
+/// a lease hash's name, or an escaped key.
 const ESCAPE: &str = ":k";
 
 /// Whether `key`'s state name needs [`ESCAPE`]: a key ending as a zset
-/// name ends, or as an escaped name ends.
+/// or lease hash name ends, or as an escaped name ends.
 fn escaped(key: &str) -> bool {
-    key.ends_with(":log") || key.ends_with(ESCAPE)
+    key.ends_with(":log") || key.ends_with(":lease") || key.ends_with(ESCAPE)
 }
 
 /// A `SCAN ... MATCH` pattern for every key of the rule with id `rule_id`
@@ -105,6 +113,7 @@ mod tests {
             ("a", "x:k"),
             ("a", "x:log:k"),
             ("a", "x:k:k"),
+            ("a", "x:lease"),
         ] {
             let (state, _) = names("rw:", &Op::grouped(&rule, key, group));
             assert_eq!(
@@ -123,7 +132,7 @@ mod tests {
         let rule = rule();
         // Keys built from a few pieces that end names: every state name
         // differs from every other name, zsets included.
-        let pieces = ["", "x", ":log", ":k", ":lo", "g", "k", ":"];
+        let pieces = ["", "x", ":log", ":k", ":lease", ":lo", "g", "k", ":"];
         let mut keys = vec![String::new()];
         for _ in 0..3 {
             let mut next = vec![];
@@ -138,8 +147,10 @@ mod tests {
         keys.dedup();
         let mut seen = std::collections::HashMap::new();
         for k in &keys {
-            let (state, log) = names("rw:", &Op::grouped(&rule, k, "g"));
-            for (name, what) in [(state.clone(), "state"), (log, "zset")] {
+            let op = Op::grouped(&rule, k, "g");
+            let (state, log) = names("rw:", &op);
+            let lease = lease_name("rw:", &op);
+            for (name, what) in [(state.clone(), "state"), (log, "zset"), (lease, "lease")] {
                 if let Some(other) = seen.insert(name.clone(), (k.clone(), what)) {
                     panic!("{name}: {what} of {k:?} and {other:?}");
                 }

@@ -453,19 +453,33 @@ impl RedisStore {
         ops: &[Call<'_>],
         mode: script::Mode,
     ) -> Result<T, StoreError> {
-        let mut keys = Vec::with_capacity(ops.len() * 2);
+        self.run_with(ops, mode, None, &[]).await
+    }
+
+    /// [`run`](Self::run) with one more key and more ARGV after the ops'
+    /// (a grant's).
+    async fn run_with<T: redis::FromRedisValue>(
+        &self,
+        ops: &[Call<'_>],
+        mode: script::Mode,
+        key: Option<String>,
+        extra: &[String],
+    ) -> Result<T, StoreError> {
+        let mut keys = Vec::with_capacity(ops.len() * 2 + 1);
         for (op, _, _) in ops {
             let (k, log) = self.key_names(op);
             keys.push(k);
             keys.push(log);
         }
+        keys.extend(key);
         let now = self
             .inner
             .config
             .local_clock
             .as_ref()
             .map_or(Micros::ZERO, |c| c.now());
-        let args = argv(ops, mode, now);
+        let mut args = argv(ops, mode, now);
+        args.extend_from_slice(extra);
         self.guarded(async {
             let mut conn = self.conn().await?;
             if self.inner.functions.load(Ordering::Relaxed) != 2 {
@@ -727,6 +741,24 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    async fn grant(
+        &self,
+        op: Op<'_>,
+        ask: &crate::store::lease::Ask,
+    ) -> Result<crate::store::lease::Grant, StoreError> {
+        let hk = keys::lease_name(&self.inner.config.key_prefix, &op);
+        let extra = script::grant_argv(op.rule, ask);
+        let reply: Vec<u8> = self
+            .run_with(
+                &[(op, op.rule.cost(1), 0)],
+                script::Mode::Grant,
+                Some(hk),
+                &extra,
+            )
+            .await?;
+        script::grant(&reply).map_err(StoreError::Protocol)
+    }
+
     /// On a standalone server every op of the request goes in one script call:
     /// all-or-nothing. On a cluster, ops of different groups (hash slots) go in
     /// one call per group, in order; a later group's rejection does not refund

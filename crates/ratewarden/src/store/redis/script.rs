@@ -66,6 +66,8 @@ pub enum Mode {
     Release = 5,
     /// Give back each op's cost (an Envoy refund).
     Refund = 6,
+    /// Lease a slice of the first op's key ([`crate::store::lease`]).
+    Grant = 7,
 }
 
 /// Values per op in ARGV: the rule's spec (one string), the cost, the
@@ -136,9 +138,9 @@ pub fn argv(ops: &[Call<'_>], mode: Mode, now: Micros) -> Vec<String> {
     out
 }
 
-/// The verdicts of an apply or peek reply (its integers as little-endian
-/// doubles, 8 bytes each) for `n` ops.
-pub fn verdicts(reply: &[u8], n: usize) -> Result<Vec<Verdict>, String> {
+/// The integers of a reply packed as little-endian doubles, 8 bytes each,
+/// `n` ops of [`REPLY`] values.
+fn integers(reply: &[u8], n: usize) -> Result<Vec<i64>, String> {
     if reply.len() % 8 != 0 {
         return Err(format!("script returned {} bytes", reply.len()));
     }
@@ -154,6 +156,50 @@ pub fn verdicts(reply: &[u8], n: usize) -> Result<Vec<Verdict>, String> {
     if raw.len() != n * REPLY {
         return Err(format!("script returned {} values for {n} ops", raw.len()));
     }
+    Ok(raw)
+}
+
+/// The ARGV a grant adds after its op's.
+pub fn grant_argv(rule: &crate::Rule, ask: &crate::store::lease::Ask) -> [String; 8] {
+    [
+        ask.holder.to_string(),
+        ask.want.to_string(),
+        ask.need.to_string(),
+        ask.held.to_string(),
+        ask.returned.to_string(),
+        ask.lifetime.get().to_string(),
+        ask.cap.to_string(),
+        u8::from(crate::store::lease::gives_back(rule)).to_string(),
+    ]
+}
+
+/// A grant's reply (see `grant` in `lua/rule.lua`).
+pub fn grant(reply: &[u8]) -> Result<crate::store::lease::Grant, String> {
+    use crate::store::lease::Grant;
+    let raw = integers(reply, 1)?;
+    let mut v = verdicts(reply, 1)?.remove(0);
+    Ok(match raw[1] {
+        0 => {
+            v.lease = None;
+            Grant::Granted {
+                units: u64::try_from(raw[6]).unwrap_or(0),
+                verdict: v,
+            }
+        }
+        1 => {
+            v.lease = None;
+            Grant::Refused(v)
+        }
+        4 => Grant::Full,
+        5 => Grant::Returned,
+        other => return Err(format!("grant answered {other}")),
+    })
+}
+
+/// The verdicts of an apply or peek reply (its integers as little-endian
+/// doubles, 8 bytes each) for `n` ops.
+pub fn verdicts(reply: &[u8], n: usize) -> Result<Vec<Verdict>, String> {
+    let raw = integers(reply, n)?;
     let u = |v: i64| u64::try_from(v).unwrap_or(0);
     let us = |v: i64| Micros::new(u(v));
     Ok(raw

@@ -152,6 +152,88 @@ local function reply(c, reason, st)
   return struct.pack('<ddddddd', allowed, reason, c[2], c[3], c[4], c[5], st.lease or 0)
 end
 
+-- A lease (store/lease.rs, grant_with, step by step). KEYS[3] holds the
+-- key's slices: a hash of holder -> "units until since". ARGV after the op:
+-- holder, want, need, held, returned, lifetime, cap, gives_back. The
+-- reply is an op's 7 values: allowed, then 0 granted, 1 refused, 4 the
+-- lease room is full, 5 only given back; the last value the slice.
+local function grant()
+  local r, c = rule_of(1)
+  local holder = ARGV[7]
+  local want, need = tonumber(ARGV[8]), tonumber(ARGV[9])
+  local held, returned = tonumber(ARGV[10]), tonumber(ARGV[11])
+  local life, cap, gives_back = tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
+  local hk = KEYS[3]
+  local all = redis.call('HGETALL', hk)
+  local others, last, mine, since = 0, 0, nil, 0
+  for i = 1, #all, 2 do
+    local u, t, s = string.match(all[i + 1], '(%d+) (%d+) (%d+)')
+    u, t = tonumber(u), tonumber(t)
+    if t <= now then
+      redis.call('HDEL', hk, all[i])
+    elseif all[i] == holder then
+      mine, since = u, tonumber(s)
+    else
+      others = others + u
+      if t > last then last = t end
+    end
+  end
+  local kept = 0
+  if mine then
+    redis.call('HDEL', hk, holder)
+    kept = math.min(held, mine)
+    local back = math.min(returned, mine - kept)
+    -- fixed_window (id 1): only within the window the slice was charged in.
+    local w = r.p[2]
+    local same = r.kind ~= 1 or idiv(since, w) == idiv(now, w)
+    if back > 0 and gives_back and same and redis.call('EXISTS', KEYS[1]) == 1 then
+      local st = load(1)
+      algo[r.kind].refund(r.p, st, back * c)
+      store(1, r, st)
+    end
+  end
+  local function keep(units)
+    if units > 0 then
+      redis.call('HSET', hk, holder, string.format('%d %d %d', units, now + life, now))
+      if now + life > last then last = now + life end
+    end
+    if last > 0 then redis.call('PEXPIREAT', hk, ceil_div(last, 1000)) end
+  end
+  local function answer(code, ch, units)
+    local allowed = 0
+    if code == 0 then allowed = 1 end
+    ch = ch or {false, 0, 0, 0, 0}
+    return struct.pack('<ddddddd', allowed, code, ch[2], ch[3], ch[4], ch[5], units)
+  end
+  if need == 0 then
+    keep(kept)
+    return answer(5, nil, 0)
+  end
+  local g = cap - others - kept
+  if want < g then g = want end
+  if g < need then
+    keep(kept)
+    return answer(4, nil, 0)
+  end
+  local st = load(1)
+  local ch, reason = verdict(r, st, g * c)
+  if reason ~= 0 then
+    local left = math.floor(ch[2] / c)
+    if left >= need and left < g then
+      g = left
+      ch, reason = verdict(r, st, g * c)
+    end
+  end
+  if reason ~= 0 then
+    keep(kept)
+    return answer(1, ch, 0)
+  end
+  commit(r, st, 0, true, g * c)
+  store(1, r, st)
+  keep(kept + g)
+  return answer(0, ch, g)
+end
+
 -- One call: its time, its mode, its ops.
 local function dispatch()
   set_now()
@@ -229,6 +311,8 @@ local function dispatch()
       end
     end
     return {}
+  elseif mode == 7 then
+    return grant()
   end
   return redis.error_reply('ratewarden: unknown mode')
 end
