@@ -6,10 +6,12 @@
 #   bash bench/hot_key.sh [SECONDS]     # SECONDS=5 per run
 #
 # - ceiling: redis-benchmark -c 64 -P 16 calling the store's own Function
-#   (FCALL, gcra) on one key: the most one Redis core decides for one key;
+#   (FCALL, fixed_window) on one key: the most one Redis core decides for
+#   one key;
 # - direct: 4 processes of the gateway's decision stack
 #   (examples/hot_key.rs: the Redis store with its fallback, 64 tasks each)
-#   on one global gcra key, not leased: each decision a Redis call;
+#   on one global fixed_window key (a limit no run reaches), not leased:
+#   each decision a Redis call;
 # - lease: the same 4 processes with the rule leased (epsilon 0.01,
 #   max_share 0.25).
 # redis-server on CPU 0; redis-benchmark and the four processes on CPU 1.
@@ -21,7 +23,7 @@ cd "$(dirname "$0")/.."
 install_missing redis-server:redis-server redis-benchmark:redis-tools
 cargo build --release -q -p ratewarden --example redis_argv --example hot_key
 FN=$(target/release/examples/redis_argv "$WORK/decide.lua" "$WORK/library.lua" 2>&1 > "$WORK/argv")
-GCRA_ARGS=$(awk '$1 == "gcra" { $1 = ""; print }' "$WORK/argv")
+FW_ARGS=$(awk '$1 == "fixed_window" { $1 = ""; print }' "$WORK/argv")
 
 PORT=$(port)
 taskset -c 0 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
@@ -34,11 +36,11 @@ cli function load "$(cat "$WORK/library.lua")" > /dev/null
 N=$((200000 * SECONDS_PER_RUN))
 before=$(cpu)
 # shellcheck disable=SC2086
-CEILING=$(taskset -c 1 redis-benchmark -p "$PORT" -c 64 -P 16 -n "$N" -q fcall "$FN" 1 '{k}' $GCRA_ARGS \
+CEILING=$(taskset -c 1 redis-benchmark -p "$PORT" -c 64 -P 16 -n "$N" -q fcall "$FN" 1 '{k}' $FW_ARGS \
   | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -1 | cut -d' ' -f1)
 after=$(cpu)
 printf '%-44s %10.0f decisions/s  %6.2f us Redis CPU/decision\n' \
-  "ceiling: FCALL gcra, one key, -c 64 -P 16" "$CEILING" \
+  "ceiling: FCALL fixed_window, one key, -P 16" "$CEILING" \
   "$(echo "($after - $before) * 1000000 / $N" | bc -l)"
 
 # run LABEL [--lease]: four processes at once; sums their decisions.
@@ -60,7 +62,7 @@ run() {
     local_=$((local_ + $(load_field local "$line")))
     grants=$((grants + $(load_field grants "$line")))
   done
-  printf '%-44s %10d decisions/s  %6.2f us Redis CPU/decision  %5.2fx the ceiling  (local %d, grants %d)\n' \
+  printf '%-44s %10d decisions/s  %6.3f us Redis CPU/decision  %5.2fx the ceiling  (local %d, grants %d)\n' \
     "$label" "$rate" "$(echo "($after - $before) * 1000000 / $total" | bc -l)" \
     "$(echo "$rate / $CEILING" | bc -l)" "$local_" "$grants"
 }

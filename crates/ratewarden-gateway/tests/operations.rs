@@ -531,3 +531,63 @@ async fn a_lease_held_by_a_killed_gateway_lapses_after_max_hold() {
     let r = send(second.listen, "GET", "/", &[], "").await;
     assert_eq!(r.status, 200, "lapsed after max_hold");
 }
+
+/// A leased rule (`distribution: {mode: lease}`) through two gateways on one
+/// Redis: most decisions are answered from slices (the metrics say how
+/// many), yet the two admit together no more than the limit in its window
+/// (fixed_window: a slice ends with its window); what a gateway holds
+/// unused at shutdown goes back, and the other gateway then gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_global_rule_holds_its_limit_across_two_gateways() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let yaml = format!(
+        "store: {{type: redis, url: \"{}\", timeout: 1s}}\nrules:\n  - name: everyone\n    key: [global]\n    algorithm: fixed_window\n    limit: 400\n    window: 1h\n    distribution: {{mode: lease, epsilon: 0.1, max_share: 0.5}}\n",
+        redis.url()
+    );
+    let (a, b) = (
+        gateway(&yaml, &up.url(), None).await,
+        gateway(&yaml, &up.url(), None).await,
+    );
+    let mut tasks = vec![];
+    for i in 0..300 {
+        let addr = if i % 2 == 0 { a.listen } else { b.listen };
+        tasks.push(tokio::spawn(async move {
+            send(addr, "GET", "/", &[], "").await.status.as_u16()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200, "under the limit");
+    }
+    let counter = |m: &str, name: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name}: {m}"))
+            .parse()
+            .unwrap()
+    };
+    let mut local = 0;
+    let mut grants = 0;
+    for gw in [&a, &b] {
+        let m = send(gw.admin.unwrap(), "GET", "/metrics", &[], "")
+            .await
+            .body;
+        local += counter(&m, "ratewarden_lease_local_decisions_total");
+        grants += counter(&m, "ratewarden_lease_grants_total");
+    }
+    assert!(
+        local >= 250,
+        "{local} of 300 answered from slices ({grants} grants)"
+    );
+    assert!(grants * 5 <= 300, "{grants} grants");
+    // Gateway a stops: what it held goes back. Then b alone admits
+    // exactly up to the limit: 100 more, and no more.
+    a.shutdown().await;
+    let mut ok = 0;
+    for _ in 0..150 {
+        ok += usize::from(send(b.listen, "GET", "/", &[], "").await.status == 200);
+    }
+    assert_eq!(ok, 100, "400 in all, a's unused slice given back");
+    assert_eq!(up.hits(), 400);
+    b.shutdown().await;
+}
