@@ -13,7 +13,7 @@
 #   on one global fixed_window key (a limit no run reaches), not leased:
 #   each decision a Redis call;
 # - lease: the same 4 processes with the rule leased (epsilon 0.01,
-#   max_share 0.25).
+#   max_share 0.25), and with epsilon 0.00001.
 # redis-server on CPU 0; redis-benchmark and the four processes on CPU 1.
 # Prints decisions/s, the ratio to the ceiling, and Redis CPU per decision.
 set -euo pipefail
@@ -68,3 +68,6 @@ run() {
 }
 run "direct: 4 processes x 64 tasks, one key"
 run "lease: 4 processes x 64 tasks, one key" --lease
+# A lease room 1000 times smaller (epsilon 1e-5: 40,000 of the limit;
+# slices of at most 10,000): many more grants.
+run "lease, epsilon 0.00001" --lease --epsilon-ppm 10

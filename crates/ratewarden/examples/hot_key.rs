@@ -4,7 +4,7 @@
 //! the rule leased (`--lease`) or not. Prints `decisions= rate= local=
 //! grants= admitted=`.
 //!
-//!     cargo run --release -p ratewarden --example hot_key -- redis://127.0.0.1:6379 [--lease] [--seconds 5] [--tasks 64]
+//!     cargo run --release -p ratewarden --example hot_key -- redis://127.0.0.1:6379 [--lease [--epsilon-ppm 10000]] [--seconds 5] [--tasks 64]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,12 +30,14 @@ fn main() {
     let seconds = flag("--seconds", 5);
     let tasks = flag("--tasks", 64);
     let lease = args.iter().any(|a| a == "--lease");
+    // In millionths of the limit (default 10000: 0.01).
+    let epsilon = flag("--epsilon-ppm", 10_000) as f64 / 1e6;
     let mut b = Rule::builder("global")
         .algorithm(Kind::FixedWindow)
         // Never reached in a run: the figure is what is decided, not refused.
         .limit(4_000_000_000, Duration::from_secs(3600));
     if lease {
-        b = b.distribution(Distribution::lease(0.01, 0.25));
+        b = b.distribution(Distribution::lease(epsilon, 0.25));
     }
     let rule = b.build().expect("a rule");
     let rt = tokio::runtime::Builder::new_current_thread()
