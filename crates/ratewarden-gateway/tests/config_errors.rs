@@ -407,3 +407,37 @@ fn tls_files_must_exist_parse_and_belong_together_each_error_at_its_key() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_distribution_that_cannot_work_is_refused_at_its_line() {
+    // An unknown mode.
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: 1000\n    window: 60s\n    distribution: {{mode: share}}\n"
+    ));
+    assert_eq!((e.line, e.key.as_str()), (6, "distribution"), "{e}");
+    assert!(e.message.contains("the one mode is `lease`"), "{e}");
+    // A share out of range.
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: 1000\n    window: 60s\n    distribution: {{mode: lease, epsilon: 2}}\n"
+    ));
+    assert_eq!((e.line, e.key.as_str()), (6, "distribution"), "{e}");
+    // A rule that cannot be leased (a ban decides per request).
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: 1000\n    window: 60s\n    penalty: 1m\n    distribution: {{mode: lease}}\n"
+    ));
+    assert_eq!(e.key.as_str(), "distribution", "{e}");
+    assert!(e.message.contains("a plain limit"), "{e}");
+    // A lease room under one request: epsilon x limit < 1.
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: 50\n    window: 60s\n    distribution: {{mode: lease}}\n"
+    ));
+    assert_eq!((e.line, e.key.as_str()), (6, "distribution"), "{e}");
+    assert!(e.message.contains("raise epsilon"), "{e}");
+    // And one that can loads.
+    config::load(
+        &format!("{HEAD}  - name: r\n    key: [global]\n    limit: 1000\n    window: 60s\n    distribution: {{mode: lease, epsilon: 0.05, max_share: 0.5}}\n"),
+        "ok.yaml",
+        &Overrides::default(),
+    )
+    .unwrap();
+}

@@ -777,3 +777,50 @@ async fn a_connection_that_never_speaks_http2_is_closed_after_the_header_timeout
     let mut c = client(addr).await;
     assert_eq!(one(&mut c, "app", &[("client", "x")]).await, Code::Ok);
 }
+
+/// An Envoy limit with `distribution` (the extension) is leased like a
+/// rule: two instances on one Redis answer most calls from slices and
+/// admit no more than the limit between them (fixed_window); at most what
+/// they hold unused (the lease room, 40) goes unadmitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_envoy_limit_holds_across_two_instances() {
+    let redis = common::RedisServer::start();
+    let store = format!("{{type: redis, url: '{}'}}", redis.url());
+    let yaml = "  domains:
+    - domain: app
+      descriptors:
+        - key: tenant
+          rate_limit: {unit: hour, requests_per_unit: 400, distribution: {mode: lease, epsilon: 0.1, max_share: 0.5}}
+";
+    let (a, b) = (
+        gateway(yaml, &store, None).await,
+        gateway(yaml, &store, None).await,
+    );
+    let clients = [client(a.rls.unwrap()).await, client(b.rls.unwrap()).await];
+    let tasks: Vec<_> = (0..600)
+        .map(|i| {
+            let mut c = clients[i % 2].clone();
+            tokio::spawn(async move { one(&mut c, "app", &[("tenant", "t1")]).await == Code::Ok })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        ok += usize::from(t.await.unwrap());
+    }
+    assert!((360..=400).contains(&ok), "{ok} of 600 admitted, limit 400");
+    let mut local = 0u64;
+    for g in [&a, &b] {
+        let m = support::send(g.admin.unwrap(), "GET", "/metrics", &[], "")
+            .await
+            .body;
+        local += m
+            .lines()
+            .find_map(|l| l.strip_prefix("ratewarden_lease_local_decisions_total "))
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+    }
+    assert!(local >= 300, "{local} decisions from slices");
+    a.shutdown().await;
+    b.shutdown().await;
+}

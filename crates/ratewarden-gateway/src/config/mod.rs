@@ -21,6 +21,8 @@ mod validate;
 
 pub use diag::{ConfigError, ConfigErrors, parse_duration, suggest};
 pub use model::*;
+pub(crate) use schema::DistributionFile;
+pub(crate) use validate::distribution;
 pub use validate::{BODY_TIMEOUT, HEADER_TIMEOUT};
 
 use diag::{Diag, parse_error};

@@ -767,6 +767,26 @@ fn patterns(d: &Diag<'_>, key: &str, list: &[Sp<String>], by_header: bool) -> Op
     out
 }
 
+/// `distribution: {mode: lease, epsilon, max_share}` (rules and Envoy
+/// limits alike): epsilon 0.01 and max_share 0.25 unless given.
+pub(crate) fn distribution(f: &DistributionFile) -> Result<ratewarden::Distribution, String> {
+    if f.mode != "lease" {
+        return Err(format!(
+            "unknown `distribution.mode` `{}`: the one mode is `lease`",
+            f.mode
+        ));
+    }
+    let (eps, share) = (f.epsilon.unwrap_or(0.01), f.max_share.unwrap_or(0.25));
+    let ok = |x: f64| (0.000_001..=1.0).contains(&x);
+    if !ok(eps) || !ok(share) {
+        return Err(
+            "`distribution.epsilon` and `distribution.max_share` must be between 0.000001 and 1"
+                .into(),
+        );
+    }
+    Ok(ratewarden::Distribution::lease(eps, share))
+}
+
 /// Whether `m` is a method token (RFC 9110 §9.1: a `tchar` sequence).
 fn is_token(m: &str) -> bool {
     !m.is_empty()
@@ -992,30 +1012,9 @@ fn rule(d: &Diag<'_>, r: RuleFile, routes: &[String]) -> Option<PolicyRule> {
     let limit = d.positive("limit", &r.limit);
     let concurrency = kind == Some(Kind::Concurrency);
     let distribution = opt(&r.distribution, |dist| {
-        let f = &dist.value;
-        let at = Some(&dist.referenced);
-        if f.mode != "lease" {
-            d.error(
-                "distribution",
-                at,
-                format!(
-                    "unknown `distribution.mode` `{}`: the one mode is `lease`",
-                    f.mode
-                ),
-            );
-            return None;
-        }
-        let (eps, share) = (f.epsilon.unwrap_or(0.01), f.max_share.unwrap_or(0.25));
-        let ok = |x: f64| (0.000_001..=1.0).contains(&x);
-        if !ok(eps) || !ok(share) {
-            d.error(
-                "distribution",
-                at,
-                "`distribution.epsilon` and `distribution.max_share` must be between 0.000001 and 1",
-            );
-            return None;
-        }
-        Some(ratewarden::Distribution::lease(eps, share))
+        distribution(&dist.value)
+            .map_err(|m| d.error("distribution", Some(&dist.referenced), m))
+            .ok()
     });
     let max_hold = opt(&r.max_hold, |m| {
         let hold = d.duration("max_hold", m)?;

@@ -10,8 +10,8 @@
 //!
 //! The extension: `rate_limit` may also say `algorithm` (any of ours, not
 //! `concurrency`: Envoy never says when a request ends), `burst`,
-//! `min_interval`, `penalty`, and `window` (any duration, in place of
-//! `unit`).
+//! `min_interval`, `penalty`, `window` (any duration, in place of
+//! `unit`), and `distribution` (leased slices on Redis, as a rule's).
 
 /// Looked up per call with request-given keys, built from the config
 /// only (nothing a request sends is inserted): a fast hash, seeded.
@@ -69,6 +69,7 @@ pub(crate) struct RateLimitFile {
     pub burst: Option<u64>,
     pub min_interval: Option<String>,
     pub penalty: Option<String>,
+    pub distribution: Option<crate::config::DistributionFile>,
 }
 
 /// One `replaces:` entry.
@@ -470,6 +471,15 @@ fn compile(
         .shadow(d.shadow_mode);
     if let Some(burst) = r.burst {
         b = b.burst(burst);
+    }
+    if let Some(f) = &r.distribution {
+        match crate::config::distribution(f) {
+            Ok(d) => b = b.distribution(d),
+            Err(e) => {
+                err(&key, e);
+                return None;
+            }
+        }
     }
     for (field, value) in [("min_interval", &r.min_interval), ("penalty", &r.penalty)] {
         let Some(v) = value else { continue };

@@ -42,6 +42,8 @@ struct Compiled {
     params: Params,
     min_interval: Micros,
     id: u64,
+    /// The rule as the Redis script takes it, made on first use.
+    script_spec: std::sync::OnceLock<Box<str>>,
 }
 
 impl fmt::Debug for Rule {
@@ -100,6 +102,11 @@ impl Rule {
         self.0.spec.distribution.map_or(0, |d| {
             self.limit() * u64::from(d.epsilon_ppm) / 1_000_000 / self.0.spec.cost.get()
         })
+    }
+    /// The rule's spec as the Redis script takes it, made once by `make`.
+    #[cfg(feature = "redis")]
+    pub(crate) fn script_spec(&self, make: impl FnOnce() -> String) -> &str {
+        self.0.script_spec.get_or_init(|| make().into_boxed_str())
     }
     /// Cost of a request of `weight` under this rule.
     pub fn cost(&self, weight: u64) -> u64 {

@@ -488,6 +488,7 @@ impl Rule {
             min_interval,
             id,
             spec,
+            script_spec: Default::default(),
         })))
     }
 }

@@ -594,27 +594,27 @@ impl RedisStore {
                 "no answer within {timeout:?}"
             ))),
         };
-        // Log lines on changes only: an outage is three lines (the first
+        // Log lines on changes only (and the target, a string made from
+        // the URL, made only for them): an outage is three lines (the first
         // failure, the circuit opening, the recovery), not one per call.
-        let target = self.target();
         match &res {
             Ok(_) => {
                 if let Change::Closed(after) = self.inner.breaker.success() {
-                    tracing::info!(redis = %target, outage = ?after.as_duration(), "redis answering again: circuit closed");
+                    tracing::info!(redis = %self.target(), outage = ?after.as_duration(), "redis answering again: circuit closed");
                 }
             }
             Err(e) => {
                 self.inner.errors.fetch_add(1, Ordering::Relaxed);
                 match self.inner.breaker.failure() {
                     Change::Failing => {
-                        tracing::warn!(redis = %target, error = %e, "redis call failed");
+                        tracing::warn!(redis = %self.target(), error = %e, "redis call failed");
                     }
                     Change::Opened => tracing::warn!(
-                        redis = %target,
+                        redis = %self.target(),
                         error = %e,
                         "redis unreachable: circuit open, calls fail at once (one probe every 100 ms to 1 s)"
                     ),
-                    _ => tracing::debug!(redis = %target, error = %e, "redis call failed"),
+                    _ => tracing::debug!(redis = %self.target(), error = %e, "redis call failed"),
                 }
             }
         }

@@ -130,7 +130,7 @@ pub fn argv(ops: &[Call<'_>], mode: Mode, now: Micros) -> Vec<String> {
     out.push(n(ops.len() as u64));
     out.push(n(now.get()));
     for (op, cost, lease) in ops {
-        out.push(spec(op.rule));
+        out.push(op.rule.script_spec(|| spec(op.rule)).to_owned());
         out.push(n(*cost));
         out.push(n(*lease));
     }
