@@ -422,3 +422,92 @@ async fn the_room_bounds_all_slices_on_redis() {
     .unwrap();
     the_room_bounds_all_slices(&store, &clock).await;
 }
+
+/// A memory store whose first grant never answers (a store call that hangs
+/// until its request is dropped).
+#[derive(Clone)]
+struct FirstGrantHangs(MemoryStore, Arc<std::sync::atomic::AtomicBool>);
+
+impl Store for FirstGrantHangs {
+    async fn decide(
+        &self,
+        ops: &[Op<'_>],
+        weight: u64,
+        mode: Mode,
+    ) -> Result<Vec<ratewarden::Verdict>, ratewarden::StoreError> {
+        self.0.decide(ops, weight, mode).await
+    }
+    async fn settle(
+        &self,
+        ops: &[Op<'_>],
+        weight: u64,
+        failure: bool,
+    ) -> Result<(), ratewarden::StoreError> {
+        self.0.settle(ops, weight, failure).await
+    }
+    async fn release(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), ratewarden::StoreError> {
+        self.0.release(leases).await
+    }
+    async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), ratewarden::StoreError> {
+        self.0.refund(ops, weight).await
+    }
+    async fn grant(
+        &self,
+        op: Op<'_>,
+        ask: &ratewarden::store::lease::Ask,
+    ) -> Result<ratewarden::store::lease::Grant, ratewarden::StoreError> {
+        if !self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.0.grant(op, ask).await
+    }
+    async fn inspect(&self, op: Op<'_>) -> Result<ratewarden::KeyInfo, ratewarden::StoreError> {
+        self.0.inspect(op).await
+    }
+    async fn clear(&self, op: Op<'_>) -> Result<bool, ratewarden::StoreError> {
+        self.0.clear(op).await
+    }
+    async fn ping(&self) -> Result<(), ratewarden::StoreError> {
+        self.0.ping().await
+    }
+}
+
+/// A request dropped while it renews a slice (its client went away) does
+/// not leave the requests waiting on that renewal waiting for ever.
+#[tokio::test]
+async fn a_renewal_dropped_midway_lets_the_waiting_requests_go_on() {
+    let clock = ManualClock::new(wall_now());
+    let store = FirstGrantHangs(
+        MemoryStore::builder().clock(clock.clone()).build(),
+        Default::default(),
+    );
+    let g = Arc::new(Leased::with_clock(store, Arc::new(clock.clone())));
+    let rule = rule(Kind::Gcra);
+    let renewing = {
+        let (g, rule) = (g.clone(), rule.clone());
+        tokio::spawn(async move {
+            let op = [Op::new(&rule, "global")];
+            g.decide(&op, 1, Mode::Apply).await
+        })
+    };
+    tokio::task::yield_now().await;
+    let waiting = {
+        let (g, rule) = (g.clone(), rule.clone());
+        tokio::spawn(async move {
+            let op = [Op::new(&rule, "global")];
+            g.decide(&op, 1, Mode::Apply).await
+        })
+    };
+    tokio::task::yield_now().await;
+    assert!(
+        !waiting.is_finished(),
+        "the second request waits for the renewal"
+    );
+    renewing.abort();
+    let v = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting request went on")
+        .unwrap()
+        .unwrap();
+    assert!(v[0].allowed());
+}

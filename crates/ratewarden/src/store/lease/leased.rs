@@ -265,7 +265,11 @@ impl<S: Store> Leased<S> {
             };
             (ask, early)
         };
+        // A request dropped while it renews (its client went away) must
+        // not leave the slot renewing for ever, with requests waiting on it.
+        let mut unfinished = Unfinished(Some(&cell));
         let answer = self.inner.grant(*op, &ask).await;
+        unfinished.0 = None;
         let out = self.renewed(&cell, op, w, now, &ask, early, answer);
         cell.renewed.notify_waiters();
         out
@@ -378,6 +382,24 @@ impl<S: Store> Leased<S> {
             }
         }
         out
+    }
+}
+
+/// Ends a renewal whose request was dropped before the store answered:
+/// the slot is no longer renewing, and the requests waiting on it go on
+/// (what the store may have granted meanwhile lapses unused).
+struct Unfinished<'a>(Option<&'a Cell>);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(cell) = self.0 {
+            {
+                let mut s = cell.slot.lock();
+                s.renewing = false;
+                s.renewals += 1;
+            }
+            cell.renewed.notify_waiters();
+        }
     }
 }
 
