@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 install_missing redis-server:redis-server redis-benchmark:redis-tools
 cargo build --release -q -p ratewarden --example redis_argv --example hot_key
 FN=$(target/release/examples/redis_argv "$WORK/decide.lua" "$WORK/library.lua" 2>&1 > "$WORK/argv")
-FW_ARGS=$(awk '$1 == "fixed_window" { $1 = ""; print }' "$WORK/argv")
+FW_ARGS=$(awk '$1 == "fixed_window" { $1 = ""; $2 = ""; print }' "$WORK/argv")
 
 PORT=$(port)
 taskset -c 0 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \

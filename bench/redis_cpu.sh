@@ -62,11 +62,13 @@ for pipe in 16 1; do
   for keys in one 100k; do
     if [ $keys = one ]; then R=(); K=k; else R=(-r 100000); K='k:__rand_int__'; fi
     bench "minimal gcra script, $keys key" "$pipe" "${R[@]}" evalsha "$MINIMAL" 1 "{$K}" 1 1000000
-    while read -r algo args; do
+    while read -r algo nkeys args; do
+      # The state, and its zset where the algorithm keeps one.
+      KS=("{$K}:s"); [ "$nkeys" = 2 ] && KS+=("{$K}:s:log")
       # shellcheck disable=SC2086
-      bench "decide.lua $algo, $keys key" "$pipe" "${R[@]}" evalsha "$DECIDE" 2 "{$K}:s" "{$K}:s:log" $args
+      bench "decide.lua $algo, $keys key" "$pipe" "${R[@]}" evalsha "$DECIDE" "$nkeys" "${KS[@]}" $args
       # shellcheck disable=SC2086
-      bench "  as a Function (FCALL)" "$pipe" "${R[@]}" fcall "$FN" 2 "{$K}:s" "{$K}:s:log" $args
+      bench "  as a Function (FCALL)" "$pipe" "${R[@]}" fcall "$FN" "$nkeys" "${KS[@]}" $args
     done < "$WORK/argv"
   done
 done
@@ -140,7 +142,7 @@ product "cluster: RLS gcra, 100k keys" grpc "http://127.0.0.1:$RLS"
 # the same load shape (FCALL gcra, -P 16, 100k keys under one hash tag that
 # the node holds; one key: gcra keeps no log): what cluster mode adds per
 # call, apart from how the product's calls spread over three nodes.
-GCRA_ARGS=$(awk '$1 == "gcra" { $1 = ""; print }' "$WORK/argv")
+GCRA_ARGS=$(awk '$1 == "gcra" { $1 = ""; $2 = ""; print }' "$WORK/argv")
 NODE=${CPORTS[0]}
 TAG=""
 for t in a b c d e f g h i j k l m n o p q r s t u v w x y z; do

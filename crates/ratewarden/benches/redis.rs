@@ -1,7 +1,7 @@
 //! Decisions per second through the Redis store at 64 concurrent callers, on
 //! one key and over 100,000 keys, beside `redis-benchmark` calling the same
 //! script on the same server in the same run, built by the store's own
-//! `script::argv`: by EVALSHA unpipelined (issue 3's reference) and as the
+//! `script::argv_one`: by EVALSHA unpipelined (issue 3's reference) and as the
 //! store calls it, FCALL of the library with 16 in flight per connection
 //! (issue 18's: the ceiling a client can reach on this machine).
 //!
@@ -73,19 +73,21 @@ fn rule() -> Rule {
 }
 
 /// `redis-benchmark` calling the store's script for one gcra op, as the
-/// store would (`script::argv`), by `EVALSHA` of the script or `FCALL` of
+/// store would (`script::argv_one`), by `EVALSHA` of the script or `FCALL` of
 /// the library's function, with `pipeline` calls in flight per connection;
 /// returns requests/s.
 fn reference(port: u16, call: &[&str], random_keys: bool, pipeline: usize) -> f64 {
-    let (key, log) = if random_keys {
-        ("rw:{__rand_int__}:k", "rw:{__rand_int__}:k:log")
+    let key = if random_keys {
+        "rw:{__rand_int__}:k"
     } else {
-        ("rw:{hot}:k", "rw:{hot}:k:log")
+        "rw:{hot}:k"
     };
     let rule = rule();
-    let argv = ratewarden::store::redis::script::argv(
-        &[(Op::new(&rule, "k"), 1, 0)],
-        ratewarden::store::redis::script::Mode::Apply,
+    // The compact call (one op applied: one key for gcra), as the store
+    // makes it.
+    let argv = ratewarden::store::redis::script::argv_one(
+        &Op::new(&rule, "k"),
+        1,
         ratewarden::clock::Micros::ZERO,
     );
     let mut args: Vec<String> = [
@@ -106,7 +108,7 @@ fn reference(port: u16, call: &[&str], random_keys: bool, pipeline: usize) -> f6
         args.extend(["-r".into(), "100000".into()]);
     }
     args.extend(call.iter().map(|s| s.to_string()));
-    args.extend(["2".into(), key.into(), log.into()]);
+    args.extend(["1".into(), key.into()]);
     args.extend(argv);
     let out = Command::new("redis-benchmark")
         .args(&args)

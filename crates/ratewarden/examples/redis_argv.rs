@@ -1,19 +1,21 @@
 //! For bench/redis_cpu.sh: writes the store's script (and, given a second
 //! path, its Functions library, whose function's name goes to stderr) to a
 //! file and prints,
-//! for each algorithm, the ARGV of one apply call of one op of cost 1
-//! (limit 1e6 per second: never rejecting), as redis-benchmark takes them.
+//! for each algorithm, how many keys and the ARGV of one apply call of one
+//! op of cost 1 (limit 1e6 per second: never rejecting), in the compact
+//! form the store sends it (`script::argv_one`: one key, or two where the
+//! algorithm keeps a zset), as redis-benchmark takes them.
 //! Not `concurrency`: its leases, never released here, would pile up.
 //!
 //!     cargo run --release -p ratewarden --example redis_argv -- SCRIPT.lua [LIBRARY.lua]
 //!
-//! Prints `ALGORITHM ARG ARG ...` per line.
+//! Prints `ALGORITHM KEYS ARG ARG ...` per line.
 
 use std::time::Duration;
 
 use ratewarden::algorithm::Kind;
 use ratewarden::clock::Micros;
-use ratewarden::store::redis::script::{Mode, SCRIPT, argv};
+use ratewarden::store::redis::script::{SCRIPT, argv_one, keeps_zset};
 use ratewarden::{Op, Rule};
 
 fn main() {
@@ -34,7 +36,8 @@ fn main() {
             .build()
             .expect("a rule");
         // (The spec is one argument without spaces: the bench splits on them.)
-        let args = argv(&[(Op::new(&rule, "k"), 1, 0)], Mode::Apply, Micros::ZERO);
-        println!("{} {}", kind.name(), args.join(" "));
+        let args = argv_one(&Op::new(&rule, "k"), 1, Micros::ZERO);
+        let keys = if keeps_zset(&rule) { 2 } else { 1 };
+        println!("{} {keys} {}", kind.name(), args.join(" "));
     }
 }

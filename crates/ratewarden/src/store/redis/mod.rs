@@ -465,20 +465,33 @@ impl RedisStore {
         key: Option<String>,
         extra: &[String],
     ) -> Result<T, StoreError> {
-        let mut keys = Vec::with_capacity(ops.len() * 2 + 1);
-        for (op, _, _) in ops {
-            let (k, log) = self.key_names(op);
-            keys.push(k);
-            keys.push(log);
-        }
-        keys.extend(key);
         let now = self
             .inner
             .config
             .local_clock
             .as_ref()
             .map_or(Micros::ZERO, |c| c.now());
-        let mut args = argv(ops, mode, now);
+        let mut keys = Vec::with_capacity(ops.len() * 2 + 1);
+        let mut args = match ops {
+            // Most calls: one op applied, in the compact form.
+            [(op, cost, _)] if mode == script::Mode::Apply && key.is_none() => {
+                let (k, log) = self.key_names(op);
+                keys.push(k);
+                if script::keeps_zset(op.rule) {
+                    keys.push(log);
+                }
+                script::argv_one(op, *cost, now)
+            }
+            _ => {
+                for (op, _, _) in ops {
+                    let (k, log) = self.key_names(op);
+                    keys.push(k);
+                    keys.push(log);
+                }
+                argv(ops, mode, now)
+            }
+        };
+        keys.extend(key);
         args.extend_from_slice(extra);
         self.guarded(async {
             let mut conn = self.conn().await?;

@@ -196,6 +196,29 @@ pub fn grant(reply: &[u8]) -> Result<crate::store::lease::Grant, String> {
     })
 }
 
+/// Whether `rule`'s algorithm keeps a zset beside its state (its log, or
+/// its leases): a compact call names it only then.
+pub fn keeps_zset(rule: &crate::Rule) -> bool {
+    matches!(
+        rule.spec().algorithm,
+        crate::algorithm::Kind::SlidingWindowLog | crate::algorithm::Kind::Concurrency
+    )
+}
+
+/// The ARGV of the common call, compact: one op applied, at `now` (0:
+/// Redis's `TIME`, and then left out): `a`, the rule's spec, the cost.
+/// Its KEYS are the state, and the zset where [`keeps_zset`].
+pub fn argv_one(op: &Op<'_>, cost: u64, now: Micros) -> Vec<String> {
+    let mut out = Vec::with_capacity(4);
+    out.push("a".to_owned());
+    out.push(op.rule.script_spec(|| spec(op.rule)).to_owned());
+    out.push(cost.to_string());
+    if now > Micros::ZERO {
+        out.push(now.get().to_string());
+    }
+    out
+}
+
 /// The verdicts of an apply or peek reply (its integers as little-endian
 /// doubles, 8 bytes each) for `n` ops.
 pub fn verdicts(reply: &[u8], n: usize) -> Result<Vec<Verdict>, String> {

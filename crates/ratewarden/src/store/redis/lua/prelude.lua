@@ -51,8 +51,8 @@ local NEVER = -1
 -- The call's time, set first thing by dispatch (rule.lua): the same code
 -- runs as one EVAL per call or loaded once as a Redis Function.
 local now
-local function set_now()
-  now = tonumber(ARGV[3])
+local function set_now(at)
+  now = tonumber(at)
   if now == 0 then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000000 + tonumber(t[2])
