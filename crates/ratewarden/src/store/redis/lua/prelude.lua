@@ -9,7 +9,13 @@
 -- (crates/ratewarden/tests/cases.table, run by tests/case_table.rs) runs
 -- against both, and they must agree to the microsecond.
 --
--- KEYS (two per op, all sharing one cluster hash slot):
+-- The common call, one op applied, is compact (script::argv_one):
+--   KEYS[1]  the op's state; KEYS[2] its zset, only for the algorithms
+--            that keep one (sliding_window_log, concurrency)
+--   ARGV     'a', the rule's spec, the cost, and (tests only) the time
+-- Every other call has the general form:
+-- KEYS (two per op, all sharing one cluster hash slot; a grant adds the
+-- key's lease hash, holder -> "units until since", after them):
 --   KEYS[2i-1]  string: the op's state "s1 s2 s3 ml mb mv": s1-s3 the
 --               algorithm's, ml last admitted, mb banned until, mv ban level
 --               (trailing zero fields left out: "s1" alone reads as s1 0 0 0 0 0)
@@ -17,7 +23,10 @@
 --               member "seq:cost"
 -- ARGV:
 --   ARGV[1]  mode: 0 apply, 1 peek, 2 settle failure, 3 settle success,
---                  4 inspect (first op), 5 release (each op's lease)
+--                  4 inspect (first op), 5 release (each op's lease),
+--                  6 refund (each op's cost), 7 grant a leased slice of
+--                  the first op's key (store/lease: its 8 values after the
+--                  op's, see `grant` in rule.lua)
 --   ARGV[2]  number of ops
 --   ARGV[3]  0, or a time (µs) to use instead of TIME: only for tests that
 --            run the case table on a manual clock, and for the test
