@@ -692,8 +692,8 @@ fn a_mutant_of_each_lua_algorithm_fails_the_table() {
         ),
         (
             Kind::SlidingWindowLog,
-            "now - p[2]) end\n  return st.gone",
-            "now - p[2] - 1) end\n  return st.gone",
+            "now - p[2])) end\n  return st.gone",
+            "now - p[2] - 1)) end\n  return st.gone",
         ),
         (
             Kind::SlidingWindowCounter,
@@ -717,8 +717,8 @@ fn a_mutant_of_each_lua_algorithm_fails_the_table() {
         ),
         (
             Kind::Concurrency,
-            "redis.call('ZADD', st.log, now + p[2], member(st[2], cost))",
-            "redis.call('ZADD', st.log, now + p[2] - 1, member(st[2], cost))",
+            "redis.call('ZADD', st.log, string.format('%d', now + p[2]), member(st[2], cost))",
+            "redis.call('ZADD', st.log, string.format('%d', now + p[2] - 1), member(st[2], cost))",
         ),
     ];
     for (kind, from, to) in mutants {

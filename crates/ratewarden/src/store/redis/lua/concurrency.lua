@@ -8,7 +8,7 @@ A.uses_log = true
 -- Leases that lapsed: their holder never released them (a crashed
 -- gateway, a lost connection to Redis).
 local function lapsed(st)
-  return redis.call('ZRANGEBYSCORE', st.log, '-inf', now)
+  return redis.call('ZRANGEBYSCORE', st.log, '-inf', string.format('%d', now))
 end
 
 function A.check(p, st, cost)
@@ -20,7 +20,7 @@ function A.check(p, st, cost)
     return allow(limit - held - cost, p[2])
   end
   local reset = 0
-  local last = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+  local last = redis.call('ZRANGE', st.log, '-1', '-1', 'WITHSCORES')
   if last[2] then reset = sat_sub(tonumber(last[2]), now) end
   local retry = NEVER
   if cost <= limit then
@@ -43,10 +43,10 @@ function A.charge(p, st, cost)
   local gone = lapsed(st)
   if #gone > 0 then
     for _, m in ipairs(gone) do st[1] = st[1] - member_cost(m) end
-    redis.call('ZREMRANGEBYSCORE', st.log, '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', st.log, '-inf', string.format('%d', now))
   end
   st[2] = st[2] + 1
-  redis.call('ZADD', st.log, now + p[2], member(st[2], cost))
+  redis.call('ZADD', st.log, string.format('%d', now + p[2]), member(st[2], cost))
   st[1] = st[1] + cost
   st.lease = st[2]
 end
@@ -58,7 +58,7 @@ function A.release(p, st, lease, cost)
 end
 
 function A.idle(p, st)
-  local last = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+  local last = redis.call('ZRANGE', st.log, '-1', '-1', 'WITHSCORES')
   if last[2] then return tonumber(last[2]) end
   return 0
 end

@@ -146,7 +146,9 @@ local function store(i, r, st)
     if st.log then redis.call('DEL', key, st.log) else redis.call('DEL', key) end
     return
   end
-  local ms = ceil_div(at, 1000)
+  -- As a string: Redis 7.0 writes a number argument with "%.17g", a
+  -- floating-point conversion that costs more than an integer's.
+  local ms = string.format('%d', ceil_div(at, 1000))
   -- Fields up to the last that is not zero.
   local n = 1
   if st[2] ~= 0 then n = 2 end

@@ -7,7 +7,7 @@ A.uses_log = true
 -- Entries with t + window <= now, i.e. t <= now - window. Read once per
 -- call: a check and the charge that follows it share the list.
 local function expired(p, st)
-  if not st.gone then st.gone = redis.call('ZRANGEBYSCORE', st.log, '-inf', now - p[2]) end
+  if not st.gone then st.gone = redis.call('ZRANGEBYSCORE', st.log, '-inf', string.format('%d', now - p[2])) end
   return st.gone
 end
 
@@ -20,7 +20,7 @@ function A.check(p, st, cost)
     return allow(limit - used - cost, w)
   end
   local reset = 0
-  local newest = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+  local newest = redis.call('ZRANGE', st.log, '-1', '-1', 'WITHSCORES')
   if newest[2] then reset = sat_sub(tonumber(newest[2]) + w, now) end
   local retry = NEVER
   if cost <= limit then
@@ -42,21 +42,21 @@ function A.charge(p, st, cost)
   local gone = expired(p, st)
   if #gone > 0 then
     for _, m in ipairs(gone) do st[1] = st[1] - member_cost(m) end
-    redis.call('ZREMRANGEBYSCORE', st.log, '-inf', now - w)
+    redis.call('ZREMRANGEBYSCORE', st.log, '-inf', string.format('%d', now - w))
   end
   -- Keep the log in time order; each charge is its own member, so two
   -- requests in the same microsecond are two entries.
   local at = now
-  local newest = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+  local newest = redis.call('ZRANGE', st.log, '-1', '-1', 'WITHSCORES')
   if newest[2] and tonumber(newest[2]) > at then at = tonumber(newest[2]) end
   st[2] = st[2] + 1
-  redis.call('ZADD', st.log, at, member(st[2], cost))
+  redis.call('ZADD', st.log, string.format('%d', at), member(st[2], cost))
   st[1] = st[1] + cost
   st.gone = nil
   -- Drop the oldest while the newer ones alone still reach the limit (an
   -- entry costs at least 1: at or under the limit, none can go).
   while st[1] > limit do
-    local oldest = redis.call('ZRANGE', st.log, 0, 0)
+    local oldest = redis.call('ZRANGE', st.log, '0', '0')
     if not oldest[1] then break end
     local c = member_cost(oldest[1])
     if st[1] - c < limit then break end
@@ -70,7 +70,7 @@ end
 function A.refund(p, st, cost)
   local left = cost
   while left > 0 do
-    local newest = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+    local newest = redis.call('ZRANGE', st.log, '-1', '-1', 'WITHSCORES')
     if not newest[1] then break end
     local c = member_cost(newest[1])
     redis.call('ZREM', st.log, newest[1])
@@ -88,7 +88,7 @@ end
 
 function A.idle(p, st)
   if st.newest then return st.newest + p[2] end
-  local newest = redis.call('ZRANGE', st.log, -1, -1, 'WITHSCORES')
+  local newest = redis.call('ZRANGE', st.log, '-1', '-1', 'WITHSCORES')
   if newest[2] then return tonumber(newest[2]) + p[2] end
   return 0
 end
