@@ -38,13 +38,14 @@
 //!   units are not given back: they count until their window passes.
 //!
 //! The size of a slice follows the gateway's rate: what it used of its last
-//! slice per unit of time, times the lifetime, at least the request at hand
-//! and at most `max_share` of the lease room. A gateway renews when a
-//! quarter of its slice is left, so its requests rarely wait; a request
-//! that finds the slice empty while a renewal is under way is decided by
-//! the store directly (exact). When the room is taken by other gateways'
-//! slices, or the store cannot be reached, decisions go to the store as
-//! without leases (and so to `on_error`).
+//! slice per unit of time, times the lifetime, at least what the requests
+//! waiting for it want, and at most `max_share` of the lease room (less what
+//! the gateway still holds). A gateway renews when a quarter of its slice is
+//! left, so its requests rarely wait; a request that finds the slice empty
+//! while a renewal is under way waits for that renewal (after 16 renewals
+//! it is decided by the store directly, which is exact). When the room is
+//! taken by other gateways' slices, or the store cannot be reached,
+//! decisions go to the store as without leases (and so to `on_error`).
 
 #[cfg(feature = "redis")]
 mod leased;
