@@ -91,7 +91,13 @@ local function member_cost(m) return tonumber(string.match(m, ':(%d+)$')) end
 -- p1 unit, p2 rate, p3 capacity; st[1] level, st[2] last.
 local function drained(p, st)
   local elapsed = sat_sub(now, st[2])
-  local cap = ceil_div(p[3], p[2])
+  -- The time a full level takes to drain: per rule, kept in its parsed
+  -- spec (rule.lua keeps those while the library is loaded).
+  local cap = p.drain
+  if not cap then
+    cap = ceil_div(p[3], p[2])
+    p.drain = cap
+  end
   if elapsed > cap then elapsed = cap end
   return sat_sub(st[1], elapsed * p[2])
 end
