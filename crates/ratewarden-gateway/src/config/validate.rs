@@ -768,7 +768,8 @@ fn patterns(d: &Diag<'_>, key: &str, list: &[Sp<String>], by_header: bool) -> Op
 }
 
 /// `distribution: {mode: lease, epsilon, max_share}` (rules and Envoy
-/// limits alike): epsilon 0.01 and max_share 0.25 unless given.
+/// limits alike): epsilon 0.01 and max_share 0.25 unless given. Their
+/// ranges are the rule's to check (`Rule::new`), as every parameter's.
 pub(crate) fn distribution(f: &DistributionFile) -> Result<ratewarden::Distribution, String> {
     if f.mode != "lease" {
         return Err(format!(
@@ -776,15 +777,10 @@ pub(crate) fn distribution(f: &DistributionFile) -> Result<ratewarden::Distribut
             f.mode
         ));
     }
-    let (eps, share) = (f.epsilon.unwrap_or(0.01), f.max_share.unwrap_or(0.25));
-    let ok = |x: f64| (0.000_001..=1.0).contains(&x);
-    if !ok(eps) || !ok(share) {
-        return Err(
-            "`distribution.epsilon` and `distribution.max_share` must be between 0.000001 and 1"
-                .into(),
-        );
-    }
-    Ok(ratewarden::Distribution::lease(eps, share))
+    Ok(ratewarden::Distribution::lease(
+        f.epsilon.unwrap_or(0.01),
+        f.max_share.unwrap_or(0.25),
+    ))
 }
 
 /// Whether `m` is a method token (RFC 9110 §9.1: a `tchar` sequence).

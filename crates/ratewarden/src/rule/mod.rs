@@ -99,9 +99,10 @@ impl Rule {
     /// What all leases of one key may hold together, in requests of weight
     /// 1: ε × limit / cost (at least 1 for a leased rule; 0 otherwise).
     pub fn lease_room(&self) -> u64 {
-        self.0.spec.distribution.map_or(0, |d| {
-            self.limit() * u64::from(d.epsilon_ppm) / 1_000_000 / self.0.spec.cost.get()
-        })
+        self.0
+            .spec
+            .distribution
+            .map_or(0, |d| d.room(self.limit()) / self.0.spec.cost.get())
     }
     /// The rule's spec as the Redis script takes it, made once by `make`.
     #[cfg(feature = "redis")]

@@ -171,6 +171,17 @@ impl Distribution {
             max_share_ppm: ppm(max_share),
         }
     }
+
+    /// ε × `limit`: what all slices of one key may hold together, in the
+    /// limit's units (a request's cost each).
+    pub fn room(&self, limit: u64) -> u64 {
+        limit * u64::from(self.epsilon_ppm) / 1_000_000
+    }
+
+    /// The most one slice may take of `room`: `max_share` of it, at least 1.
+    pub fn share(&self, room: u64) -> u64 {
+        (room * u64::from(self.max_share_ppm) / 1_000_000).max(1)
+    }
 }
 
 /// How long a `concurrency` lease counts when nobody releases it, unless
@@ -521,7 +532,7 @@ fn lease_check(spec: &RuleSpec, d: &Distribution) -> Result<(), RuleError> {
              (at least 0.000001)",
         ));
     }
-    let room = spec.limit.get() * u64::from(d.epsilon_ppm) / 1_000_000;
+    let room = d.room(spec.limit.get());
     if room < spec.cost.get() {
         return Err(RuleError::range(
             "distribution",

@@ -244,7 +244,7 @@ impl<S: Store> Leased<S> {
             let by_rate = (s.used as u128 * life as u128 / elapsed as u128) as u64;
             let d = op.rule.distribution().expect("a leased rule");
             let room = op.rule.lease_room();
-            let share = (room * u64::from(d.max_share_ppm) / 1_000_000).max(1);
+            let share = d.share(room);
             let need = if early.is_some() { 1 } else { w };
             let (held, returned) = if live { (s.units, 0) } else { (0, s.units) };
             if !live {
