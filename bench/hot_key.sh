@@ -25,12 +25,7 @@ cargo build --release -q -p ratewarden --example redis_argv --example hot_key
 FN=$(target/release/examples/redis_argv "$WORK/decide.lua" "$WORK/library.lua" 2>&1 > "$WORK/argv")
 FW_ARGS=$(awk '$1 == "fixed_window" { $1 = ""; $2 = ""; print }' "$WORK/argv")
 
-PORT=$(port)
-taskset -c 0 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
-  --dir "$WORK" > /dev/null & PIDS+=($!)
-wait_port "$PORT"
-cli() { redis-cli -p "$PORT" "$@"; }
-cpu() { cli info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
+redis_on_cpu0
 cli function load "$(cat "$WORK/library.lua")" > /dev/null
 
 N=$((200000 * SECONDS_PER_RUN))

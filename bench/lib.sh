@@ -31,6 +31,21 @@ load_field() { sed -E "s/.*(^| )$1=([0-9]+).*/\2/" <<< "$2"; }
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 
+# redis_on_cpu0: a redis-server pinned to CPU 0, saving nothing, its port in
+# PORT. redis_cli is redis-cli on the server at PORT, redis_cpu its CPU
+# seconds so far (INFO cpu, user + system); `cli` and `cpu` are those
+# until a script points them elsewhere (a cluster's nodes, say).
+redis_on_cpu0() {
+  PORT=$(port)
+  taskset -c 0 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$WORK" > /dev/null & PIDS+=($!)
+  wait_port "$PORT"
+}
+redis_cli() { redis-cli -p "$PORT" "$@"; }
+redis_cpu() { redis_cli info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
+cli() { redis_cli "$@"; }
+cpu() { redis_cpu; }
+
 # nginx_conf DIR HTTP: DIR/nginx.conf for one worker in the foreground, logs
 # and pid in DIR, HTTP inside its `http { }` block. Start it with
 # `nginx -p DIR -c DIR/nginx.conf`.

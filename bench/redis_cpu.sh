@@ -34,12 +34,7 @@ redis.call('SET', KEYS[1], new, 'PX', math.ceil((new - now) / 1000))
 return 1
 LUA
 
-PORT=$(port)
-taskset -c 0 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
-  --dir "$WORK" > /dev/null & PIDS+=($!)
-wait_port "$PORT"
-cli() { redis-cli -p "$PORT" "$@"; }
-cpu() { cli info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
+redis_on_cpu0
 DECIDE=$(cli script load "$(cat "$WORK/decide.lua")")
 MINIMAL=$(cli script load "$(cat "$WORK/gcra.lua")")
 cli function load "$(cat "$WORK/library.lua")" > /dev/null
@@ -149,13 +144,12 @@ for t in a b c d e f g h i j k l m n o p q r s t u v w x y z; do
   if [ "$(redis-cli -p "$NODE" set "{$t}probe" 1)" = OK ]; then TAG=$t; break; fi
 done
 redis-cli -p "$NODE" function load "$(cat "$WORK/library.lua")" > /dev/null 2>&1 || true
-cpu() { redis-cli -p "$NODE" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
-cli() { redis-cli -p "$NODE" "$@"; }
+# One server at PORT again: the node, then the standalone one.
+cli() { redis_cli "$@"; }
+cpu() { redis_cpu; }
 PORT_STANDALONE=$PORT; PORT=$NODE
 # shellcheck disable=SC2086
 bench "FCALL gcra on one cluster node, 100k keys" 16 -r 100000 fcall "$FN" 1 "{$TAG}:k:__rand_int__" $GCRA_ARGS
 PORT=$PORT_STANDALONE
-cpu() { redis-cli -p "$PORT" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
-cli() { redis-cli -p "$PORT" "$@"; }
 # shellcheck disable=SC2086
 bench "  the same on the standalone server" 16 -r 100000 fcall "$FN" 1 "{$TAG}:k:__rand_int__" $GCRA_ARGS
