@@ -275,6 +275,9 @@ enum OpKind {
     Fail,
     Ok,
     Release(u64),
+    /// A refund of an admitted request's cost (Envoy's negative hits,
+    /// leases given back); rows only for algorithms that refund.
+    Refund,
 }
 
 struct Row {
@@ -311,7 +314,7 @@ fn rows() -> Vec<Row> {
 }
 
 /// `apply at=T cost=N`, `peek ...`, `fail at=T`, `ok at=T`,
-/// `release at=T lease=N cost=N`.
+/// `release at=T lease=N cost=N`, `refund at=T cost=N`.
 fn op(s: &str) -> (OpKind, Micros, u64) {
     let f = fields(s);
     let get = |k: &str| f.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
@@ -323,6 +326,7 @@ fn op(s: &str) -> (OpKind, Micros, u64) {
         "fail" => OpKind::Fail,
         "ok" => OpKind::Ok,
         "release" => OpKind::Release(get("lease").expect("lease=").parse().unwrap()),
+        "refund" => OpKind::Refund,
         other => panic!("unknown op `{other}`"),
     };
     (kind, at, cost)
@@ -394,6 +398,10 @@ fn run_rust(rule: &Rule, row: &Row) -> Outcome {
             rule.release(&mut st, lease, cost);
             (None, true)
         }
+        OpKind::Refund => {
+            rule.refund(&mut st, now, cost);
+            (None, true)
+        }
     };
     let expires = if !written {
         "-".to_owned()
@@ -426,19 +434,19 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
     if before != KeyState::default() {
         let w = rule.params().to_script(&before.algo);
         let m = before.marks();
-        redis::cmd("SET")
-            .arg(key)
-            .arg(format!(
-                "{} {} {} {} {} {}",
-                w.words[0],
-                w.words[1],
-                w.words[2],
-                m.last.get(),
-                m.ban_until.get(),
-                m.ban_level
-            ))
-            .exec(con)
-            .unwrap();
+        let fields = [
+            w.words[0],
+            w.words[1],
+            w.words[2],
+            m.last.get(),
+            m.ban_until.get(),
+            u64::from(m.ban_level),
+        ];
+        let packed: Vec<u8> = fields
+            .iter()
+            .flat_map(|&v| (v as f64).to_le_bytes())
+            .collect();
+        redis::cmd("SET").arg(key).arg(packed).exec(con).unwrap();
         for (score, seq, c) in &w.log {
             redis::cmd("ZADD")
                 .arg(log)
@@ -455,6 +463,7 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         OpKind::Fail => (script::Mode::Failure, 0),
         OpKind::Ok => (script::Mode::Success, 0),
         OpKind::Release(l) => (script::Mode::Release, l),
+        OpKind::Refund => (script::Mode::Refund, 0),
     };
     let args = script::argv(&[(o, cost, lease)], mode, now);
     // A Functions library (`#!lua name=...`, loaded by `lua_failures`) is
@@ -479,18 +488,24 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         .query(con)
         .unwrap_or_else(|e| panic!("line {}: {e}", row.line));
     let verdict = match kind {
-        OpKind::Apply | OpKind::Peek => {
-            let bytes: Vec<u8> = redis::from_redis_value(reply).unwrap();
-            Some(script::verdicts(&bytes, 1).unwrap()[0])
-        }
+        OpKind::Apply | OpKind::Peek => Some(script::reply(&reply, 1).unwrap()[0]),
         _ => None,
     };
     // Read the state back.
-    let packed: Option<String> = redis::cmd("GET").arg(key).query(con).unwrap();
+    let packed: Option<Vec<u8>> = redis::cmd("GET").arg(key).query(con).unwrap();
     let h: Vec<Option<u64>> = match &packed {
-        // Trailing zero fields are left out of a stored state.
+        // Little-endian doubles; trailing zero fields are left out.
         Some(p) => {
-            let mut h: Vec<Option<u64>> = p.split(' ').map(|v| v.parse().ok()).collect();
+            assert!(
+                p.len() % 8 == 0 && (8..=48).contains(&p.len()),
+                "line {}: a state of {} bytes",
+                row.line,
+                p.len()
+            );
+            let mut h: Vec<Option<u64>> = p
+                .chunks_exact(8)
+                .map(|b| Some(f64::from_le_bytes(b.try_into().unwrap()) as u64))
+                .collect();
             h.resize(6, Some(0));
             h
         }
@@ -692,8 +707,8 @@ fn a_mutant_of_each_lua_algorithm_fails_the_table() {
         ),
         (
             Kind::SlidingWindowLog,
-            "now - p[2])) end\n  return st.gone",
-            "now - p[2] - 1)) end\n  return st.gone",
+            "now - p[2])) end\n  end\n  return st.gone",
+            "now - p[2] - 1)) end\n  end\n  return st.gone",
         ),
         (
             Kind::SlidingWindowCounter,

@@ -750,14 +750,7 @@ async fn a_master_killed_under_traffic_fails_over_without_failing_a_decision() {
     // What the replica had: the count it was promoted with.
     let new_master = cluster.nodes.iter().find(|n| n.port == promoted).unwrap();
     // The fixed window's count (the state's second field) on the new master.
-    let count = || -> u64 {
-        new_master
-            .cli(&["get", &state_key])
-            .split(' ')
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
+    let count = || -> u64 { new_master.state(&state_key).get(1).copied().unwrap_or(0) };
     let kept = count();
     // Traffic goes on, and comes back to Redis: the breaker's next probe
     // (its interval grew during the outage, up to 1 s) finds the new

@@ -170,7 +170,12 @@ impl Algorithm for SlidingWindowLog {
     /// per entry.
     fn to_script(s: &State) -> ScriptState {
         ScriptState {
-            words: [s.total, s.entries.len() as u64, 0],
+            // The script keeps the newest entry's time beside the sum.
+            words: [
+                s.total,
+                s.entries.len() as u64,
+                s.entries.back().map_or(0, |&(t, _)| t.get()),
+            ],
             log: (1..)
                 .zip(&s.entries)
                 .map(|(seq, &(t, c))| (t.get(), seq, c))

@@ -188,6 +188,20 @@ impl RedisServer {
             .expect("redis-cli must be installed (apt-get install redis-tools)");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
+
+    /// The fields of the state kept under `key` (packed little-endian
+    /// doubles, `lua/rule.lua`), trailing zeros as stored; none if absent.
+    pub fn state(&self, key: &str) -> Vec<u64> {
+        // Unpacked by the server (redis-cli prints a bulk string's bytes
+        // as they are; not every crate that shares this file has `redis`).
+        const FIELDS: &str = "local v = redis.call('GET', KEYS[1]) or '' local out = {} \
+            for i = 1, #v, 8 do out[#out + 1] = string.format('%d', (struct.unpack('<d', v, i))) end \
+            return out";
+        self.cli(&["eval", FIELDS, "1", key])
+            .lines()
+            .map(|l| l.trim().parse().expect("a state field"))
+            .collect()
+    }
 }
 
 impl Drop for RedisServer {

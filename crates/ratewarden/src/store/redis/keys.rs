@@ -1,16 +1,21 @@
-//! Key names: `<prefix>{<group>}:s2:<rule id>:<key>`, and `:log` after it
+//! Key names: `<prefix>{<group>}:s3:<rule id>:<key>`, and `:log` after it
 //! for the op's zset (`:lease` for a leased rule's slices). A key that
 //! itself ends in `:log`, `:lease` or `:k` gets `:k`
 //! after it in its state's name, so that no state name is another key's
 //! zset name (`x:log`'s state would otherwise be `x`'s zset) and the names
-//! stay one-to-one with the keys. `s2` is the state's format (a string of six integers;
-//! the first format, a hash, had no marker), so that gateways of the two
-//! formats on one Redis never read each other's keys. The `{group}` hash tag (the client's identity by default)
+//! stay one-to-one with the keys. `s3` is the state's format ([`FORMAT`]:
+//! up to six packed doubles; `s2` was six decimal integers, the first
+//! format, a hash, had no marker), so that gateways of different formats on
+//! one Redis never read each other's keys. The `{group}` hash tag (the client's identity by default)
 //! puts all keys of one request on one cluster slot, while different
 //! clients spread over the cluster; the rule id (a fingerprint of its name
 //! and parameters) starts a changed rule afresh.
 
 use crate::store::Op;
+
+/// The state format's marker in every name: `s3`, states of packed
+/// little-endian doubles (`lua/rule.lua`).
+const FORMAT: &str = "s3";
 
 /// The state key and the zset key of `op`.
 ///
@@ -19,7 +24,7 @@ use crate::store::Op;
 /// # use ratewarden::{Op, Rule};
 /// let rule = Rule::builder("r").limit(1, Duration::from_secs(1)).build().unwrap();
 /// let (k, log) = ratewarden::store::redis::keys::names("rw:", &Op::grouped(&rule, "k", "{a}"));
-/// assert_eq!(k, format!("rw:{{_a_}}:s2:{:016x}:k", rule.id()));
+/// assert_eq!(k, format!("rw:{{_a_}}:s3:{:016x}:k", rule.id()));
 /// assert_eq!(log, format!("{k}:log"));
 /// ```
 pub fn names(prefix: &str, op: &Op<'_>) -> (String, String) {
@@ -31,7 +36,11 @@ pub fn names(prefix: &str, op: &Op<'_>) -> (String, String) {
         .map(|c| if c == '{' || c == '}' { '_' } else { c })
         .collect();
     let group = if group.is_empty() { "_".into() } else { group };
-    let base = format!("{prefix}{{{group}}}:s2:{:016x}:{}", op.rule.id(), op.key);
+    let base = format!(
+        "{prefix}{{{group}}}:{FORMAT}:{:016x}:{}",
+        op.rule.id(),
+        op.key
+    );
     let log = format!("{base}:log");
     let state = if escaped(op.key) {
         format!("{base}{ESCAPE}")
@@ -69,7 +78,7 @@ pub fn pattern(prefix: &str, rule_id: u64) -> String {
         }
         p.push(c);
     }
-    p.push_str(&format!("{{*}}:s2:{rule_id:016x}:*"));
+    p.push_str(&format!("{{*}}:{FORMAT}:{rule_id:016x}:*"));
     p
 }
 
@@ -82,7 +91,7 @@ pub fn parse(prefix: &str, rule_id: u64, name: &str) -> Option<(String, String)>
     // A group never holds `}` (`names` replaces it).
     let close = rest.find('}')?;
     let (group, rest) = (&rest[..close], &rest[close + 1..]);
-    let key = rest.strip_prefix(format!(":s2:{rule_id:016x}:").as_str())?;
+    let key = rest.strip_prefix(format!(":{FORMAT}:{rule_id:016x}:").as_str())?;
     let key = match key.strip_suffix(ESCAPE) {
         Some(k) if escaped(k) => k,
         _ => key,
@@ -167,7 +176,7 @@ mod tests {
     fn the_pattern_escapes_the_prefix() {
         assert_eq!(
             pattern("a*[b]", 0xab),
-            "a\\*\\[b\\]{*}:s2:00000000000000ab:*"
+            "a\\*\\[b\\]{*}:s3:00000000000000ab:*"
         );
     }
 }

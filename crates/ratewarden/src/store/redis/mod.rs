@@ -8,7 +8,7 @@
 //! client can interleave with: no check-then-increment race (seed 001), no
 //! `MULTI` that cannot read its own writes (seed 003).
 //!
-//! Keys are `<prefix>{<group>}:s2:<rule id>:<key>` ([`keys`]): the `{group}`
+//! Keys are `<prefix>{<group>}:s3:<rule id>:<key>` ([`keys`]): the `{group}`
 //! hash tag (the client's identity by default) puts all keys of one request
 //! on one cluster slot, while different clients spread over the cluster.
 //!
@@ -446,8 +446,8 @@ impl RedisStore {
     /// breaker: `FCALL` of the library's function (loaded when missing:
     /// first use, a restarted or new node), or `EVALSHA` of the script
     /// where the server has no Functions (before Redis 7) or they are off.
-    /// The reply is an apply or peek call's bytes (`Vec<u8>`), an
-    /// inspection's integers, or nothing much (`redis::Value`).
+    /// The reply is an apply or peek call's bytes or integer
+    /// ([`script::reply`]), an inspection's integers, or nothing much.
     async fn run<T: redis::FromRedisValue>(
         &self,
         ops: &[Call<'_>],
@@ -793,8 +793,8 @@ impl Store for RedisStore {
                 Mode::Apply if !rejected => script::Mode::Apply,
                 _ => script::Mode::Peek,
             };
-            let reply: Vec<u8> = self.run(batch, mode).await?;
-            let v = script::verdicts(&reply, batch.len()).map_err(StoreError::Protocol)?;
+            let reply: redis::Value = self.run(batch, mode).await?;
+            let v = script::reply(&reply, batch.len()).map_err(StoreError::Protocol)?;
             let plain: Vec<Op<'_>> = batch.iter().map(|(op, _, _)| *op).collect();
             rejected |= !crate::store::admitted(&plain, &v);
             out.extend(v);

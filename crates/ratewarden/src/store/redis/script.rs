@@ -219,8 +219,30 @@ pub fn argv_one(op: &Op<'_>, cost: u64, now: Micros) -> Vec<String> {
     out
 }
 
-/// The verdicts of an apply or peek reply (its integers as little-endian
-/// doubles, 8 bytes each) for `n` ops.
+/// The verdicts of an apply or peek call's reply for `n` ops: packed
+/// ([`verdicts`]), or, for one op admitted with no delay and no lease,
+/// one integer, remaining x 2^32 + reset_after (`one` in `lua/rule.lua`:
+/// an integer reply is cheaper for Redis).
+pub fn reply(reply: &redis::Value, n: usize) -> Result<Vec<Verdict>, String> {
+    match reply {
+        redis::Value::BulkString(bytes) => verdicts(bytes, n),
+        redis::Value::Int(i) if n == 1 && *i >= 0 => Ok(vec![Verdict {
+            check: Check {
+                allowed: true,
+                remaining: (*i as u64) >> 32,
+                reset_after: Micros::new((*i as u64) & 0xffff_ffff),
+                retry_after: Micros::ZERO,
+                delay: Micros::ZERO,
+            },
+            reason: None,
+            lease: None,
+        }]),
+        other => Err(format!("script answered {other:?} for {n} ops")),
+    }
+}
+
+/// The verdicts of an apply or peek reply packed (its integers as
+/// little-endian doubles, 8 bytes each) for `n` ops.
 pub fn verdicts(reply: &[u8], n: usize) -> Result<Vec<Verdict>, String> {
     let raw = integers(reply, n)?;
     let u = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -273,6 +295,29 @@ mod tests {
         assert_eq!(v[0].lease, Some(7));
         assert!(verdicts(&bytes, 2).is_err());
         assert!(verdicts(&bytes[..55], 1).is_err());
+    }
+
+    #[test]
+    fn an_admitted_reply_reads_from_one_integer() {
+        let v = reply(&redis::Value::Int((999_999 << 32) + 1_000_001), 1).unwrap();
+        assert!(v[0].check.allowed);
+        assert_eq!(v[0].reason, None);
+        assert_eq!(v[0].check.remaining, 999_999);
+        assert_eq!(v[0].check.reset_after, Micros::new(1_000_001));
+        assert_eq!(v[0].check.retry_after, Micros::ZERO);
+        assert_eq!(v[0].check.delay, Micros::ZERO);
+        assert_eq!(v[0].lease, None);
+        // Only one op's answer comes as an integer; never a negative one.
+        assert!(reply(&redis::Value::Int(5), 2).is_err());
+        assert!(reply(&redis::Value::Int(-1), 1).is_err());
+        assert!(reply(&redis::Value::Nil, 1).is_err());
+        let packed = [1.0f64, 0.0, 3.0, 4.0, 0.0, 0.0, 0.0];
+        let bytes: Vec<u8> = packed.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let v = reply(&redis::Value::BulkString(bytes), 1).unwrap();
+        assert_eq!(
+            (v[0].check.remaining, v[0].check.reset_after),
+            (3, Micros::new(4))
+        );
     }
 
     #[test]

@@ -16,9 +16,11 @@
 -- Every other call has the general form:
 -- KEYS (two per op, all sharing one cluster hash slot; a grant adds the
 -- key's lease hash, holder -> "units until since", after them):
---   KEYS[2i-1]  string: the op's state "s1 s2 s3 ml mb mv": s1-s3 the
+--   KEYS[2i-1]  string: the op's state s1 s2 s3 ml mb mv, each a
+--               little-endian double (struct.pack '<d'): s1-s3 the
 --               algorithm's, ml last admitted, mb banned until, mv ban level
---               (trailing zero fields left out: "s1" alone reads as s1 0 0 0 0 0)
+--               (trailing zero fields left out: 8 bytes read as s1 0 0 0 0 0);
+--               in the Lua, st[1]..st[6]
 --   KEYS[2i]    zset: sliding_window_log entries / concurrency leases,
 --               member "seq:cost"
 -- ARGV:
@@ -47,6 +49,9 @@
 --   allowed (0/1), reason (0 none, 1 limit, 2 banned, 3 min_interval),
 --   remaining, reset_after µs, retry_after µs (-1 = never), delay µs,
 --   lease (the concurrency lease taken, 0 = none)
+-- except where one op was admitted with no delay and no lease, and
+-- remaining < 2^21, reset_after < 2^32 µs: then one integer, remaining x
+-- 2^32 + reset_after (cheaper still; `one` in rule.lua, script::reply).
 --
 -- Time is Redis's own (TIME), in integer microseconds: gateways whose clocks
 -- disagree still agree. Lua numbers are doubles, exact to 2^53 µs (285 years);

@@ -2,11 +2,17 @@
 -- modes of a call.
 
 local FIELDS = 3
--- A state: one string of up to six integers, "s1 s2 s3 ml mb mv" (one
--- GET, one SET ... PXAT: cheaper for Redis than a hash's HMGET, HSET and
--- PEXPIREAT), trailing zero fields left out: most gcra states are "s1"
--- alone, and formatting six integers where one says it all cost Redis 5%.
-local FORMATS = {'%d', '%d %d', '%d %d %d', '%d %d %d %d', '%d %d %d %d %d', '%d %d %d %d %d %d'}
+-- A state: one string of up to six little-endian doubles, s1 s2 s3 ml mb
+-- mv (one GET, one SET ... PXAT: cheaper for Redis than a hash's HMGET,
+-- HSET and PEXPIREAT), trailing zero fields left out: most gcra states
+-- are s1 alone. Packed rather than written as decimal integers: parsing
+-- and printing decimals (strtod, sprintf) cost a two-field state 0.2-0.4
+-- us of Redis CPU a decision (BENCHMARKS.md); every value is an integer
+-- below 2^53, exact as a double.
+local PACK = {'<d', '<dd', '<ddd', '<dddd', '<ddddd', '<dddddd'}
+-- Zero fields to pad a short state with (a literal: the library's
+-- top level runs where Redis gives it no `string`).
+local ZEROS = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
 local mode, nops
 
 -- A rule's spec arrives as one ARGV string of 14 integers (a rule's
@@ -23,8 +29,10 @@ local function spec_of(s)
   local v = {}
   for n in string.gmatch(s, '%-?%d+') do v[#v + 1] = tonumber(n) end
   if #v ~= 14 then error('ratewarden: bad rule spec ' .. s) end
+  local a = algo[v[1]]
+  if not a then error('ratewarden: unknown algorithm in rule spec ' .. s) end
   r = {
-    kind = v[1], p = {v[2], v[3], v[4], v[5]},
+    kind = v[1], a = a, p = {v[2], v[3], v[4], v[5]},
     min_interval = v[6],
     pen_dur = v[7], pen_mult = v[8], pen_max = v[9], pen_mem = v[10],
     failures = v[11] == 1, reset_on_success = v[12] == 1,
@@ -42,37 +50,34 @@ local function rule_of(i)
   return spec_of(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
 end
 
--- The fields of a state string, in order.
-local FIELD = {1, 2, 3, 'ml', 'mb', 'mv'}
-
+-- Op i's state: {s1, s2, s3, ml, mb, mv, log = its zset where the call
+-- names one}; a missing state reads as zeros. One table with an array part
+-- only (the modifier fields by index, not name: a hash part per call cost
+-- more).
 local function load(i)
-  local st = {0, 0, 0, ml = 0, mb = 0, mv = 0, log = KEYS[2 * i]}
+  local st = {0, 0, 0, 0, 0, 0}
+  local zset = KEYS[2 * i]
+  if zset then st.log = zset end
   local v = redis.call('GET', KEYS[2 * i - 1])
   if not v then return st end
-  local one = tonumber(v)
-  if one then
-    st[1] = one
-    return st
-  end
-  -- Split at the spaces with plain finds: half what a gmatch iterator
-  -- costs (BENCHMARKS.md).
-  local pos = 1
-  for n = 1, 6 do
-    local sp = string.find(v, ' ', pos, true)
-    if not sp then
-      st[FIELD[n]] = tonumber(string.sub(v, pos))
-      break
-    end
-    st[FIELD[n]] = tonumber(string.sub(v, pos, sp - 1))
-    pos = sp + 1
+  local n = #v
+  if n == 8 then
+    st[1] = struct.unpack('<d', v)
+  elseif n == 16 then
+    st[1], st[2] = struct.unpack('<dd', v)
+  elseif n == 24 then
+    st[1], st[2], st[3] = struct.unpack('<ddd', v)
+  else
+    st[1], st[2], st[3], st[4], st[5], st[6] =
+      struct.unpack('<dddddd', v .. string.sub(ZEROS, n + 1))
   end
   return st
 end
 
 local function next_ban(r, st)
-  local remembered = st.mb > 0 and now <= st.mb + r.pen_mem
+  local remembered = st[5] > 0 and now <= st[5] + r.pen_mem
   local level = 0
-  if remembered then level = st.mv + 1 end
+  if remembered then level = st[6] + 1 end
   local len = r.pen_dur * r.pen_mult ^ level
   if len > r.pen_max then len = r.pen_max end
   return len, level
@@ -81,12 +86,12 @@ end
 -- Returns check, reason: reason 0 none, 1 limit, 2 banned, 3 min_interval
 -- (two values, not a table: a table per op per call cost Redis 10%).
 local function verdict(r, st, cost)
-  local c = algo[r.kind].check(r.p, st, cost)
-  if st.mb > now then
-    return deny(0, c[3], st.mb - now), 2
+  local c = r.a.check(r.p, st, cost)
+  if st[5] > now then
+    return deny(0, c[3], st[5] - now), 2
   end
-  if r.min_interval > 0 and st.ml > 0 and now < st.ml + r.min_interval then
-    local wait = st.ml + r.min_interval - now
+  if r.min_interval > 0 and st[4] > 0 and now < st[4] + r.min_interval then
+    local wait = st[4] + r.min_interval - now
     local retry = wait
     if not c[1] then
       if c[4] == NEVER or c[4] > wait then retry = c[4] end
@@ -108,30 +113,30 @@ end
 local function commit(r, st, reason, admitted, cost)
   if reason == 0 then
     if not admitted then return false end
-    if not r.failures then algo[r.kind].charge(r.p, st, cost) end
-    if r.min_interval > 0 then st.ml = now end
+    if not r.failures then r.a.charge(r.p, st, cost) end
+    if r.min_interval > 0 then st[4] = now end
     return (not r.failures) or r.min_interval > 0
   end
   if reason == 2 then return false end
   local dirty = false
   if r.count_rejected then
-    algo[r.kind].charge(r.p, st, cost)
-    if r.min_interval > 0 then st.ml = now end
+    r.a.charge(r.p, st, cost)
+    if r.min_interval > 0 then st[4] = now end
     dirty = true
   end
   if reason == 1 and r.pen_dur > 0 then
     local len, level = next_ban(r, st)
-    st.mb = now + len
-    st.mv = level
+    st[5] = now + len
+    st[6] = level
     dirty = true
   end
   return dirty
 end
 
 local function idle_at(r, st)
-  local at = algo[r.kind].idle(r.p, st)
-  if st.ml > 0 then at = math.max(at, st.ml + r.min_interval) end
-  if st.mb > 0 then at = math.max(at, st.mb + r.pen_mem) end
+  local at = r.a.idle(r.p, st)
+  if st[4] > 0 then at = math.max(at, st[4] + r.min_interval) end
+  if st[5] > 0 then at = math.max(at, st[5] + r.pen_mem) end
   return at
 end
 
@@ -153,12 +158,12 @@ local function store(i, r, st)
   local n = 1
   if st[2] ~= 0 then n = 2 end
   if st[3] ~= 0 then n = 3 end
-  if st.ml ~= 0 then n = 4 end
-  if st.mb ~= 0 then n = 5 end
-  if st.mv ~= 0 then n = 6 end
-  redis.call('SET', key, string.format(FORMATS[n], st[1], st[2], st[3], st.ml, st.mb, st.mv),
+  if st[4] ~= 0 then n = 4 end
+  if st[5] ~= 0 then n = 5 end
+  if st[6] ~= 0 then n = 6 end
+  redis.call('SET', key, struct.pack(PACK[n], st[1], st[2], st[3], st[4], st[5], st[6]),
              'PXAT', ms)
-  if algo[r.kind].uses_log then redis.call('PEXPIREAT', st.log, ms) end
+  if r.a.uses_log then redis.call('PEXPIREAT', st.log, ms) end
 end
 
 -- An op's part of an apply or peek reply: 7 integers as little-endian
@@ -205,7 +210,7 @@ local function grant()
     local same = r.kind ~= 1 or idiv(since, w) == idiv(now, w)
     if back > 0 and gives_back and same and redis.call('EXISTS', KEYS[1]) == 1 then
       local st = load(1)
-      algo[r.kind].refund(r.p, st, back * c)
+      r.a.refund(r.p, st, back * c)
       store(1, r, st)
     end
   end
@@ -253,11 +258,19 @@ end
 
 -- One op decided, and recorded if `apply` (most calls): no tables for the
 -- call.
+--
+-- The most common answer (admitted, no delay, no lease, remaining below
+-- 2^21 and reset_after below 2^32 us) is one integer, remaining x 2^32 +
+-- reset_after: an integer reply costs Redis 0.4 us less than packing and
+-- sending the bulk string (BENCHMARKS.md). script::verdicts reads both.
 local function one(r, cost, apply)
   local st = load(1)
   local c, reason = verdict(r, st, cost)
   if apply and commit(r, st, reason, reason == 0 or r.shadow, cost) then
     store(1, r, st)
+  end
+  if reason == 0 and c[5] == 0 and not st.lease and c[2] < 2097152 and c[3] < 4294967296 then
+    return c[2] * 4294967296 + c[3]
   end
   return reply(c, reason, st)
 end
@@ -304,7 +317,7 @@ local function dispatch()
       if r.failures then
         local st = load(i)
         if mode == 2 then
-          algo[r.kind].charge(r.p, st, cost)
+          r.a.charge(r.p, st, cost)
           store(i, r, st)
         elseif r.reset_on_success then
           st[1], st[2], st[3] = 0, 0, 0
@@ -318,14 +331,14 @@ local function dispatch()
     local r = rule_of(1)
     local exists = redis.call('EXISTS', KEYS[1])
     local st = load(1)
-    local c = algo[r.kind].check(r.p, st, 1)
+    local c = r.a.check(r.p, st, 1)
     local ban_left = -1
-    if st.mb > now then ban_left = st.mb - now end
-    return {exists, c[2], c[3], ban_left, st.mv}
+    if st[5] > now then ban_left = st[5] - now end
+    return {exists, c[2], c[3], ban_left, st[6]}
   elseif mode == 5 then
     for i = 1, nops do
       local r, cost, lease = rule_of(i)
-      local release = algo[r.kind].release
+      local release = r.a.release
       if release and lease > 0 then
         local st = load(i)
         release(r.p, st, lease, cost)
@@ -336,7 +349,7 @@ local function dispatch()
   elseif mode == 6 then
     for i = 1, nops do
       local r, cost = rule_of(i)
-      local refund = algo[r.kind].refund
+      local refund = r.a.refund
       if refund and redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
         local st = load(i)
         refund(r.p, st, cost)
