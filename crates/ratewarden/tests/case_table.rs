@@ -712,8 +712,8 @@ fn a_mutant_of_each_lua_algorithm_fails_the_table() {
         ),
         (
             Kind::SlidingWindowCounter,
-            "elseif st[1] + window == start then prev = st[3] end\n  local elapsed",
-            "elseif st[1] + window == start then prev = st[2] end\n  local elapsed",
+            "elseif st[1] + window == start then prev = st[3] end\n  -- Whole ticks",
+            "elseif st[1] + window == start then prev = st[2] end\n  -- Whole ticks",
         ),
         (
             Kind::TokenBucket,

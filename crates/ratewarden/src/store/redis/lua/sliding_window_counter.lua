@@ -6,11 +6,13 @@ local A = {}
 function A.check(p, st, cost)
   local limit, window, tick = p[1], p[2], p[3]
   local w = window / tick
-  local start = now - now % window
+  local into = now % window
+  local start = now - into
   local prev, cur = 0, 0
   if st[1] == start then prev, cur = st[2], st[3]
   elseif st[1] + window == start then prev = st[3] end
-  local elapsed = idiv(now - start, tick)
+  -- Whole ticks into the window (a multiple of tick divided: exact).
+  local elapsed = (into - into % tick) / tick
   local left_in_window = start + window - now
   local estimate = prev * (w - elapsed) + cur * w
   local lim = limit * w
@@ -30,24 +32,27 @@ function A.check(p, st, cost)
   return deny(idiv(sat_sub(lim, estimate), w), left_in_window, retry)
 end
 
--- The window now starts at, and the counts of it and the one before.
+-- Moves the state to the window now is in: its start, and the counts of
+-- it and the one before (in place: no values returned, a little cheaper).
 local function roll(p, st)
   local window = p[2]
   local start = now - now % window
-  if st[1] == start then return start, st[2], st[3] end
-  if st[1] + window == start then return start, st[3], 0 end
-  return start, 0, 0
+  if st[1] == start then return end
+  if st[1] + window == start then st[2], st[3] = st[3], 0 else st[2], st[3] = 0, 0 end
+  st[1] = start
 end
 
 function A.charge(p, st, cost)
-  local start, prev, cur = roll(p, st)
-  st[1], st[2], st[3] = start, prev, math.min(cur + cost, p[1])
+  roll(p, st)
+  local cur = st[3] + cost
+  if cur > p[1] then cur = p[1] end
+  st[3] = cur
 end
 
 function A.refund(p, st, cost)
-  local start, prev, cur = roll(p, st)
-  local from_cur = math.min(cur, cost)
-  st[1], st[2], st[3] = start, sat_sub(prev, cost - from_cur), cur - from_cur
+  roll(p, st)
+  local from_cur = math.min(st[3], cost)
+  st[2], st[3] = sat_sub(st[2], cost - from_cur), st[3] - from_cur
 end
 
 function A.idle(p, st) return st[1] + 2 * p[2] end
