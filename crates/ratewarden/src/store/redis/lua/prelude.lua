@@ -20,9 +20,11 @@
 --               little-endian double (struct.pack '<d'): s1-s3 the
 --               algorithm's, ml last admitted, mb banned until, mv ban level
 --               (trailing zero fields left out: 8 bytes read as s1 0 0 0 0 0);
---               in the Lua, st[1]..st[6]
---   KEYS[2i]    zset: sliding_window_log entries / concurrency leases,
---               member "seq:cost"
+--               in the Lua, st[1]..st[6]; after all six, a
+--               sliding_window_log of at most 4 entries keeps them
+--               ((time, cost) pairs of doubles) instead of in its zset
+--   KEYS[2i]    zset: sliding_window_log entries past 4 / concurrency
+--               leases, member "seq:cost"
 -- ARGV:
 --   ARGV[1]  mode: 0 apply, 1 peek, 2 settle failure, 3 settle success,
 --                  4 inspect (first op), 5 release (each op's lease),

@@ -8,7 +8,8 @@ local FIELDS = 3
 -- are s1 alone. Packed rather than written as decimal integers: parsing
 -- and printing decimals (strtod, sprintf) cost a two-field state 0.2-0.4
 -- us of Redis CPU a decision (BENCHMARKS.md); every value is an integer
--- below 2^53, exact as a double.
+-- below 2^53, exact as a double. An algorithm may keep more after the
+-- six (then all six are written): sliding_window_log's short log.
 local PACK = {'<d', '<dd', '<ddd', '<dddd', '<ddddd', '<dddddd'}
 -- Zero fields to pad a short state with (a literal: the library's
 -- top level runs where Redis gives it no `string`).
@@ -51,9 +52,10 @@ local function rule_of(i)
 end
 
 -- Op i's state: {s1, s2, s3, ml, mb, mv, log = its zset where the call
--- names one}; a missing state reads as zeros. One table with an array part
--- only (the modifier fields by index, not name: a hash part per call cost
--- more).
+-- names one, tail = any bytes after the six fields (sliding_window_log's
+-- short log)}; a missing state reads as zeros. One table with an array
+-- part only (the modifier fields by index, not name: a hash part per call
+-- cost more).
 local function load(i)
   local st = {0, 0, 0, 0, 0, 0}
   local zset = KEYS[2 * i]
@@ -67,9 +69,14 @@ local function load(i)
     st[1], st[2] = struct.unpack('<dd', v)
   elseif n == 24 then
     st[1], st[2], st[3] = struct.unpack('<ddd', v)
-  else
+  elseif n <= 48 then
     st[1], st[2], st[3], st[4], st[5], st[6] =
       struct.unpack('<dddddd', v .. string.sub(ZEROS, n + 1))
+  else
+    -- All six fields, then bytes the algorithm keeps (its tail:
+    -- sliding_window_log's short log).
+    st[1], st[2], st[3], st[4], st[5], st[6] = struct.unpack('<dddddd', v)
+    st.tail = string.sub(v, 49)
   end
   return st
 end
@@ -154,6 +161,12 @@ local function store(i, r, st)
   -- As a string: Redis 7.0 writes a number argument with "%.17g", a
   -- floating-point conversion that costs more than an integer's.
   local ms = string.format('%d', ceil_div(at, 1000))
+  local tail = st.tail
+  if tail and tail ~= '' then
+    redis.call('SET', key, struct.pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6]) .. tail,
+               'PXAT', ms)
+    return
+  end
   -- Fields up to the last that is not zero.
   local n = 1
   if st[2] ~= 0 then n = 2 end
@@ -163,7 +176,8 @@ local function store(i, r, st)
   if st[6] ~= 0 then n = 6 end
   redis.call('SET', key, struct.pack(PACK[n], st[1], st[2], st[3], st[4], st[5], st[6]),
              'PXAT', ms)
-  if r.a.uses_log then redis.call('PEXPIREAT', st.log, ms) end
+  -- (A log kept in the tail has no zset to expire.)
+  if r.a.uses_log and not tail then redis.call('PEXPIREAT', st.log, ms) end
 end
 
 -- An op's part of an apply or peek reply: 7 integers as little-endian
@@ -320,7 +334,7 @@ local function dispatch()
           r.a.charge(r.p, st, cost)
           store(i, r, st)
         elseif r.reset_on_success then
-          st[1], st[2], st[3] = 0, 0, 0
+          st[1], st[2], st[3], st.tail = 0, 0, 0, nil
           redis.call('DEL', st.log)
           store(i, r, st)
         end
