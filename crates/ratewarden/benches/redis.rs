@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 use ratewarden::algorithm::Kind;
 use ratewarden::{Mode, Op, RedisConfig, RedisStore, Rule, Store};
 
+/// The allocator the gateway runs the client with (its `main.rs`).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const CALLERS: usize = 64;
 const DECISIONS: usize = 200_000;
 
