@@ -140,19 +140,16 @@ local function commit(r, st, reason, admitted, cost)
   return dirty
 end
 
-local function idle_at(r, st)
-  local at = r.a.idle(r.p, st)
-  if st[4] > 0 then at = math.max(at, st[4] + r.min_interval) end
-  if st[5] > 0 then at = math.max(at, st[5] + r.pen_mem) end
-  return at
-end
-
 -- Writes a state back with an expiry exactly when it reads as fresh again
 -- (rounded up to the millisecond). The expiry follows the state: a rejected
 -- request that changes nothing moves nothing (seed 004's bug).
 local function store(i, r, st)
   local key = KEYS[2 * i - 1]
-  local at = idle_at(r, st)
+  -- When it reads as fresh (Rule::idle_at): the algorithm's time, and the
+  -- marks' (written out here, not called: this runs on every decision).
+  local at = r.a.idle(r.p, st)
+  if st[4] > 0 and st[4] + r.min_interval > at then at = st[4] + r.min_interval end
+  if st[5] > 0 and st[5] + r.pen_mem > at then at = st[5] + r.pen_mem end
   if at <= now then
     -- (A compact call names no zset where the algorithm keeps none.)
     if st.log then redis.call('DEL', key, st.log) else redis.call('DEL', key) end
@@ -160,7 +157,9 @@ local function store(i, r, st)
   end
   -- As a string: Redis 7.0 writes a number argument with "%.17g", a
   -- floating-point conversion that costs more than an integer's.
-  local ms = string.format('%d', ceil_div(at, 1000))
+  -- (floor of the rounded quotient: exact for at + 999 below 2^53, so the
+  -- same as ceil_div without its two calls.)
+  local ms = string.format('%d', math.floor((at + 999) / 1000))
   local tail = st.tail
   if tail and tail ~= '' then
     redis.call('SET', key, struct.pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6]) .. tail,
