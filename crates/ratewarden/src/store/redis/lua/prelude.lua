@@ -96,20 +96,24 @@ local function member_cost(m) return tonumber(string.match(m, ':(%d+)$')) end
 
 -- A fluid level (token_bucket deficit, leaky_bucket level; algorithm/fluid.rs):
 -- p1 unit, p2 rate, p3 capacity; st[1] level, st[2] last.
+-- (Comparisons written out rather than sat_sub and math.min: this runs
+-- twice a bucket decision, and each call saved is ~1% of its Redis CPU.)
+--
+-- Unlike the Rust (algorithm/fluid.rs), elapsed time is not first capped at
+-- a full drain: that guards a u64 product there, and here a product past
+-- 2^53 is only inexact where the level is drained whole anyway (the level
+-- is below 2^53, so any exact difference is).
 local function drained(p, st)
-  local elapsed = sat_sub(now, st[2])
-  -- The time a full level takes to drain: per rule, kept in its parsed
-  -- spec (rule.lua keeps those while the library is loaded).
-  local cap = p.drain
-  if not cap then
-    cap = ceil_div(p[3], p[2])
-    p.drain = cap
-  end
-  if elapsed > cap then elapsed = cap end
-  return sat_sub(st[1], elapsed * p[2])
+  local elapsed = now - st[2]
+  if elapsed <= 0 then return st[1] end
+  local level = st[1] - elapsed * p[2]
+  if level < 0 then return 0 end
+  return level
 end
 local function fluid_charge(p, st, cost)
-  st[1] = math.min(drained(p, st) + cost * p[1], p[3])
+  local level = drained(p, st) + cost * p[1]
+  if level > p[3] then level = p[3] end
+  st[1] = level
   if now > st[2] then st[2] = now end
 end
 local function fluid_refund(p, st, cost)
