@@ -181,6 +181,13 @@ impl std::fmt::Debug for RedisConfig {
     }
 }
 
+/// Connections to a standalone server, taken in turn by the calls: with
+/// one, 64 concurrent callers reached 0.70x of the script's `-P 16`
+/// ceiling on one key, with two 0.84-0.87x, with four 0.82x
+/// (`benches/redis.rs`, BENCHMARKS.md): two multiplexed connections keep
+/// Redis's reads fuller than one.
+const SINGLE_CONNECTIONS: usize = 2;
+
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
@@ -202,7 +209,10 @@ struct Inner {
     functions: std::sync::atomic::AtomicU8,
     /// Connected lazily, and again after a failed first attempt, so a gateway
     /// started while Redis is down serves (per `on_error`) and connects later.
-    conn: parking_lot::Mutex<Option<Conn>>,
+    /// A standalone server gets [`SINGLE_CONNECTIONS`], calls taking them in
+    /// turn (`next`); a cluster one connection (one per node inside).
+    conn: parking_lot::Mutex<Option<Vec<Conn>>>,
+    next: std::sync::atomic::AtomicUsize,
     /// The connection attempt under way, if any: its outcome, once known.
     connecting: parking_lot::Mutex<Option<Attempt>>,
     breaker: Breaker,
@@ -306,6 +316,7 @@ impl RedisStore {
                 loading: tokio::sync::Mutex::new(()),
                 functions: std::sync::atomic::AtomicU8::new(if config.functions { 0 } else { 2 }),
                 conn: parking_lot::Mutex::new(None),
+                next: std::sync::atomic::AtomicUsize::new(0),
                 connecting: parking_lot::Mutex::new(None),
                 breaker: Breaker::new(clock.clone()),
                 errors: AtomicU64::new(0),
@@ -335,7 +346,7 @@ impl RedisStore {
         redis::Client::open(url)
     }
 
-    async fn connect(&self) -> Result<Conn, StoreError> {
+    async fn connect(&self) -> Result<Vec<Conn>, StoreError> {
         let c = &self.inner.config;
         let t = c.timeout.max(Duration::from_millis(10));
         // A connection (a TLS handshake: two more round trips) may take
@@ -347,10 +358,16 @@ impl RedisStore {
                 .set_response_timeout(Some(t))
                 .set_connection_timeout(Some(connect_t))
                 .set_number_of_retries(1);
-            let m = ConnectionManager::new_with_config(client, cfg)
-                .await
-                .map_err(StoreError::unavailable_from)?;
-            Ok(self.preload(Conn::Single(m)).await)
+            let mut conns = Vec::with_capacity(SINGLE_CONNECTIONS);
+            for _ in 0..SINGLE_CONNECTIONS {
+                let m = ConnectionManager::new_with_config(client.clone(), cfg.clone())
+                    .await
+                    .map_err(StoreError::unavailable_from)?;
+                conns.push(Conn::Single(m));
+            }
+            // One server: the library loaded once serves every connection.
+            conns[0] = self.preload(conns[0].clone()).await;
+            Ok(conns)
         } else {
             let builder = redis::cluster::ClusterClientBuilder::new(c.cluster.clone());
             #[cfg(feature = "tls")]
@@ -368,7 +385,7 @@ impl RedisStore {
                 .get_async_connection()
                 .await
                 .map_err(StoreError::unavailable_from)?;
-            Ok(self.preload(Conn::Cluster(conn)).await)
+            Ok(vec![self.preload(Conn::Cluster(conn)).await])
         }
     }
 
@@ -377,10 +394,18 @@ impl RedisStore {
     /// is one decision's, a TLS handshake over a long link may take
     /// longer) leaves it to finish for the calls after it, instead of
     /// cancelling it and starting over each time.
+    /// The next of the connections made, if they are.
+    fn pick(&self) -> Option<Conn> {
+        let conns = self.inner.conn.lock();
+        let conns = conns.as_ref()?;
+        let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % conns.len();
+        Some(conns[i].clone())
+    }
+
     async fn conn(&self) -> Result<Conn, StoreError> {
         let mut outcome = {
-            if let Some(c) = self.inner.conn.lock().as_ref() {
-                return Ok(c.clone());
+            if let Some(c) = self.pick() {
+                return Ok(c);
             }
             let mut connecting = self.inner.connecting.lock();
             match connecting.as_ref() {
@@ -411,10 +436,7 @@ impl RedisStore {
             .clone();
         match made {
             Some(Ok(())) => self
-                .inner
-                .conn
-                .lock()
-                .clone()
+                .pick()
                 .ok_or_else(|| StoreError::unavailable("not connected")),
             Some(Err(e)) => Err(StoreError::unavailable(e)),
             None => Err(StoreError::unavailable("not connected")),
