@@ -868,7 +868,10 @@ async fn top_keys(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response
     let mut rows: Vec<(f64, Found)> = found
         .into_iter()
         .map(|f| {
-            let used = limit_of.saturating_sub(f.info.remaining);
+            // `remaining` is what the next request would leave: one more
+            // is left before it when it would be admitted.
+            let left = f.info.remaining + u64::from(f.info.admits);
+            let used = limit_of.saturating_sub(left);
             (used as f64 / limit_of as f64, f)
         })
         .collect();

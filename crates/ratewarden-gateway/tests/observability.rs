@@ -270,6 +270,18 @@ async fn listings_come_from_the_store(store: &str) {
     assert_eq!(keys[0]["remaining"], 0);
     assert_eq!(keys[224]["remaining"], 1);
     assert_eq!(keys.iter().filter(|k| k["remaining"] == 0).count(), 150);
+    // `used` is what was spent: 1, 2 or 3 of 3, 75 clients each.
+    for (used, n) in [(1.0, 75), (0.667, 75), (0.333, 75)] {
+        assert_eq!(
+            keys.iter().filter(|k| k["used"] == used).count(),
+            n,
+            "{used}: {v}"
+        );
+    }
+    assert_eq!(
+        (keys[0]["used"].as_f64(), keys[224]["used"].as_f64()),
+        (Some(1.0), Some(0.333))
+    );
     let bans = send(admin, "GET", "/v1/bans?limit=3", &[], "").await;
     let v: Value = serde_json::from_str(&bans.body).unwrap();
     assert_eq!(v["complete"], true);

@@ -518,6 +518,7 @@ impl Store for MemoryStore {
         Ok(KeyInfo {
             exists: live.is_some(),
             remaining: check.remaining,
+            admits: check.allowed,
             reset_after: check.reset_after.as_duration(),
             ban_left: (marks.ban_until > now).then(|| (marks.ban_until - now).as_duration()),
             ban_level: marks.ban_level,

@@ -76,8 +76,11 @@ pub enum Mode {
 pub struct KeyInfo {
     /// Whether the store holds any live state for the key.
     pub exists: bool,
-    /// What a request of weight 1 would get now.
+    /// What a request of weight 1 would get now: what it would leave.
     pub remaining: u64,
+    /// Whether the algorithm would admit that request now (then one more
+    /// than `remaining` is left before it).
+    pub admits: bool,
     /// Until the quota is whole again.
     pub reset_after: Duration,
     /// Time left on an active ban.

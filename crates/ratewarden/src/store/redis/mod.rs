@@ -884,13 +884,14 @@ impl Store for RedisStore {
         let raw: Vec<i64> = self
             .run(&[(op, op.rule.cost(1), 0)], script::Mode::Inspect)
             .await?;
-        if raw.len() != 5 {
+        if raw.len() != 6 {
             return Err(StoreError::Protocol("inspect: unexpected reply".into()));
         }
         let u = |v: i64| u64::try_from(v).unwrap_or(0);
         Ok(KeyInfo {
             exists: raw[0] == 1,
             remaining: u(raw[1]),
+            admits: raw[5] == 1,
             reset_after: Duration::from_micros(u(raw[2])),
             ban_left: (raw[3] >= 0).then(|| Duration::from_micros(u(raw[3]))),
             ban_level: u32::try_from(raw[4]).unwrap_or(0),

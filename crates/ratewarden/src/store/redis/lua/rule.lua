@@ -347,7 +347,9 @@ local function dispatch()
     local c = r.a.check(r.p, st, 1)
     local ban_left = -1
     if st[5] > now then ban_left = st[5] - now end
-    return {exists, c[2], c[3], ban_left, st[6]}
+    local admits = 0
+    if c[1] then admits = 1 end
+    return {exists, c[2], c[3], ban_left, st[6], admits}
   elseif mode == 5 then
     for i = 1, nops do
       local r, cost, lease = rule_of(i)
