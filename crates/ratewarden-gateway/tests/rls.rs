@@ -778,6 +778,28 @@ async fn a_connection_that_never_speaks_http2_is_closed_after_the_header_timeout
     assert_eq!(one(&mut c, "app", &[("client", "x")]).await, Code::Ok);
 }
 
+#[tokio::test]
+async fn a_call_whose_body_never_comes_ends_after_the_body_timeout() {
+    let gw = gateway(TREE, "{type: memory}\nclient_body_timeout: 300ms", None).await;
+    let addr = gw.rls.unwrap();
+    let method = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let started = std::time::Instant::now();
+    // Headers, and then nothing: the stream stays open from our side.
+    let (_, _, trailers) =
+        tokio::time::timeout(Duration::from_secs(10), raw_call(addr, method, &[], vec![]))
+            .await
+            .expect("no answer within 10 s");
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.to_str().unwrap()),
+        Some("4"),
+        "DEADLINE_EXCEEDED: {trailers:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    // A call whose body does come is decided as before.
+    let mut c = client(addr).await;
+    assert_eq!(one(&mut c, "app", &[("client", "y")]).await, Code::Ok);
+}
+
 /// An Envoy limit with `distribution` (the extension) is leased like a
 /// rule: two instances on one Redis answer most calls from slices and
 /// admit no more than the limit between them (fixed_window); at most what

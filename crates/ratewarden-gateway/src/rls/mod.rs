@@ -105,7 +105,7 @@ async fn should_rate_limit(
             "compressed requests are not accepted (grpc-accept-encoding: identity)",
         ));
     }
-    let body = read_whole(req.into_body(), MAX_MESSAGE + 5).await?;
+    let body = read_whole(gw, req.into_body(), MAX_MESSAGE + 5).await?;
     let Some(message) = unframe(&body) else {
         return Err(tonic::Status::invalid_argument(
             "the request is not one uncompressed, length-prefixed gRPC message",
@@ -119,10 +119,44 @@ async fn should_rate_limit(
 
 /// A request body, whole, up to `max` bytes. One DATA frame (a unary
 /// call's usual shape, an empty END_STREAM frame aside) is taken as it is.
-async fn read_whole(mut body: h2::RecvStream, max: usize) -> Result<bytes::Bytes, tonic::Status> {
+///
+/// Within `client_body_timeout`, as a proxied request's body: a client
+/// that opens calls and sends their bodies slowly, or never, holds a
+/// stream at most that long from when it first waits (DEADLINE_EXCEEDED).
+/// The timer is made only
+/// when the body is not all there when asked: a timer for every call
+/// would cost more than the rest of reading it.
+async fn read_whole(
+    gw: &Gateway,
+    mut body: h2::RecvStream,
+    max: usize,
+) -> Result<bytes::Bytes, tonic::Status> {
+    use std::future::Future as _;
+    use std::task::Poll;
     let mut first = bytes::Bytes::new();
     let mut rest: Option<bytes::BytesMut> = None;
-    while let Some(chunk) = std::future::poll_fn(|cx| body.poll_data(cx)).await {
+    let mut deadline: Option<(Duration, std::pin::Pin<Box<tokio::time::Sleep>>)> = None;
+    loop {
+        let next = std::future::poll_fn(|cx| match body.poll_data(cx) {
+            Poll::Ready(data) => Poll::Ready(Ok(data)),
+            Poll::Pending => {
+                let (limit, timer) = deadline.get_or_insert_with(|| {
+                    let limit = gw.live().config.client_body_timeout;
+                    (limit, Box::pin(tokio::time::sleep(limit)))
+                });
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(*limit)),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        })
+        .await
+        .map_err(|limit| {
+            tonic::Status::deadline_exceeded(format!(
+                "the request's body did not come within {limit:?} (client_body_timeout)"
+            ))
+        })?;
+        let Some(chunk) = next else { break };
         let chunk = chunk.map_err(|e| {
             tonic::Status::cancelled(format!("the request could not be read whole: {e}"))
         })?;
