@@ -141,15 +141,11 @@ function A.charge(p, st, cost)
     end
     return
   end
-  -- The tail: the live entries, this one, then the same dropping.
-  local live, ng = small(st), st.ng or 0
-  if ng > 0 then
-    local e = live
-    live = {}
-    for i = 2 * ng + 1, #e do live[#live + 1] = e[i] end
-  end
+  -- The tail, this entry after it; kept from `first` on: past the
+  -- expired entries, then past those the same dropping lets go.
+  local live = small(st)
   live[#live + 1], live[#live + 2] = at, cost
-  local first = 1
+  local first = 2 * (st.ng or 0) + 1
   while st[1] > limit and first < #live - 1 and st[1] - live[first + 1] >= limit do
     st[1] = st[1] - live[first + 1]
     first = first + 2
