@@ -483,21 +483,17 @@ async fn a_renewal_dropped_midway_lets_the_waiting_requests_go_on() {
     );
     let g = Arc::new(Leased::with_clock(store, Arc::new(clock.clone())));
     let rule = rule(Kind::Gcra);
-    let renewing = {
+    // One request on the global key, in a task of its own.
+    let request = || {
         let (g, rule) = (g.clone(), rule.clone());
         tokio::spawn(async move {
             let op = [Op::new(&rule, "global")];
             g.decide(&op, 1, Mode::Apply).await
         })
     };
+    let renewing = request();
     tokio::task::yield_now().await;
-    let waiting = {
-        let (g, rule) = (g.clone(), rule.clone());
-        tokio::spawn(async move {
-            let op = [Op::new(&rule, "global")];
-            g.decide(&op, 1, Mode::Apply).await
-        })
-    };
+    let waiting = request();
     tokio::task::yield_now().await;
     assert!(
         !waiting.is_finished(),
