@@ -453,19 +453,46 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         // A sliding_window_log of at most four entries keeps them after its
         // fields (its tail, lua/sliding_window_log.lua), a longer one in
         // its zset; concurrency's leases are always in the zset.
-        let in_tail = rule.spec().algorithm == Kind::SlidingWindowLog && w.log.len() <= SMALL_LOG;
+        let swl = rule.spec().algorithm == Kind::SlidingWindowLog;
+        let in_tail = swl && w.log.len() <= SMALL_LOG;
         if in_tail {
             for (t, _, c) in &w.log {
                 packed.extend((*t as f64).to_le_bytes());
                 packed.extend((*c as f64).to_le_bytes());
             }
         }
-        redis::cmd("SET").arg(key).arg(packed).exec(con).unwrap();
+        if !swl || in_tail {
+            redis::cmd("SET").arg(key).arg(packed).exec(con).unwrap();
+        } else {
+            redis::cmd("SET").arg(key).arg("z").exec(con).unwrap();
+            // A long log is in the zset, its state there too, scored -inf:
+            // the zset's expiry in ms as last set (0: none is), then the
+            // fields (the marks' only where one is not zero, as the script
+            // writes them).
+            let n = if fields[3..].iter().all(|&v| v == 0) { 24 } else { 48 };
+            let member = [&0f64.to_le_bytes()[..], &packed[..n]].concat();
+            redis::cmd("ZADD")
+                .arg(log)
+                .arg("-inf")
+                .arg(member)
+                .exec(con)
+                .unwrap();
+        }
         for (score, seq, c) in w.log.iter().filter(|_| !in_tail) {
+            // sliding_window_log's entries: number and cost (where it is
+            // not 1) as big-endian doubles; concurrency's leases
+            // "lease:cost".
+            let member = if swl && *c == 1 {
+                (*seq as f64).to_be_bytes().to_vec()
+            } else if swl {
+                [(*seq as f64).to_be_bytes(), (*c as f64).to_be_bytes()].concat()
+            } else {
+                format!("{seq:015}:{c}").into_bytes()
+            };
             redis::cmd("ZADD")
                 .arg(log)
                 .arg(*score)
-                .arg(format!("{seq:015}:{c}"))
+                .arg(member)
                 .exec(con)
                 .unwrap();
         }
@@ -505,8 +532,39 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         OpKind::Apply | OpKind::Peek => Some(script::reply(&reply, 1).unwrap()[0]),
         _ => None,
     };
-    // Read the state back.
-    let packed: Option<Vec<u8>> = redis::cmd("GET").arg(key).query(con).unwrap();
+    // Read the state back: a string, or (a long sliding_window_log) a
+    // member of its zset scored -inf, its six fields then the zset's
+    // expiry as the script last set it.
+    let string: Option<Vec<u8>> = redis::cmd("GET").arg(key).query(con).unwrap();
+    let mut members: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+        .arg(log)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(con)
+        .unwrap();
+    let f = |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap());
+    let logged = members.first().is_some_and(|(_, s)| *s == f64::NEG_INFINITY);
+    assert_eq!(
+        logged,
+        string.as_deref() == Some(b"z"),
+        "line {}: a state in the zset, and only then `z` as its string",
+        row.line
+    );
+    let (packed, recorded_expiry) = if logged {
+        // The zset's expiry, then the state's fields (the marks' three
+        // only where one is not zero).
+        let (m, _) = members.remove(0);
+        assert!(
+            m.len() == 32 || m.len() == 56,
+            "line {}: a zset state of {} bytes",
+            row.line,
+            m.len()
+        );
+        (Some(m[8..].to_vec()), Some(f(&m[..8]) as i64))
+    } else {
+        (string, None)
+    };
     let h: Vec<Option<u64>> = match &packed {
         // Little-endian doubles; trailing zero fields are left out.
         Some(p) => {
@@ -523,25 +581,35 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
             );
             let mut h: Vec<Option<u64>> = p[..p.len().min(48)]
                 .chunks_exact(8)
-                .map(|b| Some(f64::from_le_bytes(b.try_into().unwrap()) as u64))
+                .map(|b| Some(f(b) as u64))
                 .collect();
             h.resize(6, Some(0));
             h
         }
         None => vec![None; 6],
     };
-    let mut zs: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(log)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query(con)
-        .unwrap();
+    let mut zs: Vec<(String, f64)> = members
+        .into_iter()
+        .map(|(m, s)| {
+            assert!(s >= 0.0, "line {}: a second state in the zset", row.line);
+            let m = if rule.spec().algorithm == Kind::SlidingWindowLog {
+                // Number, then cost where it is not 1.
+                let be = |b: &[u8]| f64::from_be_bytes(b.try_into().unwrap()) as u64;
+                match m.len() {
+                    8 => format!("{}:1", be(&m)),
+                    16 if be(&m[8..]) != 1 => format!("{}:{}", be(&m[..8]), be(&m[8..])),
+                    n => panic!("line {}: an entry of {n} bytes", row.line),
+                }
+            } else {
+                String::from_utf8(m).expect("a lease")
+            };
+            (m, s)
+        })
+        .collect();
     // A log in the state's tail: (time, cost) pairs, numbered in order (a
     // log is in one place only).
     if let Some(tail) = packed.as_ref().filter(|p| p.len() > 48).map(|p| &p[48..]) {
         assert!(zs.is_empty(), "line {}: a log in both places", row.line);
-        let f = |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap());
         for (i, pair) in tail.chunks_exact(16).enumerate() {
             zs.push((format!("{}:{}", i + 1, f(&pair[8..]) as u64), f(&pair[..8])));
         }
@@ -564,6 +632,13 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         },
     );
     let ttl: i64 = redis::cmd("PEXPIRETIME").arg(key).query(con).unwrap();
+    if let Some(recorded) = recorded_expiry {
+        let zset: i64 = redis::cmd("PEXPIRETIME").arg(log).query(con).unwrap();
+        assert_eq!(zset, ttl, "line {}: the zset's expiry and its string's", row.line);
+        // (0: none set, as the row's before state is written.)
+        let set = if ttl == -1 { 0 } else { ttl };
+        assert_eq!(recorded, set, "line {}: the zset's expiry, as its state records it", row.line);
+    }
     let (after, expires) = match (ttl, exists) {
         // No expiry set: the state as written before (nothing was written).
         (-1, _) => ("same".to_owned(), "-".to_owned()),
@@ -740,8 +815,8 @@ fn a_mutant_of_each_lua_algorithm_fails_the_table() {
         ),
         (
             Kind::SlidingWindowLog,
-            "'-inf', string.format('%d', now - p[2]))) do",
-            "'-inf', string.format('%d', now - p[2] - 1))) do",
+            "local got = redis.call('ZRANGEBYSCORE', log, '-inf', string.format('%d', now - p[2]))",
+            "local got = redis.call('ZRANGEBYSCORE', log, '-inf', string.format('%d', now - p[2] - 1))",
         ),
         (
             Kind::SlidingWindowCounter,

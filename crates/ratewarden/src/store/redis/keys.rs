@@ -1,11 +1,12 @@
-//! Key names: `<prefix>{<group>}:s3:<rule id>:<key>`, and `:log` after it
+//! Key names: `<prefix>{<group>}:s4:<rule id>:<key>`, and `:log` after it
 //! for the op's zset (`:lease` for a leased rule's slices). A key that
 //! itself ends in `:log`, `:lease` or `:k` gets `:k`
 //! after it in its state's name, so that no state name is another key's
 //! zset name (`x:log`'s state would otherwise be `x`'s zset) and the names
-//! stay one-to-one with the keys. `s3` is the state's format ([`FORMAT`]:
-//! up to six packed doubles; `s2` was six decimal integers, the first
-//! format, a hash, had no marker), so that gateways of different formats on
+//! stay one-to-one with the keys. `s4` is the state's format ([`FORMAT`]:
+//! up to six packed doubles, a long sliding_window_log's state a member of
+//! its zset; `s3` kept that state in the string beside the zset, `s2` was
+//! six decimal integers, the first format, a hash, had no marker), so that gateways of different formats on
 //! one Redis never read each other's keys. The `{group}` hash tag (the client's identity by default)
 //! puts all keys of one request on one cluster slot, while different
 //! clients spread over the cluster; the rule id (a fingerprint of its name
@@ -13,9 +14,10 @@
 
 use crate::store::Op;
 
-/// The state format's marker in every name: `s3`, states of packed
-/// little-endian doubles (`lua/rule.lua`).
-const FORMAT: &str = "s3";
+/// The state format's marker in every name: `s4`, states of packed
+/// little-endian doubles (`lua/rule.lua`), a long sliding_window_log's in
+/// its zset (`lua/sliding_window_log.lua`).
+const FORMAT: &str = "s4";
 
 /// The state key and the zset key of `op`.
 ///
@@ -24,7 +26,7 @@ const FORMAT: &str = "s3";
 /// # use ratewarden::{Op, Rule};
 /// let rule = Rule::builder("r").limit(1, Duration::from_secs(1)).build().unwrap();
 /// let (k, log) = ratewarden::store::redis::keys::names("rw:", &Op::grouped(&rule, "k", "{a}"));
-/// assert_eq!(k, format!("rw:{{_a_}}:s3:{:016x}:k", rule.id()));
+/// assert_eq!(k, format!("rw:{{_a_}}:s4:{:016x}:k", rule.id()));
 /// assert_eq!(log, format!("{k}:log"));
 /// ```
 pub fn names(prefix: &str, op: &Op<'_>) -> (String, String) {
@@ -176,7 +178,7 @@ mod tests {
     fn the_pattern_escapes_the_prefix() {
         assert_eq!(
             pattern("a*[b]", 0xab),
-            "a\\*\\[b\\]{*}:s3:00000000000000ab:*"
+            "a\\*\\[b\\]{*}:s4:00000000000000ab:*"
         );
     }
 }

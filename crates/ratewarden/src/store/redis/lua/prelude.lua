@@ -22,9 +22,13 @@
 --               (trailing zero fields left out: 8 bytes read as s1 0 0 0 0 0);
 --               in the Lua, st[1]..st[6]; after all six, a
 --               sliding_window_log of at most 4 entries keeps them
---               ((time, cost) pairs of doubles) instead of in its zset
---   KEYS[2i]    zset: sliding_window_log entries past 4 / concurrency
---               leases, member "seq:cost"
+--               ((time, cost) pairs of doubles) instead of in its zset;
+--               a longer one has 'z' here (LOGGED) and its state in the
+--               zset
+--   KEYS[2i]    zset: sliding_window_log entries past 4 (member: number
+--               and cost as big-endian doubles) and then its state (a
+--               member scored -inf), or concurrency leases (member
+--               "seq:cost")
 -- ARGV:
 --   ARGV[1]  mode: 0 apply, 1 peek, 2 settle failure, 3 settle success,
 --                  4 inspect (first op), 5 release (each op's lease),
@@ -64,12 +68,19 @@
 
 local NEVER = -1
 
+-- The string of a state kept in its zset (sliding_window_log's long log):
+-- it marks the key as logged, so that a missing string still means a
+-- fresh key (no zset read) and SCAN ... TYPE string still finds every key.
+-- It expires with the zset.
+local LOGGED = 'z'
+
 -- The call's time, set first thing by dispatch (rule.lua): the same code
 -- runs as one EVAL per call or loaded once as a Redis Function.
 local now
 local function set_now(at)
-  now = tonumber(at)
-  if now == 0 then
+  if at and at ~= '0' then
+    now = tonumber(at)
+  else
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
@@ -90,7 +101,7 @@ local function deny(rem, reset, retry)
   return {false, rem, reset, retry, 0}
 end
 
--- Zset members "seq:cost" (sliding_window_log entries, concurrency leases).
+-- Zset members "seq:cost" (concurrency leases).
 local function member(seq, cost) return string.format('%015d:%d', seq, cost) end
 local function member_cost(m) return tonumber(string.match(m, ':(%d+)$')) end
 

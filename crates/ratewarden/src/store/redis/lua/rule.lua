@@ -14,7 +14,6 @@ local PACK = {'<d', '<dd', '<ddd', '<dddd', '<ddddd', '<dddddd'}
 -- Zero fields to pad a short state with (a literal: the library's
 -- top level runs where Redis gives it no `string`).
 local ZEROS = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
-local mode, nops
 
 -- A rule's spec arrives as one ARGV string of 14 integers (a rule's
 -- fixed part: Redis makes one string per ARGV, so one is cheaper than
@@ -51,16 +50,18 @@ local function rule_of(i)
   return spec_of(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
 end
 
--- Op i's state: {s1, s2, s3, ml, mb, mv, log = its zset where the call
--- names one, tail = any bytes after the six fields (sliding_window_log's
--- short log)}; a missing state reads as zeros. One table with an array
--- part only (the modifier fields by index, not name: a hash part per call
--- cost more).
-local function load(i)
-  local st = {0, 0, 0, 0, 0, 0}
+-- Op i's state under rule r: {s1, s2, s3, ml, mb, mv, log = its zset
+-- where the call names one, tail = any bytes after the six fields
+-- (sliding_window_log's short log)}; a missing state reads as zeros. One
+-- table with an array part only (the modifier fields by index, not name:
+-- a hash part per call cost more). A string of just LOGGED says the state
+-- is in the zset (sliding_window_log's long log: its load_log reads it).
+local function load(i, r)
   local zset = KEYS[2 * i]
-  if zset then st.log = zset end
   local v = redis.call('GET', KEYS[2 * i - 1])
+  if v == LOGGED then return r.a.load_log(r.p, zset) end
+  local st = {0, 0, 0, 0, 0, 0}
+  if zset then st.log = zset end
   if not v then return st end
   local n = #v
   if n == 8 then
@@ -159,7 +160,13 @@ local function store(i, r, st)
   -- floating-point conversion that costs more than an integer's.
   -- (floor of the rounded quotient: exact for at + 999 below 2^53, so the
   -- same as ceil_div without its two calls.)
-  local ms = string.format('%d', math.floor((at + 999) / 1000))
+  local ms = math.floor((at + 999) / 1000)
+  if st.z then
+    -- The state is a member of its zset (sliding_window_log's long log).
+    r.a.store_log(st, key, ms)
+    return
+  end
+  ms = string.format('%d', ms)
   local tail = st.tail
   if tail and tail ~= '' then
     redis.call('SET', key, struct.pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6]) .. tail,
@@ -175,8 +182,9 @@ local function store(i, r, st)
   if st[6] ~= 0 then n = 6 end
   redis.call('SET', key, struct.pack(PACK[n], st[1], st[2], st[3], st[4], st[5], st[6]),
              'PXAT', ms)
-  -- (A log kept in the tail has no zset to expire.)
-  if r.a.uses_log and not tail then redis.call('PEXPIREAT', st.log, ms) end
+  -- (concurrency's leases; sliding_window_log's log has no zset while its
+  -- state is a string.)
+  if r.a.uses_log and not r.a.load_log then redis.call('PEXPIREAT', st.log, ms) end
 end
 
 -- An op's part of an apply or peek reply: 7 integers as little-endian
@@ -222,7 +230,7 @@ local function grant()
     local w = r.p[2]
     local same = r.kind ~= 1 or idiv(since, w) == idiv(now, w)
     if back > 0 and gives_back and same and redis.call('EXISTS', KEYS[1]) == 1 then
-      local st = load(1)
+      local st = load(1, r)
       r.a.refund(r.p, st, back * c)
       store(1, r, st)
     end
@@ -250,7 +258,7 @@ local function grant()
     keep(kept)
     return answer(4, nil, 0)
   end
-  local st = load(1)
+  local st = load(1, r)
   local ch, reason = verdict(r, st, g * c)
   if reason ~= 0 then
     local left = math.floor(ch[2] / c)
@@ -277,7 +285,7 @@ end
 -- reset_after: an integer reply costs Redis 0.4 us less than packing and
 -- sending the bulk string (BENCHMARKS.md). script::verdicts reads both.
 local function one(r, cost, apply)
-  local st = load(1)
+  local st = load(1, r)
   local c, reason = verdict(r, st, cost)
   if apply and commit(r, st, reason, reason == 0 or r.shadow, cost) then
     store(1, r, st)
@@ -297,13 +305,11 @@ local function dispatch()
     -- keeps one. Each argument is a string Redis makes and Lua interns:
     -- three instead of six, one key instead of two, took 0.8 us off a
     -- decision's Redis CPU (BENCHMARKS.md).
-    set_now(ARGV[4] or 0)
-    mode, nops = 0, 1
+    set_now(ARGV[4])
     return one(spec_of(ARGV[2]), tonumber(ARGV[3]), true)
   end
   set_now(ARGV[3])
-  mode = tonumber(ARGV[1])
-  nops = tonumber(ARGV[2])
+  local mode, nops = tonumber(ARGV[1]), tonumber(ARGV[2])
   if (mode == 0 or mode == 1) and nops == 1 then
     local r, cost = rule_of(1)
     return one(r, cost, mode == 0)
@@ -312,7 +318,7 @@ local function dispatch()
     local admitted = true
     for i = 1, nops do
       rules[i], costs[i] = rule_of(i)
-      states[i] = load(i)
+      states[i] = load(i, rules[i])
       checks[i], reasons[i] = verdict(rules[i], states[i], costs[i])
       if reasons[i] ~= 0 and not rules[i].shadow then admitted = false end
     end
@@ -328,12 +334,12 @@ local function dispatch()
     for i = 1, nops do
       local r, cost = rule_of(i)
       if r.failures then
-        local st = load(i)
+        local st = load(i, r)
         if mode == 2 then
           r.a.charge(r.p, st, cost)
           store(i, r, st)
         elseif r.reset_on_success then
-          st[1], st[2], st[3], st.tail = 0, 0, 0, nil
+          st[1], st[2], st[3], st.tail, st.z, st.zs = 0, 0, 0, nil, nil, nil
           redis.call('DEL', st.log)
           store(i, r, st)
         end
@@ -343,7 +349,7 @@ local function dispatch()
   elseif mode == 4 then
     local r = rule_of(1)
     local exists = redis.call('EXISTS', KEYS[1])
-    local st = load(1)
+    local st = load(1, r)
     local c = r.a.check(r.p, st, 1)
     local ban_left = -1
     if st[5] > now then ban_left = st[5] - now end
@@ -355,7 +361,7 @@ local function dispatch()
       local r, cost, lease = rule_of(i)
       local release = r.a.release
       if release and lease > 0 then
-        local st = load(i)
+        local st = load(i, r)
         release(r.p, st, lease, cost)
         store(i, r, st)
       end
@@ -366,7 +372,7 @@ local function dispatch()
       local r, cost = rule_of(i)
       local refund = r.a.refund
       if refund and redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
-        local st = load(i)
+        local st = load(i, r)
         refund(r.p, st, cost)
         store(i, r, st)
       end
