@@ -38,6 +38,8 @@ local function spec_of(s)
     failures = v[11] == 1, reset_on_success = v[12] == 1,
     count_rejected = v[13] == 1, shadow = v[14] == 1,
   }
+  -- An algorithm's constants, computed once per rule.
+  if a.prepare then a.prepare(r.p) end
   if nspecs >= SPECS then specs, nspecs = {}, 0 end
   specs[s] = r
   nspecs = nspecs + 1

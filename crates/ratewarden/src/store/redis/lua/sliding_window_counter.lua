@@ -3,9 +3,15 @@
 -- window's count, st[3] this window's count.
 local A = {}
 
+-- The rule's constants, kept in its parsed spec (rule.lua's spec_of): p5
+-- ticks in a window, p6 the limit in tick units.
+function A.prepare(p)
+  p[5] = p[2] / p[3]
+  p[6] = p[1] * p[5]
+end
+
 function A.check(p, st, cost)
-  local limit, window, tick = p[1], p[2], p[3]
-  local w = window / tick
+  local limit, window, tick, w, lim = p[1], p[2], p[3], p[5], p[6]
   local into = now % window
   local start = now - into
   local prev, cur = 0, 0
@@ -15,9 +21,10 @@ function A.check(p, st, cost)
   local elapsed = (into - into % tick) / tick
   local left_in_window = start + window - now
   local estimate = prev * (w - elapsed) + cur * w
-  local lim = limit * w
-  if cost <= limit and estimate + cost * w <= lim then
-    return allow(idiv(sat_sub(lim, estimate + cost * w), w), left_in_window)
+  local after = estimate + cost * w
+  if cost <= limit and after <= lim then
+    -- (lim - after is not negative here: no sat_sub.)
+    return allow(idiv(lim - after, w), left_in_window)
   end
   local retry
   if cost > limit then
