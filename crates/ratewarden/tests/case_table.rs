@@ -469,7 +469,11 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
             // the zset's expiry in ms as last set (0: none is), then the
             // fields (the marks' only where one is not zero, as the script
             // writes them).
-            let n = if fields[3..].iter().all(|&v| v == 0) { 24 } else { 48 };
+            let n = if fields[3..].iter().all(|&v| v == 0) {
+                24
+            } else {
+                48
+            };
             let member = [&0f64.to_le_bytes()[..], &packed[..n]].concat();
             redis::cmd("ZADD")
                 .arg(log)
@@ -544,7 +548,9 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         .query(con)
         .unwrap();
     let f = |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap());
-    let logged = members.first().is_some_and(|(_, s)| *s == f64::NEG_INFINITY);
+    let logged = members
+        .first()
+        .is_some_and(|(_, s)| *s == f64::NEG_INFINITY);
     assert_eq!(
         logged,
         string.as_deref() == Some(b"z"),
@@ -634,10 +640,18 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
     let ttl: i64 = redis::cmd("PEXPIRETIME").arg(key).query(con).unwrap();
     if let Some(recorded) = recorded_expiry {
         let zset: i64 = redis::cmd("PEXPIRETIME").arg(log).query(con).unwrap();
-        assert_eq!(zset, ttl, "line {}: the zset's expiry and its string's", row.line);
+        assert_eq!(
+            zset, ttl,
+            "line {}: the zset's expiry and its string's",
+            row.line
+        );
         // (0: none set, as the row's before state is written.)
         let set = if ttl == -1 { 0 } else { ttl };
-        assert_eq!(recorded, set, "line {}: the zset's expiry, as its state records it", row.line);
+        assert_eq!(
+            recorded, set,
+            "line {}: the zset's expiry, as its state records it",
+            row.line
+        );
     }
     let (after, expires) = match (ttl, exists) {
         // No expiry set: the state as written before (nothing was written).
