@@ -612,6 +612,12 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
             (m, s)
         })
         .collect();
+    // A state is in the zset only while its log is (past four entries).
+    assert!(
+        !logged || !zs.is_empty(),
+        "line {}: a zset state with no entries",
+        row.line
+    );
     // A log in the state's tail: (time, cost) pairs, numbered in order (a
     // log is in one place only).
     if let Some(tail) = packed.as_ref().filter(|p| p.len() > 48).map(|p| &p[48..]) {

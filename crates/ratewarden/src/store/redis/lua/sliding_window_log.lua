@@ -11,7 +11,7 @@
 --   member scored -inf: the zset's expiry in ms and the state's fields
 --   (store_log); the string is LOGGED. One read (ZRANGEBYSCORE
 --   -inf..now-window) brings the state and the entries that left; one
---   ZREMRANGEBYSCORE removes both; one ZADD writes both; the expiries are
+--   ZREMRANGEBYRANK removes both; one ZADD writes both; the expiries are
 --   set only when their millisecond moves. On a hot key that is a GET and
 --   3 zset calls a decision, where a state string beside the zset took 6
 --   calls (BENCHMARKS.md). Keeping the newest time in the state spares a
@@ -36,10 +36,6 @@ local SMALL = 4
 -- Ranks as the strings Redis is given (a number argument would be
 -- printed with "%.17g").
 local RANKS = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13', '14', '15'}
-
--- The state's member: the zset's expiry in ms, then the state's fields,
--- little-endian doubles: the algorithm's three, and the marks' three only
--- where one is not zero (a rule with min_interval or a penalty).
 
 -- A LOGGED state, from its zset `log` (rule.lua's load): the table made
 -- with every field a long log sets (a field added later can grow its hash
@@ -69,7 +65,10 @@ end
 -- in ms): the state's member replaced, the entry a charge left (st.m, its
 -- member; its time is the newest, st[3]) added in the same ZADD; the
 -- expiry of the zset and of the key's LOGGED string moved together, only
--- when its millisecond does.
+-- when its millisecond does. The state's member: the expiry, then the
+-- state's fields, little-endian doubles: the algorithm's three, and the
+-- marks' three only where one is not zero (a rule with min_interval or a
+-- penalty).
 function A.store_log(st, key, ms)
   -- The old member, unless a charge removed it with the entries that left.
   if st.zs then redis.call('ZREM', st.log, st.zs) end
