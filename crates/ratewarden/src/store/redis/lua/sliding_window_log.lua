@@ -272,6 +272,11 @@ function A.refund(p, st, cost)
     end
     local newest = redis.call('ZREVRANGEBYSCORE', st.log, '+inf', '0', 'WITHSCORES', 'LIMIT', '0', '1')
     st[3] = tonumber(newest[2]) or 0
+    if st[1] == 0 then
+      -- No entries left: the zset goes, the state back to its string.
+      redis.call('DEL', st.log)
+      st.z, st.zs, st.tail = false, false, ''
+    end
     return
   end
   local e = small(st)
