@@ -6,8 +6,9 @@
 //! stay one-to-one with the keys. `s4` is the state's format ([`FORMAT`]:
 //! up to six packed doubles, a long sliding_window_log's state a member of
 //! its zset; `s3` kept that state in the string beside the zset, `s2` was
-//! six decimal integers, the first format, a hash, had no marker), so that gateways of different formats on
-//! one Redis never read each other's keys. The `{group}` hash tag (the client's identity by default)
+//! six decimal integers, the first format, a hash, had no marker), so that
+//! gateways of different formats on one Redis never read each other's
+//! keys. The `{group}` hash tag (the client's identity by default)
 //! puts all keys of one request on one cluster slot, while different
 //! clients spread over the cluster; the rule id (a fingerprint of its name
 //! and parameters) starts a changed rule afresh.
