@@ -152,14 +152,14 @@ pub trait Algorithm: Clone + PartialEq + Eq + std::fmt::Debug + Send + Sync + 's
     }
 }
 
-/// A state as the Lua script keeps it: the hash fields `s1`..`s3`, and the
-/// members of the op's zset (a log's entries, concurrency leases).
+/// A state as the Lua script keeps it: the algorithm's fields `s1`..`s3`,
+/// and the entries of its log (a log's entries, concurrency leases; in the
+/// state string's tail or the op's zset, `lua/rule.lua`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScriptState {
     /// `s1`, `s2`, `s3`.
     pub words: [u64; 3],
-    /// Zset members, in score order: `(score, seq, cost)`, the member
-    /// written `"%015d:%d"` of seq and cost.
+    /// The entries, oldest first: `(time or lapse time, number, cost)`.
     pub log: Vec<(u64, u64, u64)>,
 }
 
