@@ -642,6 +642,20 @@ async fn scan_lists_what_was_decided(store: RedisStore) {
     // A key whose own name ends in `:log`.
     let odd = Op::grouped(&rule, "x:log", "g");
     store.decide(&[odd], 1, Mode::Apply).await.unwrap();
+    // Ten keys with a log of five entries: past four, its state is in its
+    // zset and its string just says so; listed once all the same.
+    for k in &keys[..10] {
+        for _ in 0..4 {
+            let op = Op::grouped(&rule, k, k);
+            store.decide(&[op], 1, Mode::Apply).await.unwrap();
+        }
+    }
+    let long = store
+        .inspect(Op::grouped(&rule, &keys[0], &keys[0]))
+        .await
+        .unwrap();
+    assert!(long.exists);
+    assert_eq!((long.remaining, long.admits), (0, false));
 
     let all = store.scan(&rule, 1_000_000).await.unwrap();
     assert!(all.complete);
