@@ -9,7 +9,9 @@ local FIELDS = 3
 -- and printing decimals (strtod, sprintf) cost a two-field state 0.2-0.4
 -- us of Redis CPU a decision (BENCHMARKS.md); every value is an integer
 -- below 2^53, exact as a double. An algorithm may keep more after the
--- six (then all six are written): sliding_window_log's short log.
+-- six (then all six are written): sliding_window_log's short log; or keep
+-- the state in its zset, the string then just LOGGED (its long log:
+-- load_log and store_log).
 local PACK = {'<d', '<dd', '<ddd', '<dddd', '<ddddd', '<dddddd'}
 -- Zero fields to pad a short state with (a literal: the library's
 -- top level runs where Redis gives it no `string`).
