@@ -195,7 +195,7 @@ impl AccessLog {
                 return;
             };
             let before = pending.len();
-            render_with(cache, &mut pending, r, self.format);
+            render(cache, &mut pending, r, self.format);
             if pending.len() > CAPACITY {
                 pending.truncate(before);
                 drop(pending);
@@ -433,15 +433,8 @@ fn clf_str(out: &mut Vec<u8>, s: &[u8]) {
     }
 }
 
-/// One line, with its newline.
-pub fn render(out: &mut Vec<u8>, r: &Record<'_>, format: Format) {
-    thread_local! {
-        static CACHE: RefCell<Cache> = const { RefCell::new(Cache::new()) };
-    }
-    CACHE.with_borrow_mut(|cache| render_with(cache, out, r, format));
-}
-
-fn render_with(cache: &mut Cache, out: &mut Vec<u8>, r: &Record<'_>, format: Format) {
+/// One line, with its newline; `cache` is the thread's (`AccessLog::log`).
+fn render(cache: &mut Cache, out: &mut Vec<u8>, r: &Record<'_>, format: Format) {
     let mut n = itoa::Buffer::new();
     match format {
         Format::Json => {
@@ -640,8 +633,13 @@ mod tests {
     }
 
     fn line(r: &Record<'_>, format: Format) -> String {
+        line_in(&mut Cache::new(), r, format)
+    }
+
+    /// A line rendered with `cache`, as a thread renders its lines.
+    fn line_in(cache: &mut Cache, r: &Record<'_>, format: Format) -> String {
         let mut out = Vec::new();
-        render(&mut out, r, format);
+        render(cache, &mut out, r, format);
         String::from_utf8(out).unwrap()
     }
 
@@ -727,16 +725,17 @@ mod tests {
 
     #[test]
     fn the_cached_second_follows_the_clock() {
+        let mut cache = Cache::new();
         let mut r = record();
-        let a = line(&r, Format::Json);
+        let a = line_in(&mut cache, &r, Format::Json);
         r.time += Duration::from_millis(1_000);
-        let b = line(&r, Format::Json);
+        let b = line_in(&mut cache, &r, Format::Json);
         assert!(
             a.contains("01:02:03.456Z") && b.contains("01:02:04.456Z"),
             "{a}{b}"
         );
         r.time += Duration::from_secs(86_400);
-        assert!(line(&r, Format::Combined).contains("[25/Nov/2026:01:02:04 +0000]"));
+        assert!(line_in(&mut cache, &r, Format::Combined).contains("[25/Nov/2026:01:02:04 +0000]"));
     }
 
     #[test]
