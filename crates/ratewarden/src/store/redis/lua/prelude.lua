@@ -25,10 +25,10 @@
 --               ((time, cost) pairs of doubles) instead of in its zset;
 --               a longer one has 'z' here (LOGGED) and its state in the
 --               zset
---   KEYS[2i]    zset: sliding_window_log entries past 4 (member: number
---               and cost as big-endian doubles) and then its state (a
---               member scored -inf), or concurrency leases (member
---               "seq:cost")
+--   KEYS[2i]    zset: sliding_window_log entries past 4 (member: number,
+--               and cost where not 1, as big-endian doubles) and then its
+--               state (a member scored -inf), or concurrency leases
+--               (member "seq:cost")
 -- ARGV:
 --   ARGV[1]  mode: 0 apply, 1 peek, 2 settle failure, 3 settle success,
 --                  4 inspect (first op), 5 release (each op's lease),

@@ -164,13 +164,13 @@ local function store(i, r, st)
   -- floating-point conversion that costs more than an integer's.
   -- (floor of the rounded quotient: exact for at + 999 below 2^53, so the
   -- same as ceil_div without its two calls.)
-  local ms = math.floor((at + 999) / 1000)
+  local expiry = math.floor((at + 999) / 1000)
   if st.z then
     -- The state is a member of its zset (sliding_window_log's long log).
-    r.a.store_log(st, key, ms)
+    r.a.store_log(st, key, expiry)
     return
   end
-  ms = string.format('%d', ms)
+  local ms = string.format('%d', expiry)
   local tail = st.tail
   if tail and tail ~= '' then
     redis.call('SET', key, struct.pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6]) .. tail,
