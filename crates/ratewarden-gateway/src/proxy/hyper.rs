@@ -149,7 +149,7 @@ impl Gateway {
                 time,
                 peer: peer.ip(),
                 method: method.as_str(),
-                target: &target,
+                target: target.as_bytes(),
                 version,
                 status: resp.status().as_u16(),
                 bytes: http_body::Body::size_hint(resp.body()).exact(),

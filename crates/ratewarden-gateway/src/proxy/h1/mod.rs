@@ -434,7 +434,7 @@ async fn serve(
                 }
             }
             // (Read again: the exchange needed the connection's buffers.)
-            let target = std::str::from_utf8(&c.input[head.target.clone()]).unwrap_or("/");
+            let target = &c.input[head.target.clone()];
             log.log(&crate::access::Record {
                 time,
                 peer: peer.ip(),
