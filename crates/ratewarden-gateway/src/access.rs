@@ -3,21 +3,21 @@
 //!
 //! A request never waits for it. The request's thread renders its line
 //! straight into a buffer of its own (no allocation, no copy; a lock that
-//! only the writer ever contends, and only to swap the buffer out); a
-//! thread of its own takes each thread's buffer when one has grown past
-//! [`BATCH`] or every [`FLUSH`], and writes it with one call, as nginx's
-//! `access_log ... buffer= flush=` does per worker. When a thread's buffer
-//! is full (the disk or the terminal cannot keep up), the line is dropped
-//! and counted (`ratewarden_access_log_dropped_total`). Lines of one
-//! thread keep their order; lines of different threads interleave by
-//! batch, as nginx's workers' do.
+//! only the writer takes, and then the line goes to a second buffer
+//! instead of waiting); a thread of its own writes each thread's buffer
+//! out when one has grown past [`BATCH`] or every [`FLUSH`], with one
+//! call, as nginx's `access_log ... buffer= flush=` does per worker. When
+//! a thread's buffer is full (the disk or the terminal cannot keep up),
+//! the line is dropped and counted (`ratewarden_access_log_dropped_total`).
+//! Lines of one thread keep their order; lines of different threads
+//! interleave by batch, as nginx's workers' do.
 
 use std::cell::RefCell;
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, TryLockError, Weak};
 use std::time::Duration;
 
 /// A wall-clock time as the time since the Unix epoch.
@@ -29,9 +29,9 @@ use crate::request_id::RequestId;
 /// dropped.
 const CAPACITY: usize = 8 << 20;
 /// Bytes after which the writer is woken at once. Small enough that a
-/// thread's two buffers (the one filling, the one being written) stay in
-/// the core's cache: at 256 KiB the lines' memory evicted the request
-/// path's (BENCHMARKS.md, "the access log on and off").
+/// thread's buffer stays in the core's cache: at 256 KiB the lines'
+/// memory evicted the request path's (BENCHMARKS.md, "the access log on
+/// and off").
 const BATCH: usize = 64 << 10;
 /// The longest a line waits before it is written.
 const FLUSH: Duration = Duration::from_millis(200);
@@ -110,7 +110,18 @@ pub fn since(at: quanta::Instant) -> (Wall, Duration) {
 }
 
 /// One request thread's pending lines.
-type Lines = Arc<Mutex<Vec<u8>>>;
+type Lines = Arc<Pending>;
+
+/// A request thread's lines: written by the writer from `main` itself,
+/// which the thread then goes on filling (one buffer's memory goes
+/// through the core's cache, not two taking turns); lines made while
+/// the writer holds `main` go to `spill`, which the writer swaps out and
+/// writes after it. Neither makes the request thread wait for a write.
+#[derive(Default)]
+struct Pending {
+    main: Mutex<Vec<u8>>,
+    spill: Mutex<Vec<u8>>,
+}
 /// A thread's buffer and the log it belongs to.
 type Owned = (Weak<Shared>, Lines);
 
@@ -186,7 +197,10 @@ impl AccessLog {
                     lines
                 }
                 _ => {
-                    let lines = Lines::new(Mutex::new(Vec::with_capacity(BATCH * 2)));
+                    let lines = Lines::new(Pending {
+                        main: Mutex::new(Vec::with_capacity(BATCH * 2)),
+                        spill: Mutex::default(),
+                    });
                     let Ok(mut threads) = self.shared.threads.lock() else {
                         return;
                     };
@@ -194,8 +208,14 @@ impl AccessLog {
                     &mut mine.insert((Arc::downgrade(&self.shared), lines)).1
                 }
             };
-            let Ok(mut pending) = lines.lock() else {
-                return;
+            let mut pending = match lines.main.try_lock() {
+                Ok(main) => main,
+                // The writer is writing `main` out.
+                Err(TryLockError::WouldBlock) => match lines.spill.lock() {
+                    Ok(spill) => spill,
+                    Err(_) => return,
+                },
+                Err(TryLockError::Poisoned(_)) => return,
             };
             let before = pending.len();
             render(cache, &mut pending, r, self.format);
@@ -222,13 +242,13 @@ impl AccessLog {
     }
 }
 
-/// The writer: takes each thread's pending lines when woken or every
-/// [`FLUSH`] and writes them, a call per thread's batch. It holds one
-/// reference to `shared`; when it holds the only one, every handle is
-/// gone (a line is being rendered only under a handle), and after that
-/// last round it ends.
+/// The writer: when woken or every [`FLUSH`], writes each thread's lines
+/// from its buffer, then the lines that thread spilled meanwhile (a call
+/// each). It holds one reference to `shared`; when it holds the only
+/// one, every handle is gone (a line is being rendered only under a
+/// handle), and after that last round it ends.
 fn write_all(shared: &Shared, alone: impl Fn() -> bool, mut out: Box<dyn std::io::Write + Send>) {
-    let mut batch = Vec::with_capacity(BATCH * 2);
+    let mut batch = Vec::new();
     loop {
         {
             let Ok(due) = shared.due.lock() else {
@@ -244,17 +264,20 @@ fn write_all(shared: &Shared, alone: impl Fn() -> bool, mut out: Box<dyn std::io
             return;
         };
         for lines in &threads {
-            match lines.lock() {
-                Ok(mut pending) => std::mem::swap(&mut *pending, &mut batch),
+            match lines.main.lock() {
+                Ok(mut main) => {
+                    if !main.is_empty() && !write(&mut out, &main) {
+                        return;
+                    }
+                    main.clear();
+                }
                 Err(_) => continue,
             }
-            if batch.is_empty() {
-                continue;
+            match lines.spill.lock() {
+                Ok(mut spill) => std::mem::swap(&mut *spill, &mut batch),
+                Err(_) => continue,
             }
-            if let Err(e) = out.write_all(&batch).and_then(|()| out.flush()) {
-                // From here the buffers fill and every line is counted as
-                // dropped; the requests go on.
-                tracing::error!(error = %e, "the access log cannot be written; its lines are dropped from now on");
+            if !batch.is_empty() && !write(&mut out, &batch) {
                 return;
             }
             batch.clear();
@@ -263,12 +286,24 @@ fn write_all(shared: &Shared, alone: impl Fn() -> bool, mut out: Box<dyn std::io
         // Buffers of threads that have ended (the list's is then the only
         // reference), once written, go.
         if let Ok(mut threads) = shared.threads.lock() {
-            threads.retain(|t| Arc::strong_count(t) > 1 || t.lock().is_ok_and(|p| !p.is_empty()));
+            let pending = |b: &Mutex<Vec<u8>>| b.lock().is_ok_and(|p| !p.is_empty());
+            threads.retain(|t| Arc::strong_count(t) > 1 || pending(&t.main) || pending(&t.spill));
         }
         if last {
             return;
         }
     }
+}
+
+/// Writes `lines`; false, with the error logged, if it cannot.
+fn write(out: &mut Box<dyn std::io::Write + Send>, lines: &[u8]) -> bool {
+    if let Err(e) = out.write_all(lines).and_then(|()| out.flush()) {
+        // From here the buffers fill and every line is counted as
+        // dropped; the requests go on.
+        tracing::error!(error = %e, "the access log cannot be written; its lines are dropped from now on");
+        return false;
+    }
+    true
 }
 
 /// Appends `s` as the inside of a JSON string: quotes, backslashes and
@@ -775,7 +810,26 @@ mod tests {
         assert_eq!(log.dropped(), 5);
         let threads = log.shared.threads.lock().unwrap();
         assert_eq!(threads.len(), 1);
-        assert_eq!(threads[0].lock().unwrap().len(), fit * one);
+        assert_eq!(threads[0].main.lock().unwrap().len(), fit * one);
+    }
+
+    #[test]
+    fn lines_made_while_the_writer_holds_the_buffer_go_to_the_spill_buffer() {
+        let log = AccessLog::unstarted(Format::Json);
+        log.log(&record());
+        let one = line(&record(), Format::Json).len();
+        let lines = Arc::clone(&log.shared.threads.lock().unwrap()[0]);
+        {
+            // As the writer holds it while it writes it out.
+            let main = lines.main.lock().unwrap();
+            log.log(&record());
+            log.log(&record());
+            assert_eq!(main.len(), one);
+        }
+        assert_eq!(lines.spill.lock().unwrap().len(), 2 * one);
+        log.log(&record());
+        assert_eq!(lines.main.lock().unwrap().len(), 2 * one);
+        assert_eq!(log.dropped(), 0);
     }
 
     #[test]
