@@ -25,8 +25,8 @@ pub type Wall = Duration;
 
 use crate::request_id::RequestId;
 
-/// Bytes waiting to be written per thread, at most; past this, lines are
-/// dropped.
+/// Bytes waiting in a thread's buffer (and in its spill buffer, while
+/// the writer writes the first), at most; past this, lines are dropped.
 const CAPACITY: usize = 8 << 20;
 /// Bytes after which the writer is woken at once. Small enough that a
 /// thread's buffer stays in the core's cache: at 256 KiB the lines'
@@ -117,11 +117,11 @@ type Lines = Arc<Pending>;
 /// through the core's cache, not two taking turns); lines made while
 /// the writer holds `main` go to `spill`, which the writer swaps out and
 /// writes after it. Neither makes the request thread wait for a write.
-#[derive(Default)]
 struct Pending {
     main: Mutex<Vec<u8>>,
     spill: Mutex<Vec<u8>>,
 }
+
 /// A thread's buffer and the log it belongs to.
 type Owned = (Weak<Shared>, Lines);
 
