@@ -832,6 +832,58 @@ mod tests {
         assert_eq!(log.dropped(), 0);
     }
 
+    /// A sink that keeps what is written and, while its first write is
+    /// under way, logs one more line from the writing thread (as a
+    /// request thread would while the writer holds its buffer).
+    struct Meanwhile {
+        log: AccessLog,
+        written: Arc<Mutex<Vec<u8>>>,
+        logged: bool,
+    }
+
+    impl std::io::Write for Meanwhile {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.written.lock().unwrap().extend_from_slice(buf);
+            if !self.logged {
+                self.logged = true;
+                let mut r = record();
+                r.target = b"/3";
+                self.log.log(&r);
+            }
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn lines_made_while_the_writer_writes_follow_its_lines() {
+        let log = AccessLog::unstarted(Format::Json);
+        for target in [b"/1", b"/2"] {
+            let mut r = record();
+            r.target = target;
+            log.log(&r);
+        }
+        let written = Arc::new(Mutex::new(Vec::new()));
+        *log.shared.due.lock().unwrap() = true;
+        // One round, on this thread: the thread whose buffer is written.
+        let out = Meanwhile {
+            log: log.clone(),
+            written: Arc::clone(&written),
+            logged: false,
+        };
+        write_all(&log.shared, || true, Box::new(out));
+        let written = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        let targets: Vec<String> = written
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["target"].to_string())
+            .collect();
+        assert_eq!(targets, ["\"/1\"", "\"/2\"", "\"/3\""]);
+        assert_eq!(log.dropped(), 0);
+    }
+
     #[test]
     fn the_writer_writes_every_line_and_the_last_ones_when_dropped() {
         let dir = std::env::temp_dir().join(format!("rw-access-{}", std::process::id()));
