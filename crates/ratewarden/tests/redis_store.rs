@@ -744,6 +744,21 @@ async fn a_master_killed_under_traffic_fails_over_without_failing_a_decision() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let killed_at = Instant::now();
     cluster.nodes[victim].kill();
+    // What the replica had: read on it before it is promoted (the node
+    // timeout is 1 s), so that no decision made on it after its promotion
+    // is counted as kept. (A short wait for the dead master's last bytes
+    // to reach it.)
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let replica = cluster
+        .nodes
+        .iter()
+        .find(|n| n.replicates(port))
+        .expect("the victim's replica");
+    let kept = replica
+        .state_on_replica(&state_key)
+        .get(1)
+        .copied()
+        .unwrap_or(0);
     let before_kill = stamps.lock().iter().filter(|t| **t <= killed_at).count() as u64;
     let last_100ms = stamps
         .lock()
@@ -763,11 +778,13 @@ async fn a_master_killed_under_traffic_fails_over_without_failing_a_decision() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let promoted_at = Instant::now();
-    // What the replica had: the count it was promoted with.
     let new_master = cluster.nodes.iter().find(|n| n.port == promoted).unwrap();
+    assert_eq!(
+        new_master.port, replica.port,
+        "the replica read is the one promoted"
+    );
     // The fixed window's count (the state's second field) on the new master.
     let count = || -> u64 { new_master.state(&state_key).get(1).copied().unwrap_or(0) };
-    let kept = count();
     // Traffic goes on, and comes back to Redis: the breaker's next probe
     // (its interval grew during the outage, up to 1 s) finds the new
     // topology.

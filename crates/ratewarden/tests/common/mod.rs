@@ -204,6 +204,42 @@ impl RedisServer {
     }
 }
 
+impl RedisServer {
+    /// [`RedisServer::state`] read on a cluster replica (`READONLY`, then
+    /// the same script as `EVAL_RO`).
+    pub fn state_on_replica(&self, key: &str) -> Vec<u64> {
+        const FIELDS: &str = "local v = redis.call('GET', KEYS[1]) or '' local out = {} \
+            for i = 1, #v, 8 do out[#out + 1] = string.format('%d', (struct.unpack('<d', v, i))) end \
+            return out";
+        let mut child = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("redis-cli must be installed (apt-get install redis-tools)");
+        let commands = format!("READONLY\nEVAL_RO \"{FIELDS}\" 1 {key}\n");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(commands.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip_while(|l| l.trim() != "OK")
+            .skip(1)
+            .map(|l| l.trim().parse().expect("a state field"))
+            .collect()
+    }
+
+    /// Whether this server replicates the one on `port`.
+    pub fn replicates(&self, port: u16) -> bool {
+        let info = self.cli(&["info", "replication"]);
+        info.contains("role:slave") && info.contains(&format!("master_port:{port}"))
+    }
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
