@@ -192,12 +192,7 @@ impl RedisServer {
     /// The fields of the state kept under `key` (packed little-endian
     /// doubles, `lua/rule.lua`), trailing zeros as stored; none if absent.
     pub fn state(&self, key: &str) -> Vec<u64> {
-        // Unpacked by the server (redis-cli prints a bulk string's bytes
-        // as they are; not every crate that shares this file has `redis`).
-        const FIELDS: &str = "local v = redis.call('GET', KEYS[1]) or '' local out = {} \
-            for i = 1, #v, 8 do out[#out + 1] = string.format('%d', (struct.unpack('<d', v, i))) end \
-            return out";
-        self.cli(&["eval", FIELDS, "1", key])
+        self.cli(&["eval", STATE_FIELDS, "1", key])
             .lines()
             .map(|l| l.trim().parse().expect("a state field"))
             .collect()
@@ -208,16 +203,13 @@ impl RedisServer {
     /// [`RedisServer::state`] read on a cluster replica (`READONLY`, then
     /// the same script as `EVAL_RO`).
     pub fn state_on_replica(&self, key: &str) -> Vec<u64> {
-        const FIELDS: &str = "local v = redis.call('GET', KEYS[1]) or '' local out = {} \
-            for i = 1, #v, 8 do out[#out + 1] = string.format('%d', (struct.unpack('<d', v, i))) end \
-            return out";
         let mut child = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .expect("redis-cli must be installed (apt-get install redis-tools)");
-        let commands = format!("READONLY\nEVAL_RO \"{FIELDS}\" 1 {key}\n");
+        let commands = format!("READONLY\nEVAL_RO \"{STATE_FIELDS}\" 1 {key}\n");
         child
             .stdin
             .take()
@@ -239,6 +231,14 @@ impl RedisServer {
         info.contains("role:slave") && info.contains(&format!("master_port:{port}"))
     }
 }
+
+/// A script that returns the fields of the state under `KEYS[1]`
+/// (packed little-endian doubles, `lua/rule.lua`), unpacked by the server
+/// (redis-cli prints a bulk string's bytes as they are; not every crate
+/// that shares this file has `redis`).
+const STATE_FIELDS: &str = "local v = redis.call('GET', KEYS[1]) or '' local out = {} \
+    for i = 1, #v, 8 do out[#out + 1] = string.format('%d', (struct.unpack('<d', v, i))) end \
+    return out";
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
