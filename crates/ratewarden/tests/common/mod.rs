@@ -192,16 +192,11 @@ impl RedisServer {
     /// The fields of the state kept under `key` (packed little-endian
     /// doubles, `lua/rule.lua`), trailing zeros as stored; none if absent.
     pub fn state(&self, key: &str) -> Vec<u64> {
-        self.cli(&["eval", STATE_FIELDS, "1", key])
-            .lines()
-            .map(|l| l.trim().parse().expect("a state field"))
-            .collect()
+        state_fields(&self.cli(&["eval", STATE_FIELDS, "1", key]))
     }
-}
 
-impl RedisServer {
     /// [`RedisServer::state`] read on a cluster replica (`READONLY`, then
-    /// the same script as `EVAL_RO`).
+    /// the same script as `EVAL_RO`, on one connection).
     pub fn state_on_replica(&self, key: &str) -> Vec<u64> {
         let mut child = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
@@ -217,12 +212,9 @@ impl RedisServer {
             .write_all(commands.as_bytes())
             .unwrap();
         let out = child.wait_with_output().unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .skip_while(|l| l.trim() != "OK")
-            .skip(1)
-            .map(|l| l.trim().parse().expect("a state field"))
-            .collect()
+        let out = String::from_utf8_lossy(&out.stdout);
+        // READONLY's `OK` first.
+        state_fields(out.split_once("OK\n").map_or("", |(_, fields)| fields))
     }
 
     /// Whether this server replicates the one on `port`.
@@ -239,6 +231,13 @@ impl RedisServer {
 const STATE_FIELDS: &str = "local v = redis.call('GET', KEYS[1]) or '' local out = {} \
     for i = 1, #v, 8 do out[#out + 1] = string.format('%d', (struct.unpack('<d', v, i))) end \
     return out";
+
+/// [`STATE_FIELDS`]'s answer as redis-cli prints it: a number a line.
+fn state_fields(text: &str) -> Vec<u64> {
+    text.lines()
+        .map(|l| l.trim().parse().expect("a state field"))
+        .collect()
+}
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
