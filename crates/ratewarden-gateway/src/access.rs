@@ -266,7 +266,7 @@ fn write_all(shared: &Shared, alone: impl Fn() -> bool, mut out: Box<dyn std::io
         for lines in &threads {
             match lines.main.lock() {
                 Ok(mut main) => {
-                    if !main.is_empty() && !write(&mut out, &main) {
+                    if !main.is_empty() && !write(&mut *out, &main) {
                         return;
                     }
                     main.clear();
@@ -277,7 +277,7 @@ fn write_all(shared: &Shared, alone: impl Fn() -> bool, mut out: Box<dyn std::io
                 Ok(mut spill) => std::mem::swap(&mut *spill, &mut batch),
                 Err(_) => continue,
             }
-            if !batch.is_empty() && !write(&mut out, &batch) {
+            if !batch.is_empty() && !write(&mut *out, &batch) {
                 return;
             }
             batch.clear();
@@ -296,7 +296,7 @@ fn write_all(shared: &Shared, alone: impl Fn() -> bool, mut out: Box<dyn std::io
 }
 
 /// Writes `lines`; false, with the error logged, if it cannot.
-fn write(out: &mut Box<dyn std::io::Write + Send>, lines: &[u8]) -> bool {
+fn write(out: &mut dyn std::io::Write, lines: &[u8]) -> bool {
     if let Err(e) = out.write_all(lines).and_then(|()| out.flush()) {
         // From here the buffers fill and every line is counted as
         // dropped; the requests go on.
