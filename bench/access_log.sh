@@ -73,7 +73,9 @@ http { $log
   $(ngx_proxy "$3") }
 NGINX
     taskset -c 0 nginx -p "$dir" -c "$dir/nginx.conf" &
-    P=$!; wait_port "$3"; PID=$(pgrep -P "$P")
+    P=$!; wait_port "$3"
+    # The master listens before it forks its worker: wait for the worker.
+    for _ in $(seq 100); do PID=$(pgrep -P "$P") && break; sleep 0.05; done
   fi
 }
 
