@@ -6,7 +6,9 @@
 #
 # Proxies: ratewarden (--workers 1, a gcra rule never reached) and nginx
 # (worker_processes 1, proxy_pass to a kept-alive upstream), each with no
-# access log, with a JSON access log to a file, and with it to /dev/null.
+# access log, with a JSON access log to a file, to /dev/null, and to standard
+# output read through a pipe by `cat` on CPU 1 (as a container runtime reads
+# it).
 # The proxies are pinned to CPU 0; an nginx `return 200` origin and the wrk
 # load are on CPU 1. CPU per request is user + system of the proxy's
 # process, every thread, from /proc/PID/stat over the wrk run, divided by
@@ -15,7 +17,7 @@
 # Paired (the default): each round runs, for each proxy, two of its
 # configurations at the same time, side by side on CPU 0, each under its own
 # `wrk -t1 -c32`: log off beside log off (the control: how far apart two
-# equal sides come out), log off beside a file, log off beside /dev/null.
+# equal sides come out), log off beside each sink.
 # Both sides of a pair share whatever else the host is doing at that moment,
 # so their ratio holds still where one-at-a-time runs on a busy host swing
 # by 10% and more. Prints each pair's ratio, then per configuration the
@@ -44,23 +46,30 @@ TICK=$(getconf CLK_TCK)
 PAIRS=0
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-# start PROXY SINK PORT N: starts one proxy (SINK off, file or null; its
-# file is $WORK/access-N.log) on PORT; sets P (to stop) and PID (to read).
+# start PROXY SINK PORT N: starts one proxy (SINK off, file, null or pipe;
+# its file is $WORK/access-N.log) on PORT; sets P (to stop) and PID (to read).
 start() {
-  local to="" dir=$WORK/$1-$2-$4
-  case $2 in file) to=$WORK/access-$4.log; : > "$to" ;; null) to=/dev/null ;; esac
+  local to="" dir=$WORK/$1-$2-$4 out=/dev/null
+  case $2 in
+    file) to=$WORK/access-$4.log; : > "$to" ;;
+    null) to=/dev/null ;;
+    pipe) out=$WORK/pipe-$4; rm -f "$out"; mkfifo "$out"
+      taskset -c 1 cat "$out" > /dev/null & PIDS+=($!) ;;
+  esac
   if [ "$1" = ratewarden ]; then
     {
       echo "admin: null"
       [ -n "$to" ] && echo "access_log: {path: $to, format: json}"
+      [ "$2" = pipe ] && echo "access_log: {path: stdout, format: json}"
       printf 'rules:\n  - {name: open, algorithm: gcra, limit: 1000000, window: 1s}\n'
     } > "$dir.yaml"
     RUST_LOG=off taskset -c 0 "$BIN" serve -c "$dir.yaml" --listen "127.0.0.1:$3" \
-      --upstream "http://127.0.0.1:$UP" --workers 1 > /dev/null &
+      --upstream "http://127.0.0.1:$UP" --workers 1 > "$out" &
     P=$!; wait_port "$3"; PID=$P
   else
     local log="access_log off;"
     [ -n "$to" ] && log="$NGX_LINE access_log $to line buffer=64k flush=1s;"
+    [ "$2" = pipe ] && log="$NGX_LINE access_log /dev/stdout line buffer=64k flush=1s;"
     mkdir -p "$dir/logs"
     cat > "$dir/nginx.conf" <<NGINX
 worker_processes 1;
@@ -72,7 +81,7 @@ http { $log
   $(ngx_upstream "$UP")
   $(ngx_proxy "$3") }
 NGINX
-    taskset -c 0 nginx -p "$dir" -c "$dir/nginx.conf" &
+    taskset -c 0 nginx -p "$dir" -c "$dir/nginx.conf" > "$out" &
     P=$!; wait_port "$3"
     # The master listens before it forks its worker: wait for the worker.
     for _ in $(seq 100); do PID=$(pgrep -P "$P") && break; sleep 0.05; done
@@ -119,9 +128,9 @@ alone() {
 for _ in $(seq "$ROUNDS"); do
   for proxy in ratewarden nginx; do
     if [ -n "${SEQUENTIAL:-}" ]; then
-      for sink in off file null; do alone $proxy $sink; done
+      for sink in off file null pipe; do alone $proxy $sink; done
     else
-      for sink in off file null; do pair $proxy off $sink; done
+      for sink in off file null pipe; do pair $proxy off $sink; done
     fi
   done
 done | awk '
