@@ -398,11 +398,11 @@ impl RedisStore {
     }
 
     /// A connection (the next, where there are several), made first if
-    /// there is none. The attempt runs in a
-    /// task of its own: a call that times out waiting for it (its timeout
-    /// is one decision's, a TLS handshake over a long link may take
-    /// longer) leaves it to finish for the calls after it, instead of
-    /// cancelling it and starting over each time.
+    /// there is none. The attempt runs in a task of its own: a call that
+    /// times out waiting for it (its timeout is one decision's, a TLS
+    /// handshake over a long link may take longer) leaves it to finish for
+    /// the calls after it, instead of cancelling it and starting over each
+    /// time.
     async fn conn(&self) -> Result<Conn, StoreError> {
         let mut outcome = {
             if let Some(c) = self.pick() {
