@@ -160,6 +160,52 @@ fn header_map<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Header
     map
 }
 
+/// `/readyz`: ready when requests are answered as `on_error` says. A
+/// store that is down leaves a gateway under `local` or `allow` ready (it
+/// still answers every request: taking every gateway out of service at
+/// once for one Redis blip would defeat `on_error: local`); under `deny`
+/// it is not. A store that answers with errors a retry will not mend is
+/// never ready. The body says which, as JSON.
+async fn readyz(store: &crate::store::AnyStore) -> Response<Body> {
+    // Ask the store now: the last decision's outcome may be old, and a
+    // gateway with no traffic must still find out.
+    let pinged = store.ping().await;
+    let (ready, health, error) = store.health();
+    let (ready, health, error) = match (&pinged, health) {
+        // An idle gateway learns of an outage from the ping.
+        (Err(e), ratewarden::Health::Up) => {
+            let down = e.is_transient();
+            let ready = down && store.on_error() != "deny";
+            let h = if down {
+                ratewarden::Health::Down
+            } else {
+                ratewarden::Health::Broken
+            };
+            (ready, h, Some(e.to_string()))
+        }
+        (Ok(()), ratewarden::Health::Down) => (true, ratewarden::Health::Up, None),
+        _ => (ready, health, error),
+    };
+    let body = serde_json::json!({
+        "ready": ready,
+        "store": {
+            "state": health.as_str(),
+            "on_error": store.on_error(),
+            "gateways": store.instances(),
+            "error": error,
+        }
+    });
+    respond(
+        if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
+        "application/json",
+        format!("{body}\n"),
+    )
+}
+
 fn unavailable(e: impl std::fmt::Display) -> Response<Body> {
     problem_response(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -254,16 +300,26 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
     let store = live.limiter.store();
     match (req.method().clone(), path.as_str()) {
         (Method::GET, "/healthz") => respond(StatusCode::OK, "text/plain", "ok\n"),
-        (Method::GET, "/readyz") => match store.ping().await {
-            Ok(()) => respond(StatusCode::OK, "text/plain", "ready\n"),
-            Err(e) => respond(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain",
-                format!("store unavailable: {e}\n"),
-            ),
-        },
+        (Method::GET, "/readyz") => readyz(&store).await,
         (Method::GET, "/metrics") => respond(StatusCode::OK, "text/plain; version=0.0.4", {
-            let mut text = gw.metrics.render(store.errors(), gw.access_dropped());
+            let mut text = gw.metrics.render(&store.errors(), gw.access_dropped());
+            let (_, health, _) = store.health();
+            text.push_str("# HELP ratewarden_store_state The store's state: up, down (an outage: decisions follow on_error) or broken (errors a retry will not mend).\n# TYPE ratewarden_store_state gauge\n");
+            for h in [
+                ratewarden::Health::Up,
+                ratewarden::Health::Down,
+                ratewarden::Health::Broken,
+            ] {
+                let on = u8::from(h == health);
+                text.push_str(&format!(
+                    "ratewarden_store_state{{state=\"{}\"}} {on}\n",
+                    h.as_str()
+                ));
+            }
+            text.push_str(&format!(
+                "# HELP ratewarden_store_gateways Gateways announced in the shared store lately, as this one last read (each takes its share of a limit during an outage).\n# TYPE ratewarden_store_gateways gauge\nratewarden_store_gateways {}\n",
+                store.instances()
+            ));
             let (grants, local) = store.leases();
             text.push_str(&format!(
                 "# HELP ratewarden_lease_grants_total Slices of leased rules granted by the store to this gateway.\n\

@@ -274,12 +274,10 @@ impl Gateway {
     }
 
     /// Settles the `count: failures` rules of `admitted` on the answer's
-    /// `status`; a store error is counted, not fatal.
+    /// `status`; a store error is not fatal (the store counted it).
     pub(crate) async fn settle(&self, live: &Live, admitted: &Admitted<'_>, status: u16) {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-        if admitted.settle(&live.limiter, status, None).await.is_err() {
-            self.metrics.store_error();
-        }
+        let _ = admitted.settle(&live.limiter, status, None).await;
     }
 }
 
@@ -316,6 +314,17 @@ pub fn banner(config: &Config) -> Banner {
     use ratewarden::store::redis::redact;
     let store = match &config.store {
         StoreSpec::Memory { max_keys } => format!("memory (up to {max_keys} keys)"),
+        StoreSpec::Redis {
+            sentinel: Some(sc), ..
+        } => format!(
+            "redis sentinel master {} via {}",
+            sc.master,
+            sc.nodes
+                .iter()
+                .map(|u| redact(u))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         StoreSpec::Redis { url: Some(u), .. } => format!("redis {}", redact(u)),
         StoreSpec::Redis { cluster, .. } => format!(
             "redis cluster {}",

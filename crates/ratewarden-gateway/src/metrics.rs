@@ -107,8 +107,6 @@ pub struct Metrics {
     upstream: Histogram,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
-    /// Store errors not counted by the store itself (e.g. a failed settle).
-    store_errors: AtomicU64,
     /// TLS handshakes with clients that failed or timed out.
     tls_failures: AtomicU64,
     bans: Mutex<HashMap<(String, String), Instant>>,
@@ -177,11 +175,6 @@ impl Metrics {
         } else {
             self.reloads_failed.fetch_add(1, Ordering::Relaxed);
         }
-    }
-
-    /// A store error the store did not count itself.
-    pub fn store_error(&self) {
-        self.store_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A client's TLS handshake failed or timed out.
@@ -289,8 +282,8 @@ impl Metrics {
     }
 
     /// Renders the Prometheus text format; `store_errors` is the store's
-    /// own count, `access_dropped` the access log's dropped lines.
-    pub fn render(&self, store_errors: u64, access_dropped: u64) -> String {
+    /// own count by kind, `access_dropped` the access log's dropped lines.
+    pub fn render(&self, store_errors: &[(&str, u64)], access_dropped: u64) -> String {
         let mut out = String::new();
         out.push_str("# HELP ratewarden_requests_total Decisions per rule.\n# TYPE ratewarden_requests_total counter\n");
         let mut rows: Vec<_> = self
@@ -314,11 +307,10 @@ impl Metrics {
         out.push_str("# HELP ratewarden_upstream_duration_seconds Time until the upstream's response headers.\n");
         self.upstream
             .render("ratewarden_upstream_duration_seconds", &mut out);
-        let errors = store_errors + self.store_errors.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "# HELP ratewarden_store_errors_total Decisions the store could not make.\n# TYPE ratewarden_store_errors_total counter\nratewarden_store_errors_total {errors}"
-        );
+        out.push_str("# HELP ratewarden_store_errors_total Store calls that failed, by kind: unavailable (nothing applied: an outage), late (sent, no answer in time), server (an error a retry will not mend), protocol, config.\n# TYPE ratewarden_store_errors_total counter\n");
+        for (kind, n) in store_errors {
+            let _ = writeln!(out, "ratewarden_store_errors_total{{kind=\"{kind}\"}} {n}");
+        }
         let mut servers: Vec<_> = self
             .servers
             .lock()

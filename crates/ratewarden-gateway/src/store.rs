@@ -34,6 +34,7 @@ impl AnyStore {
             StoreSpec::Redis {
                 url,
                 cluster,
+                sentinel,
                 key_prefix,
                 timeout,
                 on_error,
@@ -45,6 +46,7 @@ impl AnyStore {
                 let redis = RedisStore::new(RedisConfig {
                     url: url.clone(),
                     cluster: cluster.clone(),
+                    sentinel: sentinel.clone(),
                     key_prefix: key_prefix.clone(),
                     timeout: *timeout,
                     local_clock: None,
@@ -60,11 +62,54 @@ impl AnyStore {
         })
     }
 
-    /// Errors the store counted (Redis only).
-    pub fn errors(&self) -> u64 {
+    /// Errors the store counted, by kind (Redis only; none for memory).
+    pub fn errors(&self) -> Vec<(&'static str, u64)> {
+        match self {
+            AnyStore::Memory(_) => vec![],
+            AnyStore::Redis(f) => f.inner().primary().errors_by_kind().to_vec(),
+        }
+    }
+
+    /// Whether the gateway answers requests as its `on_error` says, the
+    /// store's health, and its last error while not up (memory: always
+    /// ready and up).
+    pub fn health(&self) -> (bool, ratewarden::Health, Option<String>) {
+        match self {
+            AnyStore::Memory(_) => (true, ratewarden::Health::Up, None),
+            AnyStore::Redis(f) => {
+                let fb = f.inner();
+                let (h, e) = fb.health();
+                (fb.ready(), h, e)
+            }
+        }
+    }
+
+    /// Gateways sharing the store, as it last knew (1 for memory).
+    pub fn instances(&self) -> u64 {
+        match self {
+            AnyStore::Memory(_) => 1,
+            AnyStore::Redis(f) => f.inner().primary().instances(),
+        }
+    }
+
+    /// Late answers so far (Redis only).
+    pub fn late_answers(&self) -> u64 {
         match self {
             AnyStore::Memory(_) => 0,
-            AnyStore::Redis(f) => f.inner().primary().errors(),
+            AnyStore::Redis(f) => f.inner().late_answers(),
+        }
+    }
+
+    /// The policy when the store cannot decide (`local` for memory, which
+    /// always can).
+    pub fn on_error(&self) -> &'static str {
+        match self {
+            AnyStore::Memory(_) => "local",
+            AnyStore::Redis(f) => match f.inner().policy() {
+                ratewarden::OnError::Local => "local",
+                ratewarden::OnError::Allow => "allow",
+                ratewarden::OnError::Deny => "deny",
+            },
         }
     }
 

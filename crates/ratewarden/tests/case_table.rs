@@ -314,8 +314,19 @@ fn rows() -> Vec<Row> {
 }
 
 /// `apply at=T cost=N`, `peek ...`, `fail at=T`, `ok at=T`,
-/// `release at=T lease=N cost=N`, `refund at=T cost=N`.
-fn op(s: &str) -> (OpKind, Micros, u64) {
+/// `release at=T lease=N cost=N`, `refund at=T cost=N`; `times=N` names
+/// the key N times in one call (an apply or a peek), each at the cost:
+/// the kind, the time, the cost and the times.
+fn op_times(s: &str) -> (OpKind, Micros, u64, usize) {
+    let times = fields(s)
+        .iter()
+        .find(|(n, _)| *n == "times")
+        .map_or(1, |(_, v)| v.parse().unwrap());
+    let (kind, at, cost) = op_once(s);
+    (kind, at, cost, times)
+}
+
+fn op_once(s: &str) -> (OpKind, Micros, u64) {
     let f = fields(s);
     let get = |k: &str| f.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
     let at = time(get("at").expect("at="));
@@ -371,7 +382,10 @@ struct Outcome {
 /// The Rust rule layer on the row: what the memory store does, without it.
 fn run_rust(rule: &Rule, row: &Row) -> Outcome {
     let mut st = state(rule, &row.before);
-    let (kind, now, cost) = op(&row.op);
+    // A call naming the key N times is decided on the sum of its costs,
+    // every copy given that one verdict (store::memory, lua/rule.lua).
+    let (kind, now, cost, times) = op_times(&row.op);
+    let cost = cost * times as u64;
     let (verdict, written) = match kind {
         OpKind::Apply | OpKind::Peek => {
             let mut v = rule.verdict(&st, now, cost);
@@ -432,7 +446,7 @@ const SMALL_LOG: usize = 4;
 /// The Lua script on the row, on `redis`, with `script` as the script.
 fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) -> Outcome {
     let before = state(rule, &row.before);
-    let (kind, now, cost) = op(&row.op);
+    let (kind, now, cost, times) = op_times(&row.op);
     let (key, log) = ("t:{case}:k", "t:{case}:k:log");
     redis::cmd("FLUSHALL").exec(con).unwrap();
     if before != KeyState::default() {
@@ -510,7 +524,7 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         OpKind::Release(l) => (script::Mode::Release, l),
         OpKind::Refund => (script::Mode::Refund, 0),
     };
-    let args = script::argv(&[(o, cost, lease)], mode, now);
+    let args = script::argv(&vec![(o, cost, lease); times], mode, now);
     // A Functions library (`#!lua name=...`, loaded by `lua_failures`) is
     // called by its function's name; a script is sent whole.
     let mut call = match source.strip_prefix("#!lua name=") {
@@ -525,15 +539,24 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
             c
         }
     };
+    call.arg(2 * times);
+    for _ in 0..times {
+        call.arg(key).arg(log);
+    }
     let reply: redis::Value = call
-        .arg(2)
-        .arg(key)
-        .arg(log)
         .arg(&args)
         .query(con)
         .unwrap_or_else(|e| panic!("line {}: {e}", row.line));
     let verdict = match kind {
-        OpKind::Apply | OpKind::Peek => Some(script::reply(&reply, 1).unwrap()[0]),
+        OpKind::Apply | OpKind::Peek => {
+            let all = script::reply(&reply, times).unwrap();
+            assert!(
+                all.iter().all(|v| *v == all[0]),
+                "line {}: the copies of one key got different verdicts: {all:?}",
+                row.line
+            );
+            Some(all[0])
+        }
         _ => None,
     };
     // Read the state back: a string, or (a long sliding_window_log) a
@@ -887,4 +910,29 @@ fn a_mutant_of_each_lua_algorithm_fails_the_table() {
             "{kind}: the mutant passed all {n} rows"
         );
     }
+}
+
+/// The rows that name one key several times in a call (`times=N`) fail a
+/// script that decides each copy against the state before the call (the
+/// merge in `lua/rule.lua` left out): both copies would be admitted where
+/// only their sum is refused.
+#[test]
+fn a_script_deciding_copies_of_a_key_apart_fails_the_table() {
+    let from = "        if first[j] == j and KEYS[2 * j - 1] == k then";
+    assert_eq!(SCRIPT.matches(from).count(), 1, "the merge's line");
+    let mutant = SCRIPT.replace(from, "        if false then");
+    let (_, failures) = lua_failures(&mutant, None);
+    let times: Vec<String> = rows()
+        .iter()
+        .filter(|r| r.op.contains("times="))
+        .map(|r| format!("line {}:", r.line))
+        .collect();
+    assert!(!times.is_empty(), "no `times=` rows");
+    assert!(
+        !failures.is_empty()
+            && failures
+                .iter()
+                .all(|f| times.iter().any(|t| f.starts_with(t))),
+        "the mutant should fail the `times=` rows, and only them: {failures:?}"
+    );
 }

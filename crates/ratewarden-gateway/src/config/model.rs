@@ -32,12 +32,14 @@ pub enum StoreSpec {
         /// Bound on keys held.
         max_keys: usize,
     },
-    /// Redis or Redis Cluster.
+    /// Redis, Redis Cluster, or a master Redis Sentinel names.
     Redis {
         /// Standalone URL.
         url: Option<String>,
         /// Cluster seed nodes.
         cluster: Vec<String>,
+        /// A master found through Redis Sentinel.
+        sentinel: Option<ratewarden::store::redis::SentinelConfig>,
         /// Key prefix.
         key_prefix: String,
         /// Per-call timeout.

@@ -192,6 +192,17 @@ pub(crate) struct StoreFile {
     pub timeout: Option<Sp<String>>,
     pub on_error: Option<Sp<String>>,
     pub tls: Option<Sp<StoreTlsFile>>,
+    pub sentinel: Option<Sp<SentinelFile>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SentinelFile {
+    pub master: Sp<String>,
+    #[serde(default)]
+    pub nodes: Vec<Sp<String>>,
+    pub password: Option<Sp<String>>,
+    pub sentinel_password: Option<Sp<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -511,6 +511,7 @@ fn store_spec(
             ("timeout", s.timeout.is_some()),
             ("on_error", s.on_error.is_some()),
             ("tls", s.tls.is_some()),
+            ("sentinel", s.sentinel.is_some()),
         ] {
             if present {
                 d.error(
@@ -539,11 +540,71 @@ fn store_spec(
         ok = false;
     }
     let cluster = s.cluster.unwrap_or_default();
-    if s.url.is_none() && cluster.is_empty() {
+    let sentinel = match &s.sentinel {
+        None => Some(None),
+        Some(sf) => {
+            let mut good = true;
+            if s.url.is_some() || !cluster.is_empty() {
+                d.error(
+                    "sentinel",
+                    Some(&sf.referenced),
+                    "`sentinel` finds the master itself: give it without `url` or `cluster`",
+                );
+                good = false;
+            }
+            if sf.value.master.value.trim().is_empty() {
+                d.error(
+                    "master",
+                    Some(&sf.value.master.referenced),
+                    "the master's name the sentinels monitor (`mymaster`) must not be empty",
+                );
+                good = false;
+            }
+            if sf.value.nodes.is_empty() {
+                d.error(
+                    "nodes",
+                    Some(&sf.referenced),
+                    "`sentinel` needs `nodes`: the sentinels' URLs, like redis://127.0.0.1:26379",
+                );
+                good = false;
+            }
+            for n in &sf.value.nodes {
+                good &= d
+                    .check(
+                        "nodes",
+                        Some(&n.referenced),
+                        ratewarden::store::redis::check_url(&n.value),
+                    )
+                    .is_some();
+            }
+            for pw in [&sf.value.password, &sf.value.sentinel_password]
+                .into_iter()
+                .flatten()
+            {
+                if pw.value.is_empty() {
+                    d.error(
+                        "password",
+                        Some(&pw.referenced),
+                        "an empty password: leave the key out instead",
+                    );
+                    good = false;
+                }
+            }
+            good.then(|| {
+                Some(ratewarden::store::redis::SentinelConfig {
+                    master: sf.value.master.value.trim().to_owned(),
+                    nodes: sf.value.nodes.iter().map(|n| n.value.clone()).collect(),
+                    password: sf.value.password.as_ref().map(|p| p.value.clone()),
+                    sentinel_password: sf.value.sentinel_password.as_ref().map(|p| p.value.clone()),
+                })
+            })
+        }
+    };
+    if s.url.is_none() && cluster.is_empty() && s.sentinel.is_none() {
         d.error(
             "store",
             Some(&s.kind.referenced),
-            "a redis store needs `url` or `cluster`",
+            "a redis store needs `url`, `cluster` or `sentinel`",
         );
         ok = false;
     }
@@ -561,7 +622,11 @@ fn store_spec(
             )
             .is_some();
     }
-    let timeout = d.positive_duration("timeout", &s.timeout, Duration::from_millis(50));
+    let timeout = d.positive_duration(
+        "timeout",
+        &s.timeout,
+        ratewarden::store::redis::DEFAULT_TIMEOUT,
+    );
     let on_error = match &s.on_error {
         None => Some(OnError::Local),
         Some(v) => d.choice(
@@ -593,6 +658,7 @@ fn store_spec(
                 .url
                 .iter()
                 .chain(&cluster)
+                .chain(s.sentinel.iter().flat_map(|x| &x.value.nodes))
                 .any(|u| u.value.starts_with("rediss://"));
             if !tls_url {
                 d.error(
@@ -613,6 +679,7 @@ fn store_spec(
     Some(StoreSpec::Redis {
         url: s.url.map(|u| u.value),
         cluster: cluster.into_iter().map(|c| c.value).collect(),
+        sentinel: sentinel?,
         key_prefix: key_prefix?,
         timeout: timeout?,
         on_error: on_error?,

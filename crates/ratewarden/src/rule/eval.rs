@@ -62,6 +62,13 @@ impl KeyState {
         self.marks.as_deref().copied().unwrap_or_default()
     }
 
+    /// Holds a ban until `until` at least (one a shared store reported,
+    /// kept by the local fallback through an outage).
+    pub(crate) fn hold_ban(&mut self, until: Micros) {
+        let m = self.marks_mut();
+        m.ban_until = m.ban_until.max(until);
+    }
+
     fn marks_mut(&mut self) -> &mut Marks {
         self.marks.get_or_insert_with(Box::default)
     }

@@ -274,31 +274,59 @@ impl MemoryStore {
             }
         }
 
+        // Several ops on one key (an Envoy call naming a descriptor twice)
+        // are decided on their sum, as one charge: the first carries it,
+        // the others copy its verdict. Deciding each against the state
+        // before the call would admit both where only one fits.
+        let mut first: Vec<usize> = (0..ops.len()).collect();
+        let mut costs: Vec<u64> = ops.iter().map(|op| op.cost(weight)).collect();
+        for i in 1..ops.len() {
+            if let Some(j) = (0..i).find(|&j| {
+                first[j] == j
+                    && hashes[j] == hashes[i]
+                    && ops[j].rule.id() == ops[i].rule.id()
+                    && ops[j].key == ops[i].key
+            }) {
+                first[i] = j;
+                costs[j] = costs[j].saturating_add(costs[i]);
+            }
+        }
+
         let fresh = KeyState::default();
-        let verdicts: Vec<Verdict> = ops
+        let mut verdicts: Vec<Verdict> = ops
             .iter()
             .zip(&hashes)
-            .map(|(op, &h)| {
+            .zip(&costs)
+            .map(|((op, &h), &cost)| {
                 let state = guards[guard_of(h)]
                     .map
                     .get(&h)
                     .filter(|s| s.expires > now)
                     .map_or(&fresh, |s| &s.state);
-                op.rule.verdict(state, now, op.cost(weight))
+                op.rule.verdict(state, now, cost)
             })
             .collect();
+        for i in 0..ops.len() {
+            verdicts[i] = verdicts[first[i]];
+        }
 
-        let mut verdicts = verdicts;
         if mode == Mode::Apply {
             let ok = admitted(ops, &verdicts);
-            for ((op, &h), v) in ops.iter().zip(&hashes).zip(&mut verdicts) {
+            for (i, (op, &h)) in ops.iter().zip(&hashes).enumerate() {
+                if first[i] != i {
+                    continue;
+                }
+                let v = &mut verdicts[i];
                 let shard = &mut guards[guard_of(h)];
                 let mirror = &self.inner.shards[self.shard_of(h)].mirror;
                 self.update(shard, mirror, h, now, |state| {
-                    op.rule.commit(state, now, op.cost(weight), v, ok);
+                    op.rule.commit(state, now, costs[i], v, ok);
                     v.lease = op.rule.lease_taken(state, v, ok);
                     op.rule.idle_at(state)
                 });
+            }
+            for i in 0..ops.len() {
+                verdicts[i] = verdicts[first[i]];
             }
         }
         verdicts
@@ -384,6 +412,29 @@ impl MemoryStore {
             rule.idle_at(state)
         });
         verdict.expect("update runs its closure once")
+    }
+
+    /// Holds a ban on `op`'s key for `left` from now (at least: a longer
+    /// one stays), as a shared store reported it: the fallback of a Redis
+    /// store keeps the bans it saw, so that an outage does not lift them.
+    /// Nothing is written when the key already holds it.
+    pub fn hold_ban(&self, op: &Op<'_>, left: Micros) {
+        let now = self.now();
+        let until = now + left;
+        let h = self.hash(op);
+        let cell = &self.inner.shards[self.shard_of(h)];
+        if cell
+            .mirror
+            .read(h)
+            .is_some_and(|m| m.expires > now && m.marks.ban_until >= until)
+        {
+            return;
+        }
+        let mut shard = lock(cell);
+        self.update(&mut shard, &cell.mirror, h, now, |state| {
+            state.hold_ban(until);
+            op.rule.idle_at(state).max(until)
+        });
     }
 
     /// Applies `f` to the live state at `h` (fresh if absent or expired) and
@@ -551,6 +602,62 @@ impl std::fmt::Debug for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Rule;
+    use crate::algorithm::Kind;
+    use std::time::Duration;
+
+    /// Envoy's case: one call naming a descriptor twice, then one naming
+    /// it nine times, against a limit of 10. Decided on their sums the
+    /// second is refused (2 + 9 > 10); decided against the state before
+    /// each call, as each copy alone, both were admitted: 11 requests.
+    #[test]
+    fn copies_of_one_key_in_a_call_are_decided_on_their_sum() {
+        let rule = Rule::builder("r")
+            .algorithm(Kind::FixedWindow)
+            .limit(10, Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let other = Rule::builder("other")
+            .algorithm(Kind::FixedWindow)
+            .limit(100, Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let store = MemoryStore::builder()
+            .clock(crate::clock::ManualClock::new(1_000_000))
+            .build();
+        let op = Op::new(&rule, "k");
+        let mut ops = vec![op, Op::new(&other, "k"), op];
+        let v = store.decide_now(&ops, 1, Mode::Apply);
+        assert!(admitted(&ops, &v));
+        assert_eq!(v[0], v[2], "the copies share one verdict");
+        assert_eq!(v[0].check.remaining, 8);
+        ops = vec![op; 9];
+        let v = store.decide_now(&ops, 1, Mode::Apply);
+        assert!(!admitted(&ops, &v), "2 + 9 is over 10");
+        assert!(v.iter().all(|x| *x == v[0]));
+        let v = store.decide_now(&vec![op; 8], 1, Mode::Apply);
+        assert!(v.iter().all(Verdict::allowed), "2 + 8 fits");
+        assert!(!store.decide_one(&op, 1, Mode::Apply).allowed(), "full");
+    }
+
+    /// A ban held from a shared store refuses the key locally until it ends.
+    #[test]
+    fn a_held_ban_refuses_until_it_ends() {
+        let rule = Rule::builder("r")
+            .algorithm(Kind::FixedWindow)
+            .limit(10, Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let clock = crate::clock::ManualClock::new(1_000_000);
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let op = Op::new(&rule, "k");
+        store.hold_ban(&op, Micros::from_secs(30));
+        let v = store.decide_one(&op, 1, Mode::Apply);
+        assert_eq!(v.reason, Some(crate::rule::Reason::Banned));
+        assert_eq!(v.check.retry_after, Micros::from_secs(30));
+        clock.advance(Duration::from_secs(30));
+        assert!(store.decide_one(&op, 1, Mode::Apply).allowed());
+    }
 
     #[test]
     fn layout_fills_tables_and_never_exceeds_max_keys() {

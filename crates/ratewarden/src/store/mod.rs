@@ -90,9 +90,17 @@ pub struct KeyInfo {
 }
 
 /// Why a store could not decide. A rejection is not an error.
+///
+/// The variants say what a caller may conclude (STYLE.md 17): whether the
+/// store is *down* (nothing was applied: deciding elsewhere is safe),
+/// merely *late* (the call went out and may have been applied), or
+/// *broken* in a way a retry will not mend.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The backend did not answer in time, or not at all.
+    /// The store was not reached, or said it cannot serve now: nothing was
+    /// applied. Connection refused, no connection, the breaker open, or a
+    /// server that is loading, busy with a script, read-only after a
+    /// failover, or whose cluster is down. Transient: an outage.
     #[error("store unavailable: {message}")]
     Unavailable {
         /// What happened.
@@ -101,6 +109,16 @@ pub enum StoreError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// The call was sent and no answer came in time (or its connection
+    /// broke after it was sent): the store may still have applied it.
+    /// Transient, but not an outage: deciding it elsewhere could admit a
+    /// request the store has already counted or refused.
+    #[error("store answer late: {0}")]
+    Late(String),
+    /// The server answered with an error that a retry will not mend: a
+    /// script error, `WRONGTYPE`, `NOAUTH`, `NOPERM`.
+    #[error("store error: {0}")]
+    Server(String),
     /// The backend answered something this version does not understand.
     #[error("store protocol error: {0}")]
     Protocol(String),
@@ -123,6 +141,24 @@ impl StoreError {
         StoreError::Unavailable {
             message: e.to_string(),
             source: Some(Box::new(e)),
+        }
+    }
+
+    /// Whether trying again later may succeed (unavailable or late), as
+    /// against an error that needs an operator (a script error, say).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. } | StoreError::Late(_))
+    }
+
+    /// Its kind, as a metric label: `unavailable`, `late`, `server`,
+    /// `protocol` or `config`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable { .. } => "unavailable",
+            StoreError::Late(_) => "late",
+            StoreError::Server(_) => "server",
+            StoreError::Protocol(_) => "protocol",
+            StoreError::Config(_) => "config",
         }
     }
 }
@@ -185,6 +221,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the store answers (readiness).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// How many gateways share this store, as it last knew (1 when it
+    /// cannot know: an in-process store). A [`Fallback`] divides a rule
+    /// among them while the store is down.
+    fn instances(&self) -> u64 {
+        1
+    }
 }
 
 /// What to do when the store cannot decide (`on_error:`).
@@ -199,12 +242,42 @@ pub enum OnError {
     Deny,
 }
 
+/// Where a [`Fallback`]'s primary stands, for readiness and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// Its last call was answered.
+    Up,
+    /// It cannot be reached: decisions follow `on_error` (an outage).
+    Down,
+    /// Its last answer was an error a retry will not mend (a script error,
+    /// `WRONGTYPE`, `NOAUTH`): decisions follow `on_error`, and it needs an
+    /// operator.
+    Broken,
+}
+
+impl Health {
+    /// `up`, `down` or `broken`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Up => "up",
+            Health::Down => "down",
+            Health::Broken => "broken",
+        }
+    }
+}
+
 /// A store that falls back per [`OnError`] when its primary fails.
 ///
-/// `Local` keeps an in-process [`MemoryStore`](memory::MemoryStore) with the
-/// same rules: limits then hold per gateway instead of across them, which is
-/// the best that can be done without the shared store, and is what the
-/// gateway logs and counts.
+/// Only an error that says the primary applied nothing is an outage
+/// ([`StoreError::Unavailable`]): then `Local` decides with an in-process
+/// [`MemoryStore`](memory::MemoryStore) with the same rules, each rule
+/// divided among the gateways that share the primary (the cost of a
+/// request multiplied by `min(gateways, limit)`: see
+/// [`Fallback::decide`]), and bans this gateway has seen hold there too.
+/// A late answer ([`StoreError::Late`]) may have been applied: the request
+/// is refused (admitted under `Allow`), never decided locally, so it
+/// cannot be admitted twice. A permanent error follows the policy too,
+/// and is logged at ERROR once per change.
 #[derive(Debug, Clone)]
 pub struct Fallback<P> {
     primary: P,
@@ -217,12 +290,28 @@ pub struct Fallback<P> {
 /// An outage of a [`Fallback`]'s primary, for its log lines.
 #[derive(Debug, Default)]
 struct Outage {
-    /// Set while the primary fails (checked per decision without a lock).
+    /// Set while the primary is down or broken (checked per decision
+    /// without a lock).
     on: std::sync::atomic::AtomicBool,
-    /// Since when, and how many decisions were made meanwhile (locally,
-    /// admitted unchecked, or refused, per `policy`).
-    since: parking_lot::Mutex<Option<(std::time::Instant, u64)>>,
+    /// Since when, how many decisions were made meanwhile (locally,
+    /// admitted unchecked, or refused, per `policy`), and whether the
+    /// last error was permanent, with its text.
+    since: parking_lot::Mutex<Option<OutageState>>,
+    /// Late answers, and when the last was logged.
+    late: std::sync::atomic::AtomicU64,
+    late_logged: parking_lot::Mutex<Option<std::time::Instant>>,
 }
+
+#[derive(Debug)]
+struct OutageState {
+    since: std::time::Instant,
+    decisions: u64,
+    health: Health,
+    error: String,
+}
+
+/// At most one WARN line about late answers per this long.
+const LATE_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl<P: Store> Fallback<P> {
     /// `primary`, falling back per `policy` (to `local` for [`OnError::Local`]).
@@ -235,24 +324,61 @@ impl<P: Store> Fallback<P> {
         }
     }
 
-    /// The primary failed a decision: the first of an outage says so.
+    /// The primary failed a call: the first failure of an outage, or a
+    /// change between down and broken, says so.
     fn failed(&self, e: &StoreError) {
         use std::sync::atomic::Ordering;
+        let health = if e.is_transient() {
+            Health::Down
+        } else {
+            Health::Broken
+        };
         let mut outage = self.outage.since.lock();
-        match outage.as_mut() {
-            Some((_, n)) => *n += 1,
-            None => {
-                *outage = Some((std::time::Instant::now(), 1));
-                self.outage.on.store(true, Ordering::Relaxed);
-                let meanwhile = match self.policy {
-                    OnError::Local => {
-                        "deciding locally (on_error: local): limits hold per instance"
-                    }
-                    OnError::Allow => "admitting every request unchecked (on_error: allow)",
-                    OnError::Deny => "refusing every request, 503 (on_error: deny)",
-                };
-                tracing::warn!(error = %e, "store unavailable: {meanwhile} until it answers");
+        if let Some(o) = outage.as_mut() {
+            o.decisions += 1;
+            if o.health == health {
+                return;
             }
+            o.health = health;
+            o.error = e.to_string();
+        } else {
+            *outage = Some(OutageState {
+                since: std::time::Instant::now(),
+                decisions: 1,
+                health,
+                error: e.to_string(),
+            });
+            self.outage.on.store(true, Ordering::Relaxed);
+        }
+        let meanwhile = match self.policy {
+            OnError::Local => "deciding locally (on_error: local): each gateway its share",
+            OnError::Allow => "admitting every request unchecked (on_error: allow)",
+            OnError::Deny => "refusing every request, 503 (on_error: deny)",
+        };
+        match health {
+            Health::Broken => tracing::error!(
+                error = %e,
+                kind = e.kind(),
+                "store error a retry will not mend: {meanwhile} until it answers; fix the store"
+            ),
+            _ => tracing::warn!(error = %e, "store unavailable: {meanwhile} until it answers"),
+        }
+    }
+
+    /// A call was sent and its answer did not come: logged at most once
+    /// per [`LATE_LOG_EVERY`], with the count meanwhile.
+    fn late(&self, e: &StoreError) {
+        use std::sync::atomic::Ordering;
+        let n = self.outage.late.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut logged = self.outage.late_logged.lock();
+        if logged.is_none_or(|t| t.elapsed() >= LATE_LOG_EVERY) {
+            *logged = Some(std::time::Instant::now());
+            let what = if self.policy == OnError::Allow {
+                "admitted (on_error: allow)"
+            } else {
+                "refused with 503: the store may have applied it, so deciding it locally could admit it twice"
+            };
+            tracing::warn!(error = %e, late_total = n, "store answer late: the request was {what}");
         }
     }
 
@@ -262,20 +388,49 @@ impl<P: Store> Fallback<P> {
         if !self.outage.on.load(Ordering::Relaxed) {
             return;
         }
-        if let Some((since, n)) = self.outage.since.lock().take() {
+        if let Some(o) = self.outage.since.lock().take() {
             self.outage.on.store(false, Ordering::Relaxed);
             let how = match self.policy {
                 OnError::Local => "decided locally",
                 OnError::Allow => "admitted unchecked",
                 OnError::Deny => "refused",
             };
+            let n = o.decisions;
             tracing::info!(
-                outage = ?since.elapsed(),
+                outage = ?o.since.elapsed(),
                 decisions = n,
                 "store answering again after {:?}; {n} decisions were {how} meanwhile",
-                since.elapsed()
+                o.since.elapsed()
             );
         }
+    }
+
+    /// Where the primary stands, and the last error while it is not up.
+    pub fn health(&self) -> (Health, Option<String>) {
+        match self.outage.since.lock().as_ref() {
+            Some(o) => (o.health, Some(o.error.clone())),
+            None => (Health::Up, None),
+        }
+    }
+
+    /// Whether requests are answered as the policy says: always, but while
+    /// the primary is down under `deny`, or broken.
+    pub fn ready(&self) -> bool {
+        match self.health().0 {
+            Health::Up => true,
+            Health::Down => self.policy != OnError::Deny,
+            Health::Broken => false,
+        }
+    }
+
+    /// Late answers since the store was made.
+    pub fn late_answers(&self) -> u64 {
+        self.outage.late.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> OnError {
+        self.policy
     }
 
     /// The primary store.
@@ -287,47 +442,126 @@ impl<P: Store> Fallback<P> {
     pub fn local(&self) -> &memory::MemoryStore {
         &self.local
     }
+
+    /// This gateway's share of an op during an outage: `m = min(gateways,
+    /// limit)`, and the op's weight multiplied by it, so that each of `n`
+    /// gateways admits `floor(limit / m)` of a window and all of them
+    /// together at most `max(limit, n)`. `concurrency` keeps its weight:
+    /// a slot's release must give back what it took, whatever the count
+    /// of gateways then.
+    fn share(&self, op: &Op<'_>) -> u64 {
+        let n = self.primary.instances().max(1);
+        if n == 1 || op.rule.spec().algorithm == crate::algorithm::Kind::Concurrency {
+            return 1;
+        }
+        n.min(op.rule.limit()).max(1)
+    }
+
+    /// `ops` at this gateway's share, with each op's factor.
+    fn shared<'a>(&self, ops: &[Op<'a>], weight: u64) -> (Vec<Op<'a>>, Vec<u64>) {
+        let shares: Vec<u64> = ops.iter().map(|op| self.share(op)).collect();
+        let scaled = ops
+            .iter()
+            .zip(&shares)
+            .map(|(op, &m)| {
+                let w = if op.weight > 0 { op.weight } else { weight };
+                op.weighing(w.max(1).saturating_mul(m))
+            })
+            .collect();
+        (scaled, shares)
+    }
+
+    /// A decision of the local store at this gateway's share; `remaining`
+    /// told in requests of the caller's weight, as the primary would.
+    fn decide_locally(&self, ops: &[Op<'_>], weight: u64, mode: Mode) -> Vec<Verdict> {
+        let (scaled, shares) = self.shared(ops, weight);
+        let mut verdicts = self.local.decide_now(&scaled, weight, mode);
+        for (v, m) in verdicts.iter_mut().zip(shares) {
+            v.check.remaining /= m;
+        }
+        verdicts
+    }
+
+    /// Every op admitted, unchecked (`on_error: allow`).
+    fn allow_all(ops: &[Op<'_>]) -> Vec<Verdict> {
+        ops.iter()
+            .map(|op| Verdict {
+                check: crate::algorithm::Check {
+                    allowed: true,
+                    remaining: op.rule.limit(),
+                    reset_after: crate::clock::Micros::ZERO,
+                    retry_after: crate::clock::Micros::ZERO,
+                    delay: crate::clock::Micros::ZERO,
+                },
+                reason: None,
+                lease: None,
+            })
+            .collect()
+    }
+
+    /// Bans the primary reported, held in the local store too, so that
+    /// they outlast an outage that begins before they end.
+    fn hold_bans(&self, ops: &[Op<'_>], verdicts: &[Verdict]) {
+        if self.policy != OnError::Local {
+            return;
+        }
+        for (op, v) in ops.iter().zip(verdicts) {
+            let banned = match v.reason {
+                Some(crate::rule::Reason::Banned) => true,
+                Some(_) => op.rule.spec().penalty.is_some(),
+                None => false,
+            };
+            if banned && v.check.retry_after > crate::clock::Micros::ZERO {
+                self.local.hold_ban(op, v.check.retry_after);
+            }
+        }
+    }
 }
 
 impl<P: Store> Store for Fallback<P> {
+    /// The primary's decision; if it cannot decide, per the policy (see
+    /// [`Fallback`]).
+    ///
+    /// During an outage under `Local`, each op is decided at this
+    /// gateway's share: with `n` gateways announced in the store and `m =
+    /// min(n, limit)`, its cost is multiplied by `m`. A rule of `limit` per
+    /// window then admits `floor(limit / m)` per gateway, and `n` gateways
+    /// at most `max(limit, n)` together, per window of the outage.
     async fn decide(
         &self,
         ops: &[Op<'_>],
         weight: u64,
         mode: Mode,
     ) -> Result<Vec<Verdict>, StoreError> {
-        let decided = self.primary.decide(ops, weight, mode).await;
-        match &decided {
-            Ok(_) => self.answered(),
-            Err(e) => self.failed(e),
-        }
-        match decided {
-            Ok(v) => Ok(v),
-            Err(e) => match self.policy {
-                OnError::Local => Ok(self.local.decide_now(ops, weight, mode)),
-                OnError::Allow => Ok(ops
-                    .iter()
-                    .map(|op| Verdict {
-                        check: crate::algorithm::Check {
-                            allowed: true,
-                            remaining: op.rule.limit(),
-                            reset_after: crate::clock::Micros::ZERO,
-                            retry_after: crate::clock::Micros::ZERO,
-                            delay: crate::clock::Micros::ZERO,
-                        },
-                        reason: None,
-                        lease: None,
-                    })
-                    .collect()),
-                OnError::Deny => Err(e),
-            },
+        match self.primary.decide(ops, weight, mode).await {
+            Ok(v) => {
+                self.answered();
+                self.hold_bans(ops, &v);
+                Ok(v)
+            }
+            Err(e @ StoreError::Late(_)) => {
+                self.late(&e);
+                match self.policy {
+                    OnError::Allow => Ok(Self::allow_all(ops)),
+                    OnError::Local | OnError::Deny => Err(e),
+                }
+            }
+            Err(e) => {
+                self.failed(&e);
+                match self.policy {
+                    OnError::Local => Ok(self.decide_locally(ops, weight, mode)),
+                    OnError::Allow => Ok(Self::allow_all(ops)),
+                    OnError::Deny => Err(e),
+                }
+            }
         }
     }
 
     async fn settle(&self, ops: &[Op<'_>], weight: u64, failure: bool) -> Result<(), StoreError> {
         match self.primary.settle(ops, weight, failure).await {
-            Err(_) if self.policy == OnError::Local => {
-                self.local.settle(ops, weight, failure).await
+            Err(e) if self.policy == OnError::Local && !matches!(e, StoreError::Late(_)) => {
+                let (scaled, _) = self.shared(ops, weight);
+                self.local.settle(&scaled, weight, failure).await
             }
             other => other,
         }
@@ -335,7 +569,10 @@ impl<P: Store> Store for Fallback<P> {
 
     async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
         match self.primary.refund(ops, weight).await {
-            Err(_) if self.policy == OnError::Local => self.local.refund(ops, weight).await,
+            Err(e) if self.policy == OnError::Local && !matches!(e, StoreError::Late(_)) => {
+                let (scaled, _) = self.shared(ops, weight);
+                self.local.refund(&scaled, weight).await
+            }
             other => other,
         }
     }
@@ -367,6 +604,10 @@ impl<P: Store> Store for Fallback<P> {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.primary.ping().await
+    }
+
+    fn instances(&self) -> u64 {
+        self.primary.instances()
     }
 }
 

@@ -25,6 +25,78 @@ pub struct RedisServer {
     /// With TLS: the TLS port (the plain `port` stays open for the test's
     /// own checks) and the server's arguments.
     pub tls: Option<(u16, Vec<String>)>,
+    /// More arguments (`--replicaof`, say).
+    pub extra: Vec<String>,
+}
+
+/// A `redis-sentinel` on a free loopback port, monitoring `mymaster`
+/// (down after 1 s, quorum 2); killed when dropped.
+pub struct Sentinel {
+    child: Child,
+    pub port: u16,
+}
+
+impl Sentinel {
+    pub fn start(master_port: u16) -> Self {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("ratewarden-sentinel-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor mymaster 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds mymaster 1000\n\
+                 sentinel failover-timeout mymaster 10000\n\
+                 sentinel parallel-syncs mymaster 1\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("redis-sentinel")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-sentinel must be installed (apt-get install redis-sentinel)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server_pid(port) != Some(child.id()) {
+            assert!(
+                Instant::now() < deadline,
+                "redis-sentinel did not answer on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self { child, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The master's port as this sentinel names it now.
+    pub fn master_port(&self) -> Option<u16> {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(["sentinel", "get-master-addr-by-name", "mymaster"])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// The files of a TLS redis-server: its certificate and key, and the CA
@@ -89,6 +161,7 @@ impl RedisServer {
                     dir,
                     cluster,
                     tls: Some((tls_port, args)),
+                    extra: vec![],
                 };
                 s.launch().then_some(s)
             })
@@ -103,6 +176,27 @@ impl RedisServer {
 
     /// Starts on `port`; `None` when redis-server could not take it.
     pub fn start_on(port: u16, cluster: bool) -> Option<Self> {
+        Self::start_with(port, cluster, vec![])
+    }
+
+    /// A replica of `master` on a free port.
+    pub fn start_replica(master: &RedisServer) -> Self {
+        (0..20)
+            .find_map(|_| {
+                Self::start_with(
+                    free_port(),
+                    false,
+                    vec![
+                        "--replicaof".into(),
+                        "127.0.0.1".into(),
+                        master.port.to_string(),
+                    ],
+                )
+            })
+            .expect("a replica did not start on any of 20 free ports")
+    }
+
+    fn start_with(port: u16, cluster: bool, extra: Vec<String>) -> Option<Self> {
         let dir =
             std::env::temp_dir().join(format!("ratewarden-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -112,6 +206,7 @@ impl RedisServer {
             dir,
             cluster,
             tls: None,
+            extra,
         };
         s.launch().then_some(s)
     }
@@ -138,6 +233,7 @@ impl RedisServer {
         if let Some((_, args)) = &self.tls {
             cmd.args(args);
         }
+        cmd.args(&self.extra);
         if self.cluster {
             cmd.args([
                 "--cluster-enabled",
@@ -187,6 +283,16 @@ impl RedisServer {
             .output()
             .expect("redis-cli must be installed (apt-get install redis-tools)");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Names of key states in the server (every key but the gateways'
+    /// announcements, `{ratewarden}:gateways`).
+    pub fn state_keys(&self) -> Vec<String> {
+        self.cli(&["--scan"])
+            .lines()
+            .filter(|k| !k.is_empty() && !k.ends_with("{ratewarden}:gateways"))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// The fields of the state kept under `key` (packed little-endian

@@ -3,7 +3,7 @@
 //! After `THRESHOLD` consecutive failures the circuit opens; while open,
 //! calls fail at once without touching the network; when the backoff has
 //! passed, one call is let through as a probe. A failed probe doubles the
-//! backoff (100 ms to 1 s); a success closes the circuit. Time is the
+//! backoff (100 ms to 500 ms); a success closes the circuit. Time is the
 //! store's [`Clock`], so tests drive it by hand.
 
 use std::sync::Arc;
@@ -14,8 +14,9 @@ const THRESHOLD: u32 = 3;
 const MIN_BACKOFF: Micros = Micros::from_millis(100);
 /// At most this long between probes: once Redis answers again, decisions
 /// stay local (`on_error: local`, limits per gateway) until the next probe,
-/// so the cap is short; one probe a second per gateway costs Redis nothing.
-const MAX_BACKOFF: Micros = Micros::from_secs(1);
+/// so the cap is short (the README promises Redis again within a second of
+/// its answering); two probes a second per gateway cost Redis nothing.
+const MAX_BACKOFF: Micros = Micros::from_millis(500);
 
 /// What the breaker did with a call, for the caller to log a change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +29,17 @@ pub(crate) enum Change {
     Opened,
     /// The circuit closed again after being open for this long.
     Closed(Micros),
+}
+
+/// What the breaker says of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// The circuit is closed: go.
+    Closed,
+    /// The circuit is open and this call is its probe.
+    Probe,
+    /// The circuit is open: fail at once.
+    Refused,
 }
 
 pub(crate) struct Breaker {
@@ -61,13 +73,19 @@ impl Breaker {
 
     /// Whether a call may go to the network now.
     pub(crate) fn admit(&self) -> bool {
+        self.admit_as() != Admit::Refused
+    }
+
+    /// Whether a call may go to the network now, and whether as the probe
+    /// of an open circuit.
+    pub(crate) fn admit_as(&self) -> Admit {
         let mut s = self.state.lock();
         match s.open_until {
-            None => true,
-            Some(until) if self.clock.now() < until || s.probing => false,
+            None => Admit::Closed,
+            Some(until) if self.clock.now() < until || s.probing => Admit::Refused,
             Some(_) => {
                 s.probing = true;
-                true
+                Admit::Probe
             }
         }
     }
@@ -104,6 +122,24 @@ impl Breaker {
             return Change::None;
         }
         if first { Change::Failing } else { Change::None }
+    }
+
+    /// A call went out and its answer did not come in time. That says
+    /// nothing of the server's health (a busy host makes answers late), so
+    /// it neither opens nor closes the circuit; but a late probe is a
+    /// failed one, or the circuit would wait for it for ever.
+    pub(crate) fn late(&self) {
+        let probing = self.state.lock().probing;
+        if probing {
+            self.failure();
+        }
+    }
+
+    /// Whether calls have failed since the last success (an outage may be
+    /// starting), open or not.
+    pub(crate) fn failing(&self) -> bool {
+        let s = self.state.lock();
+        s.failures > 0 || s.open_until.is_some()
     }
 
     pub(crate) fn is_open(&self) -> bool {

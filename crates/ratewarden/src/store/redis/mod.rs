@@ -14,7 +14,7 @@
 //!
 //! Failures are bounded: each call has a timeout, and after repeated failures
 //! a circuit breaker answers at once without touching the network, letting one
-//! probe through at growing intervals (100 ms doubling to 1 s) until Redis
+//! probe through at growing intervals (100 ms doubling to 500 ms) until Redis
 //! answers again ([`breaker`]). Errors are counted for the gateway's metrics.
 
 mod breaker;
@@ -31,7 +31,7 @@ use redis::cluster_async::ClusterConnection;
 use crate::clock::{Clock, Micros, SystemClock};
 use crate::rule::Verdict;
 use crate::store::{KeyInfo, Mode, Op, Store, StoreError};
-use breaker::{Breaker, Change};
+use breaker::{Admit, Breaker, Change};
 use script::{Call, SCRIPT, argv};
 
 /// `cmd` on whichever connection.
@@ -99,9 +99,13 @@ pub struct RedisConfig {
     pub url: Option<String>,
     /// Redis Cluster seed nodes; used instead of `url` when not empty.
     pub cluster: Vec<String>,
+    /// A master found through Redis Sentinel; used instead of `url` (and
+    /// `cluster`) when set.
+    pub sentinel: Option<SentinelConfig>,
     /// Prepended to every key (default `rw:`).
     pub key_prefix: String,
-    /// Bound on each decision's round trip (default 50 ms).
+    /// Bound on each decision's round trip ([`DEFAULT_TIMEOUT`]). A call
+    /// past it is late, not a sign of an outage ([`StoreError::Late`]).
     pub timeout: Duration,
     /// Take time from this clock instead of Redis `TIME`. Leave `None` in
     /// production: gateways whose clocks disagree then still agree. Tests set
@@ -115,6 +119,46 @@ pub struct RedisConfig {
     /// it, `rediss://` verifies the server against the system's roots.
     #[cfg(feature = "tls")]
     pub tls: Option<RedisTls>,
+}
+
+/// A master found through Redis Sentinel.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct SentinelConfig {
+    /// The master's name the sentinels monitor (`mymaster`).
+    pub master: String,
+    /// The sentinels: `redis://host:26379` (`rediss://` for TLS).
+    pub nodes: Vec<String>,
+    /// The data nodes' password (master and replicas).
+    pub password: Option<String>,
+    /// The sentinels' own password, where they have one.
+    pub sentinel_password: Option<String>,
+}
+
+impl std::fmt::Debug for SentinelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never a password in a log line.
+        f.debug_struct("SentinelConfig")
+            .field("master", &self.master)
+            .field(
+                "nodes",
+                &self.nodes.iter().map(|u| redact(u)).collect::<Vec<_>>(),
+            )
+            .field("password", &self.password.is_some())
+            .field("sentinel_password", &self.sentinel_password.is_some())
+            .finish()
+    }
+}
+
+/// Where the data lives: one server, a cluster, or a master that sentinels
+/// name (and rename after a failover).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// One server at `url`.
+    Single,
+    /// Redis Cluster, from its seed nodes.
+    Cluster,
+    /// The master that Redis Sentinel names.
+    Sentinel,
 }
 
 /// The Redis client's certificates, PEM (see [`RedisConfig::tls`]).
@@ -159,8 +203,9 @@ impl Default for RedisConfig {
         Self {
             url: Some("redis://127.0.0.1:6379/0".into()),
             cluster: vec![],
+            sentinel: None,
             key_prefix: "rw:".into(),
-            timeout: Duration::from_millis(50),
+            timeout: DEFAULT_TIMEOUT,
             local_clock: None,
             functions: true,
             #[cfg(feature = "tls")]
@@ -174,6 +219,7 @@ impl std::fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("url", &self.url)
             .field("cluster", &self.cluster)
+            .field("sentinel", &self.sentinel)
             .field("key_prefix", &self.key_prefix)
             .field("timeout", &self.timeout)
             .field("local_clock", &self.local_clock.is_some())
@@ -216,13 +262,79 @@ struct Inner {
     /// The connection attempt under way, if any: its outcome, once known.
     connecting: parking_lot::Mutex<Option<Attempt>>,
     breaker: Breaker,
-    errors: AtomicU64,
+    /// Calls that failed, by [`StoreError::kind`] (in [`KINDS`] order).
+    errors: [AtomicU64; 5],
     /// The clock of `local_clock`, else the system's: time for the
     /// breaker (the script's time is Redis's own).
     clock: Arc<dyn Clock>,
+    topology: Topology,
+    /// When a call was last answered (µs on `clock`): a late call after
+    /// [`SILENCE`] without any answer replaces the connections.
+    last_answer: AtomicU64,
+    /// Gateways that announced themselves in the store within
+    /// [`INSTANCE_TTL`], as last read ([`RedisStore::instances`]).
+    instances: AtomicU64,
+    /// Whether the announcing task runs.
+    announcing: std::sync::atomic::AtomicBool,
 }
 
-/// The Redis / Redis Cluster store. Cheap to clone; clones share connections.
+/// The default bound on one call. Chosen from Redis call latency measured
+/// on a 2-core host with two CPU-bound processes beside it (BENCHMARKS.md,
+/// "Redis call latency on a busy host"): p99.9 there was tens of
+/// milliseconds and the worst of 200,000 calls a few hundred, so a call
+/// still unanswered after a second is not a busy host's ordinary delay. A
+/// late call is refused, never decided locally: a bound too tight turns a
+/// busy host's slow answers into refusals, and that is what it costs.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A late call when nothing has been answered for this long (and at least
+/// twice the timeout) replaces the connections: a server that drops
+/// packets rather than refusing them is found down by the next connection
+/// attempt, not waited on for ever.
+const SILENCE: Duration = Duration::from_secs(3);
+
+/// The kinds of [`StoreError`], as counted.
+const KINDS: [&str; 5] = ["unavailable", "late", "server", "protocol", "config"];
+
+/// How often a gateway announces itself in the store.
+const ANNOUNCE_EVERY: Duration = Duration::from_secs(1);
+
+/// A gateway not announced for this long is no longer counted.
+pub const INSTANCE_TTL: Duration = Duration::from_secs(5);
+
+/// Announces one gateway and counts those announced within a TTL, by
+/// Redis's own clock. KEYS[1] the set; ARGV: the gateway's id, the TTL in
+/// ms.
+const ANNOUNCE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+redis.call('PEXPIRE', KEYS[1], ttl)
+return redis.call('ZCARD', KEYS[1])
+";
+
+/// A new store's name in the set of gateways: its host, its process and a
+/// counter. A reload makes a new store, whose old name lapses after
+/// [`INSTANCE_TTL`] (meanwhile each gateway's share is a little smaller:
+/// the safe side).
+fn instance_id() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    format!(
+        "{}:{}:{t:x}:{}",
+        host.trim(),
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The Redis / Redis Cluster / Sentinel store. Cheap to clone; clones
+/// share connections.
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -236,14 +348,50 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// A Redis error as the store's: the connection's failures are
-/// `Unavailable` (with their source kept), anything else a protocol error.
-fn redis_error(e: redis::RedisError) -> StoreError {
-    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
-        StoreError::unavailable_from(e)
-    } else {
-        StoreError::Protocol(e.to_string())
+/// A Redis error as the store's (STYLE.md 17):
+/// - nothing applied, try later: a refused connection, or a server that
+///   says it cannot serve now (`LOADING`, `BUSY`, `TRYAGAIN`,
+///   `CLUSTERDOWN`, `MASTERDOWN`, `READONLY` after a failover) is
+///   [`StoreError::Unavailable`], an outage;
+/// - a connection that broke is an outage too ([`StoreError::Unavailable`]):
+///   the server went away (a call in flight then may have been applied,
+///   which the README's outage bound counts);
+/// - sent, and perhaps applied, the server still there: a timeout is
+///   [`StoreError::Late`];
+/// - anything else the server answered (a script error, `WRONGTYPE`,
+///   `NOAUTH`, `NOPERM`) is [`StoreError::Server`], and a reply that does
+///   not parse [`StoreError::Protocol`]: retrying will not mend them.
+pub fn classify(e: redis::RedisError) -> StoreError {
+    if e.is_connection_refusal() {
+        return StoreError::unavailable_from(e);
     }
+    if let Some(
+        "LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "READONLY" | "MOVED"
+        | "ASK",
+    ) = e.code()
+    {
+        return StoreError::unavailable_from(e);
+    }
+    if e.is_timeout() {
+        return StoreError::Late(e.to_string());
+    }
+    // A connection that broke (reset, closed, refused on reconnecting) is
+    // the server going away: an outage. A call that was on it may have
+    // been applied just before: deciding it locally can admit it once
+    // more, so the outage bound (README) counts the calls in flight then.
+    if e.is_io_error() || e.is_connection_dropped() {
+        return StoreError::unavailable_from(e);
+    }
+    match e.kind() {
+        redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => {
+            StoreError::Protocol(e.to_string())
+        }
+        _ => StoreError::Server(e.to_string()),
+    }
+}
+
+fn redis_error(e: redis::RedisError) -> StoreError {
+    classify(e)
 }
 
 /// Checks that `url` is a Redis URL this build can connect to, without
@@ -290,7 +438,24 @@ impl RedisStore {
     /// A store for `config`. Checks the configuration (URLs parse) but does not
     /// wait for Redis: the first decision connects.
     pub fn new(config: RedisConfig) -> Result<Self, StoreError> {
-        if config.cluster.is_empty() {
+        let topology = if config.sentinel.is_some() {
+            Topology::Sentinel
+        } else if config.cluster.is_empty() {
+            Topology::Single
+        } else {
+            Topology::Cluster
+        };
+        if let Some(s) = &config.sentinel {
+            if s.master.is_empty() {
+                return Err(StoreError::Config("sentinel: `master` is empty".into()));
+            }
+            if s.nodes.is_empty() {
+                return Err(StoreError::Config("sentinel: no `nodes`".into()));
+            }
+            for n in &s.nodes {
+                check_url(n).map_err(StoreError::Config)?;
+            }
+        } else if config.cluster.is_empty() {
             let url = config
                 .url
                 .as_deref()
@@ -319,16 +484,35 @@ impl RedisStore {
                 next: std::sync::atomic::AtomicUsize::new(0),
                 connecting: parking_lot::Mutex::new(None),
                 breaker: Breaker::new(clock.clone()),
-                errors: AtomicU64::new(0),
+                errors: Default::default(),
+                last_answer: AtomicU64::new(clock.now().get()),
                 clock,
                 config,
+                topology,
+                instances: AtomicU64::new(1),
+                announcing: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
 
-    /// Decisions that failed for want of Redis since the store was created.
+    /// Calls that failed since the store was created.
     pub fn errors(&self) -> u64 {
-        self.inner.errors.load(Ordering::Relaxed)
+        self.inner
+            .errors
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Calls that failed since the store was created, by kind
+    /// ([`StoreError::kind`]).
+    pub fn errors_by_kind(&self) -> [(&'static str, u64); 5] {
+        std::array::from_fn(|i| (KINDS[i], self.inner.errors[i].load(Ordering::Relaxed)))
+    }
+
+    fn count(&self, e: &StoreError) {
+        let i = KINDS.iter().position(|k| *k == e.kind()).unwrap_or(0);
+        self.inner.errors[i].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether the circuit breaker is currently refusing calls.
@@ -352,8 +536,17 @@ impl RedisStore {
         // A connection (a TLS handshake: two more round trips) may take
         // longer than one call is allowed to.
         let connect_t = t.max(CONNECT_TIMEOUT);
-        if c.cluster.is_empty() {
-            let client = self.client().map_err(StoreError::unavailable_from)?;
+        if self.inner.topology != Topology::Cluster {
+            let client = match self.inner.topology {
+                Topology::Sentinel => tokio::time::timeout(connect_t, self.sentinel_master())
+                    .await
+                    .map_err(|_| {
+                        StoreError::unavailable(format!(
+                            "no sentinel named the master within {connect_t:?}"
+                        ))
+                    })??,
+                _ => self.client().map_err(StoreError::unavailable_from)?,
+            };
             let cfg = ConnectionManagerConfig::new()
                 .set_response_timeout(Some(t))
                 .set_connection_timeout(Some(connect_t))
@@ -367,6 +560,25 @@ impl RedisStore {
             }
             // One server: the library loaded once serves every connection.
             conns[0] = self.preload(conns[0].clone()).await;
+            if self.inner.topology == Topology::Sentinel {
+                // The sentinels may name a master that has not yet heard
+                // of its promotion, or one demoted since: confirm.
+                let role: redis::Value = query(&mut conns[0], &redis::cmd("ROLE"))
+                    .await
+                    .map_err(redis_error)?;
+                let is_master = match &role {
+                    redis::Value::Array(v) => matches!(
+                        v.first(),
+                        Some(redis::Value::BulkString(b)) if b == b"master"
+                    ),
+                    _ => false,
+                };
+                if !is_master {
+                    return Err(StoreError::unavailable(
+                        "the node the sentinels named is not a master (yet)",
+                    ));
+                }
+            }
             Ok(conns)
         } else {
             let builder = redis::cluster::ClusterClientBuilder::new(c.cluster.clone());
@@ -386,6 +598,95 @@ impl RedisStore {
                 .await
                 .map_err(StoreError::unavailable_from)?;
             Ok(vec![self.preload(Conn::Cluster(conn)).await])
+        }
+    }
+
+    /// A client for the master the sentinels name now (each sentinel
+    /// asked in turn; the library confirms the node's `ROLE`).
+    async fn sentinel_master(&self) -> Result<redis::Client, StoreError> {
+        let sc = self
+            .inner
+            .config
+            .sentinel
+            .as_ref()
+            .ok_or_else(|| StoreError::Config("no sentinel section".into()))?;
+        let mut nodes = Vec::with_capacity(sc.nodes.len());
+        for n in &sc.nodes {
+            let mut info = redis::IntoConnectionInfo::into_connection_info(n.as_str())
+                .map_err(|e| StoreError::Config(e.to_string()))?;
+            if let Some(pw) = &sc.sentinel_password {
+                let settings = info.redis_settings().clone().set_password(pw);
+                info = info.set_redis_settings(settings);
+            }
+            nodes.push(info);
+        }
+        let tls = sc.nodes.iter().any(|n| n.starts_with("rediss://"));
+        let mut sentinel =
+            redis::sentinel::Sentinel::build(nodes).map_err(StoreError::unavailable_from)?;
+        let mut settings = redis::RedisConnectionInfo::default();
+        if let Some(pw) = &sc.password {
+            settings = settings.set_password(pw);
+        }
+        let mut node = redis::sentinel::SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(settings);
+        if tls {
+            node = node.set_tls_mode(redis::TlsMode::Secure);
+        }
+        sentinel
+            .async_master_for(&sc.master, Some(&node))
+            .await
+            .map_err(StoreError::unavailable_from)
+    }
+
+    /// Gateways that announced themselves in the store within
+    /// [`INSTANCE_TTL`], as last read (1 until read).
+    pub fn instances(&self) -> u64 {
+        self.inner.instances.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Starts announcing this gateway every [`ANNOUNCE_EVERY`] on the
+    /// connections made, and reading how many announced, for the share
+    /// each gateway takes during an outage. The task ends with the store.
+    fn announce(&self) {
+        if self.inner.announcing.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let script = redis::Script::new(ANNOUNCE);
+            let ttl = INSTANCE_TTL.as_millis().to_string();
+            let id = instance_id();
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let store = RedisStore { inner };
+                let key = format!("{}{{ratewarden}}:gateways", store.inner.config.key_prefix);
+                if let Some(conn) = store.pick() {
+                    let mut inv = script.prepare_invoke();
+                    inv.key(&key).arg(&id).arg(&ttl);
+                    let t = store.inner.config.timeout;
+                    let counted = tokio::time::timeout(t, async {
+                        match conn {
+                            Conn::Single(mut c) => inv.invoke_async::<u64>(&mut c).await,
+                            Conn::Cluster(mut c) => inv.invoke_async::<u64>(&mut c).await,
+                        }
+                    })
+                    .await;
+                    if let Ok(Ok(n)) = counted {
+                        store.inner.instances.store(n.max(1), Ordering::Relaxed);
+                    }
+                }
+                drop(store);
+                tokio::time::sleep(ANNOUNCE_EVERY).await;
+            }
+        });
+    }
+
+    /// Forgets the connections: the next call connects afresh (and, under
+    /// Sentinel, asks the sentinels where the master is now). Calls under
+    /// way keep theirs.
+    fn reconnect(&self) {
+        if self.inner.topology != Topology::Cluster {
+            *self.inner.conn.lock() = None;
         }
     }
 
@@ -419,6 +720,7 @@ impl RedisStore {
                         let made = match store.connect().await {
                             Ok(c) => {
                                 *store.inner.conn.lock() = Some(c);
+                                store.announce();
                                 Ok(())
                             }
                             Err(e) => Err(e.to_string()),
@@ -615,32 +917,85 @@ impl RedisStore {
 
     /// Runs `call` unless the breaker is open, within the timeout, and
     /// tells the breaker how it went.
+    ///
+    /// Only an outage ([`StoreError::Unavailable`]: nothing applied) counts
+    /// against the breaker. A late call says nothing of the server's
+    /// health, since a busy host makes answers late; it is reported as
+    /// [`StoreError::Late`], and only when nothing at all has been
+    /// answered for [`SILENCE`] are the connections replaced, so that a
+    /// server that silently drops packets is found down by the next
+    /// connection attempt. A call that timed out before any connection
+    /// was made sent nothing: that is unavailable, not late.
     async fn guarded<T>(
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        if !self.inner.breaker.admit() {
-            self.inner.errors.fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::unavailable("circuit open: redis failing"));
+        let admit = self.inner.breaker.admit_as();
+        if admit == Admit::Refused {
+            let e = StoreError::unavailable("circuit open: redis failing");
+            self.count(&e);
+            return Err(e);
         }
         let timeout = self.inner.config.timeout;
         let res = match tokio::time::timeout(timeout, call).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::unavailable(format!(
-                "no answer within {timeout:?}"
+            Err(_) if self.pick().is_none() => Err(StoreError::unavailable(format!(
+                "not connected within {timeout:?}"
             ))),
+            // The probe of an outage already under way, unanswered: the
+            // outage goes on (a cluster client's probe during a failover
+            // waits on the dead node's slots).
+            Err(_) if admit == Admit::Probe => Err(StoreError::unavailable(format!(
+                "probe: no answer within {timeout:?}"
+            ))),
+            Err(_) => Err(StoreError::Late(format!("no answer within {timeout:?}"))),
+        };
+        // A late answer in an outage (a probe, or a call while calls are
+        // failing for want of the server) is part of that outage: the
+        // server is going or gone, not busy. Such a call may have been
+        // applied just before it went: the README's outage bound counts
+        // the calls in flight then.
+        let res = match res {
+            Err(StoreError::Late(e)) if admit == Admit::Probe || self.inner.breaker.failing() => {
+                Err(StoreError::unavailable(format!(
+                    "{e}, while redis is failing"
+                )))
+            }
+            other => other,
         };
         // Log lines on changes only (and the target, a string made from
         // the URL, made only for them): an outage is three lines (the first
         // failure, the circuit opening, the recovery), not one per call.
         match &res {
-            Ok(_) => {
+            Ok(_) | Err(StoreError::Server(_) | StoreError::Protocol(_)) => {
+                // Answered: the server is there, whatever it said.
+                self.inner
+                    .last_answer
+                    .store(self.inner.clock.now().get(), Ordering::Relaxed);
                 if let Change::Closed(after) = self.inner.breaker.success() {
                     tracing::info!(redis = %self.target(), outage = ?after.as_duration(), "redis answering again: circuit closed");
                 }
+                if let Err(e) = &res {
+                    self.count(e);
+                }
+            }
+            Err(late @ StoreError::Late(e)) => {
+                self.count(late);
+                self.inner.breaker.late();
+                let silent =
+                    self.inner.clock.now().saturating_sub(Micros::new(
+                        self.inner.last_answer.load(Ordering::Relaxed),
+                    ));
+                if silent.as_duration() >= SILENCE.max(timeout * 2) && self.pick().is_some() {
+                    tracing::warn!(redis = %self.target(), error = %e, silent = ?silent.as_duration(), "redis silent: connecting afresh");
+                    self.reconnect();
+                }
             }
             Err(e) => {
-                self.inner.errors.fetch_add(1, Ordering::Relaxed);
+                self.count(e);
+                // Connect afresh on the next call: a restarted server's
+                // new connection, or under Sentinel the new master's.
+                self.reconnect();
                 match self.inner.breaker.failure() {
                     Change::Failing => {
                         tracing::warn!(redis = %self.target(), error = %e, "redis call failed");
@@ -648,7 +1003,7 @@ impl RedisStore {
                     Change::Opened => tracing::warn!(
                         redis = %self.target(),
                         error = %e,
-                        "redis unreachable: circuit open, calls fail at once (one probe every 100 ms to 1 s)"
+                        "redis unreachable: circuit open, calls fail at once (one probe every 100 ms to 500 ms)"
                     ),
                     _ => tracing::debug!(redis = %self.target(), error = %e, "redis call failed"),
                 }
@@ -660,7 +1015,7 @@ impl RedisStore {
     /// Groups of ops that can go in one script call: all of them on a
     /// standalone server; ops sharing a group (hash slot) on a cluster.
     fn batches<'a>(&self, ops: &[Call<'a>]) -> Vec<Vec<Call<'a>>> {
-        if self.inner.config.cluster.is_empty() {
+        if self.inner.topology != Topology::Cluster {
             return vec![ops.to_vec()];
         }
         let mut out: Vec<Vec<Call<'a>>> = vec![];
@@ -677,6 +1032,9 @@ impl RedisStore {
     /// without a password.
     fn target(&self) -> String {
         let c = &self.inner.config;
+        if let Some(sc) = &c.sentinel {
+            return format!("sentinel {} via {}", sc.master, redact(&sc.nodes[0]));
+        }
         let url = c
             .url
             .as_deref()
@@ -912,6 +1270,10 @@ impl Store for RedisStore {
             Ok(n > 0)
         })
         .await
+    }
+
+    fn instances(&self) -> u64 {
+        RedisStore::instances(self)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -318,20 +318,38 @@ local function dispatch()
     local r, cost = rule_of(1)
     return one(r, cost, mode == 0)
   elseif mode == 0 or mode == 1 then
-    local rules, costs, states, checks, reasons = {}, {}, {}, {}, {}
+    local rules, costs, states, checks, reasons, first = {}, {}, {}, {}, {}, {}
     local admitted = true
+    -- Several ops on one key (an Envoy call naming a descriptor twice)
+    -- are decided on their sum, as one charge: the first carries it, the
+    -- others copy its verdict. A key's name holds its rule's id, so one
+    -- name is one rule on one key (store::memory does the same).
     for i = 1, nops do
       rules[i], costs[i] = rule_of(i)
-      states[i] = load(i, rules[i])
-      checks[i], reasons[i] = verdict(rules[i], states[i], costs[i])
-      if reasons[i] ~= 0 and not rules[i].shadow then admitted = false end
+      first[i] = i
+      local k = KEYS[2 * i - 1]
+      for j = 1, i - 1 do
+        if first[j] == j and KEYS[2 * j - 1] == k then
+          first[i] = j
+          costs[j] = costs[j] + costs[i]
+          break
+        end
+      end
+    end
+    for i = 1, nops do
+      if first[i] == i then
+        states[i] = load(i, rules[i])
+        checks[i], reasons[i] = verdict(rules[i], states[i], costs[i])
+        if reasons[i] ~= 0 and not rules[i].shadow then admitted = false end
+      end
     end
     local out = {}
     for i = 1, nops do
-      if mode == 0 and commit(rules[i], states[i], reasons[i], admitted, costs[i]) then
+      local j = first[i]
+      if j == i and mode == 0 and commit(rules[i], states[i], reasons[i], admitted, costs[i]) then
         store(i, rules[i], states[i])
       end
-      out[i] = reply(checks[i], reasons[i], states[i])
+      out[i] = reply(checks[j], reasons[j], states[j])
     end
     return table.concat(out)
   elseif mode == 2 or mode == 3 then
