@@ -211,7 +211,18 @@ impl Gateway {
                 "denied by `deny:`"
             ),
             Err(Refusal::Unavailable(e)) => {
-                tracing::warn!(error = %e, request_id = %rid, "limiter unavailable; on_error: deny: 503");
+                // A late answer (any on_error but allow), or an outage or
+                // a broken store under on_error: deny. Counted by kind in
+                // ratewarden_store_errors_total; a late answer's own WARN
+                // line is rate-limited by the store, so this one is DEBUG.
+                match e {
+                    ratewarden::StoreError::Late(_) => {
+                        tracing::debug!(error = %e, request_id = %rid, "store answer late: 503")
+                    }
+                    _ => {
+                        tracing::warn!(error = %e, request_id = %rid, "limiter unavailable; on_error: deny: 503")
+                    }
+                }
             }
             Err(Refusal::NoIdentity(_)) => {}
         }

@@ -62,10 +62,10 @@ impl AnyStore {
         })
     }
 
-    /// Errors the store counted, by kind (Redis only; none for memory).
+    /// Errors the store counted, by kind (Redis only: 0 for memory).
     pub fn errors(&self) -> Vec<(&'static str, u64)> {
         match self {
-            AnyStore::Memory(_) => vec![],
+            AnyStore::Memory(_) => StoreError::KINDS.iter().map(|k| (*k, 0)).collect(),
             AnyStore::Redis(f) => f.inner().primary().errors_by_kind().to_vec(),
         }
     }

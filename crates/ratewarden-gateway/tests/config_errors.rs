@@ -441,3 +441,35 @@ fn a_distribution_that_cannot_work_is_refused_at_its_line() {
     )
     .unwrap();
 }
+
+#[test]
+fn a_sentinel_section_is_checked_at_its_lines() {
+    let all = |yaml: &str| {
+        config::load(yaml, "bad.yaml", &Overrides::default())
+            .expect_err("must be rejected")
+            .all()
+            .to_vec()
+    };
+    // An empty master, a node that is not a Redis URL, and a URL beside it:
+    // every error at once, each at its line.
+    let errs = all(
+        "upstream: http://127.0.0.1:9000\nstore:\n  type: redis\n  url: redis://127.0.0.1:6379\n  sentinel:\n    master: ''\n    nodes: [redis://127.0.0.1:26379, 'http://x:1']\n",
+    );
+    let at = |key: &str| errs.iter().find(|e| e.key == key).map(|e| e.line);
+    assert_eq!(at("master"), Some(6), "{errs:?}");
+    assert_eq!(at("nodes"), Some(7), "{errs:?}");
+    assert_eq!(at("sentinel"), Some(4), "at the `url` beside it: {errs:?}");
+    // A typo inside it is named with the closest key.
+    let e = error(
+        "store:\n  type: redis\n  sentinel:\n    mastr: m\n    nodes: [redis://127.0.0.1:26379]\n",
+    );
+    assert!(e.message.contains("did you mean `master`?"), "{e}");
+    assert_eq!(e.line, 4);
+    // A good one loads.
+    config::load(
+        "store:\n  type: redis\n  sentinel:\n    master: mymaster\n    nodes: [redis://127.0.0.1:26379]\n    password: p\n",
+        "good.yaml",
+        &Overrides::default(),
+    )
+    .unwrap();
+}

@@ -68,15 +68,25 @@ async fn redis_killed_and_restarted_under_traffic() {
         );
     }
     let admin = deny.admin.unwrap();
-    assert_eq!(send(admin, "GET", "/readyz", &[], "").await.status, 503);
+    // Readiness follows on_error: deny cannot answer as it should, local
+    // can (and says the store is down).
+    let r = send(admin, "GET", "/readyz", &[], "").await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("\"state\":\"down\""), "{}", r.body);
+    let r = send(local.admin.unwrap(), "GET", "/readyz", &[], "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("\"on_error\":\"local\""), "{}", r.body);
     let metrics = send(admin, "GET", "/metrics", &[], "").await.body;
     let errors: u64 = metrics
         .lines()
-        .find_map(|l| l.strip_prefix("ratewarden_store_errors_total "))
-        .unwrap()
-        .parse()
-        .unwrap();
+        .filter(|l| l.starts_with("ratewarden_store_errors_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
     assert!(errors >= 20, "{errors}");
+    assert!(
+        metrics.contains("ratewarden_store_state{state=\"down\"} 1"),
+        "{metrics}"
+    );
     redis.restart();
     let deadline = Instant::now() + Duration::from_secs(20);
     while send(deny.listen, "GET", "/", &[], "").await.status != 200 {

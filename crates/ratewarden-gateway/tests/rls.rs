@@ -846,3 +846,57 @@ async fn a_leased_envoy_limit_holds_across_two_instances() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+const TEN: &str = "  domains:
+    - domain: app
+      descriptors:
+        - key: tenant
+          rate_limit: {unit: hour, requests_per_unit: 10}
+";
+
+/// A call naming one descriptor twice charges both copies in turn, as
+/// envoyproxy/ratelimit does: after a call naming it twice, a call naming it
+/// nine times is over a limit of 10 (before, each copy was decided against
+/// the count before the call, and both were admitted: 11).
+async fn copies_of_a_descriptor_are_charged_in_turn(addr: SocketAddr) {
+    let mut c = client(addr).await;
+    let copies = |n| request("app", vec![descriptor(&[("tenant", "t")]); n]);
+    let out = ask(&mut c, copies(2)).await;
+    assert_eq!(Code::try_from(out.overall_code).unwrap(), Code::Ok);
+    assert!(
+        out.statuses.iter().all(|s| s.limit_remaining == 8),
+        "{out:?}"
+    );
+    let out = ask(&mut c, copies(9)).await;
+    assert_eq!(
+        Code::try_from(out.overall_code).unwrap(),
+        Code::OverLimit,
+        "2 + 9 is over 10"
+    );
+    let out = ask(&mut c, copies(8)).await;
+    assert_eq!(
+        Code::try_from(out.overall_code).unwrap(),
+        Code::Ok,
+        "2 + 8 fits"
+    );
+    assert_eq!(
+        one(&mut c, "app", &[("tenant", "t")]).await,
+        Code::OverLimit
+    );
+}
+
+#[tokio::test]
+async fn copies_of_a_descriptor_are_charged_in_turn_on_memory_and_redis() {
+    let gw = gateway(TEN, "{type: memory}", None).await;
+    copies_of_a_descriptor_are_charged_in_turn(gw.rls.unwrap()).await;
+    gw.shutdown().await;
+    let redis = common::RedisServer::start();
+    let gw = gateway(
+        TEN,
+        &format!("{{type: redis, url: '{}'}}", redis.url()),
+        None,
+    )
+    .await;
+    copies_of_a_descriptor_are_charged_in_turn(gw.rls.unwrap()).await;
+    gw.shutdown().await;
+}

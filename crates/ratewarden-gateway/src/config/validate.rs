@@ -544,10 +544,10 @@ fn store_spec(
         None => Some(None),
         Some(sf) => {
             let mut good = true;
-            if s.url.is_some() || !cluster.is_empty() {
+            if let Some(other) = s.url.as_ref().or(cluster.first()) {
                 d.error(
                     "sentinel",
-                    Some(&sf.referenced),
+                    Some(&other.referenced),
                     "`sentinel` finds the master itself: give it without `url` or `cluster`",
                 );
                 good = false;
@@ -653,6 +653,15 @@ fn store_spec(
     };
     let tls = match &s.tls {
         None => Some(None),
+        Some(t) if s.sentinel.is_some() => {
+            d.error(
+                "store.tls",
+                Some(&t.referenced),
+                "`store.tls` (a CA or a client certificate) is not supported with `sentinel` yet: \
+                 `rediss://` sentinels and masters are verified against the system's roots",
+            );
+            None
+        }
         Some(t) => {
             let tls_url = s
                 .url

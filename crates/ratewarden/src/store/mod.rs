@@ -150,6 +150,9 @@ impl StoreError {
         matches!(self, StoreError::Unavailable { .. } | StoreError::Late(_))
     }
 
+    /// Every kind, in the order [`StoreError::kind`] names them.
+    pub const KINDS: [&'static str; 5] = ["unavailable", "late", "server", "protocol", "config"];
+
     /// Its kind, as a metric label: `unavailable`, `late`, `server`,
     /// `protocol` or `config`.
     pub fn kind(&self) -> &'static str {

@@ -71,11 +71,6 @@ impl Breaker {
         }
     }
 
-    /// Whether a call may go to the network now.
-    pub(crate) fn admit(&self) -> bool {
-        self.admit_as() != Admit::Refused
-    }
-
     /// Whether a call may go to the network now, and whether as the probe
     /// of an open circuit.
     pub(crate) fn admit_as(&self) -> Admit {
@@ -160,16 +155,47 @@ mod tests {
         assert_eq!(b.failure(), Change::Failing);
         assert_eq!(b.failure(), Change::None);
         assert_eq!(b.failure(), Change::Opened);
-        assert!(!b.admit(), "open: calls fail at once");
+        assert_eq!(b.admit_as(), Admit::Refused, "open: calls fail at once");
         clock.advance(Duration::from_millis(100));
-        assert!(b.admit(), "one probe after 100 ms");
-        assert!(!b.admit(), "only one");
+        assert_eq!(b.admit_as(), Admit::Probe, "one probe after 100 ms");
+        assert_eq!(b.admit_as(), Admit::Refused, "only one");
         assert_eq!(b.failure(), Change::None, "a failed probe keeps it open");
         clock.advance(Duration::from_millis(199));
-        assert!(!b.admit(), "the backoff doubled to 200 ms");
+        assert_eq!(
+            b.admit_as(),
+            Admit::Refused,
+            "the backoff doubled to 200 ms"
+        );
         clock.advance(Duration::from_millis(1));
-        assert!(b.admit());
+        assert_eq!(b.admit_as(), Admit::Probe);
         assert_eq!(b.success(), Change::Closed(Micros::from_millis(300)));
-        assert!(b.admit() && !b.is_open());
+        assert!(b.admit_as() == Admit::Closed && !b.is_open());
+    }
+
+    /// A late answer neither opens nor closes the circuit, but a late probe
+    /// is a failed one (or the circuit would wait on it for ever); the
+    /// backoff stops at 500 ms.
+    #[test]
+    fn a_late_answer_is_no_failure_but_a_late_probe_is() {
+        let clock = ManualClock::new(1_000_000);
+        let b = Breaker::new(Arc::new(clock.clone()));
+        for _ in 0..10 {
+            b.late();
+        }
+        assert!(!b.is_open() && !b.failing());
+        for _ in 0..3 {
+            b.failure();
+        }
+        assert!(b.is_open());
+        for _ in 0..5 {
+            clock.advance(Duration::from_secs(1));
+            assert_eq!(b.admit_as(), Admit::Probe);
+            b.late();
+            assert_eq!(b.admit_as(), Admit::Refused, "the late probe failed");
+        }
+        clock.advance(Duration::from_millis(499));
+        assert_eq!(b.admit_as(), Admit::Refused);
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(b.admit_as(), Admit::Probe, "capped at 500 ms");
     }
 }

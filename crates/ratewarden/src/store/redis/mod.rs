@@ -293,8 +293,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// attempt, not waited on for ever.
 const SILENCE: Duration = Duration::from_secs(3);
 
+use crate::store::StoreError as E;
 /// The kinds of [`StoreError`], as counted.
-const KINDS: [&str; 5] = ["unavailable", "late", "server", "protocol", "config"];
+const KINDS: [&str; 5] = E::KINDS;
 
 /// How often a gateway announces itself in the store.
 const ANNOUNCE_EVERY: Duration = Duration::from_secs(1);
