@@ -15,7 +15,6 @@
 use std::cell::RefCell;
 use std::io::Write as _;
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, TryLockError, Weak};
 use std::time::Duration;
@@ -36,32 +35,7 @@ const BATCH: usize = 64 << 10;
 /// The longest a line waits before it is written.
 const FLUSH: Duration = Duration::from_millis(200);
 
-/// How lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// One JSON object per line.
-    Json,
-    /// nginx's `combined`, with the request id and time appended.
-    Combined,
-}
-
-/// Where lines go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Sink {
-    /// Standard output (beside the log, when that goes there too).
-    Stdout,
-    /// A file, appended to.
-    File(PathBuf),
-}
-
-/// `access_log:` as configured.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Spec {
-    /// Where.
-    pub sink: Sink,
-    /// How.
-    pub format: Format,
-}
+pub use crate::config::{AccessFormat as Format, AccessSink as Sink, AccessSpec as Spec};
 
 /// One answered request, borrowed from the connection that answered it.
 #[derive(Debug, Clone, Copy)]

@@ -26,8 +26,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
 /// How long a connection may sit without any I/O while no request of it is
-/// being answered (nginx: `client_header_timeout` 60 s).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// being answered (nginx: `client_header_timeout` 60 s): config's default.
+pub const IDLE_TIMEOUT: Duration = crate::config::IDLE_TIMEOUT;
 
 /// What one connection has been doing, shared by its I/O, its requests and
 /// its watchdog.

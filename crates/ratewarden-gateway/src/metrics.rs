@@ -82,13 +82,25 @@ impl RuleCounts {
 #[derive(Default)]
 pub struct ServerCounts([AtomicU64; 3]);
 
+/// How an attempt on a server went (what [`ServerCounts`] counts; routes
+/// record it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// An answer came.
+    Answered,
+    /// Could not connect, or the exchange broke.
+    Failed,
+    /// No answer within `upstream_timeout`.
+    TimedOut,
+}
+
 impl ServerCounts {
     /// Counts one attempt.
-    pub fn add(&self, o: crate::route::Outcome) {
+    pub fn add(&self, o: Outcome) {
         let i = match o {
-            crate::route::Outcome::Answered => 0,
-            crate::route::Outcome::Failed => 1,
-            crate::route::Outcome::TimedOut => 2,
+            Outcome::Answered => 0,
+            Outcome::Failed => 1,
+            Outcome::TimedOut => 2,
         };
         self.0[i].fetch_add(1, Ordering::Relaxed);
     }
@@ -252,18 +264,12 @@ impl Metrics {
     /// (`domain.key_value...`), or with `detailed_metric` the request's own
     /// values: `domain.` and `key`, the descriptor's counter key. No
     /// allocation once a descriptor has been counted (plain ones).
-    pub fn rls(
-        &self,
-        domain: &str,
-        limit: Option<&crate::rls::config::Limit>,
-        key: &str,
-        code: &'static str,
-    ) {
+    pub fn rls(&self, domain: &str, limit: Option<(&str, bool)>, key: &str, code: &'static str) {
         let at = RLS_CODES.iter().position(|c| *c == code).unwrap_or(0);
         let detailed;
         let descriptor = match limit {
             None => "",
-            Some(l) if !l.detailed => l.full_key.as_str(),
+            Some((full_key, false)) => full_key,
             Some(_) => {
                 detailed = format!("{domain}.{key}");
                 detailed.as_str()

@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use http::{Method, Uri};
 
@@ -23,50 +23,7 @@ use crate::config::{Matcher, RouteSpec, ServerSpec};
 use crate::metrics::{Metrics, ServerCounts};
 use crate::upstream::Pool;
 
-/// How a group chooses a server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Balance {
-    /// Each server in turn.
-    #[default]
-    RoundRobin,
-    /// The server with the fewest requests in flight (ties in turn).
-    LeastRequests,
-    /// The same client to the same server while the servers stay up
-    /// (rendezvous hashing of the identity: one server going away moves
-    /// only its own clients).
-    Hash,
-}
-
-/// Ejection after failures in a row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Passive {
-    /// Failures in a row that eject a server.
-    pub failures: u32,
-    /// How long the first ejection lasts.
-    pub eject_for: Duration,
-}
-
-impl Default for Passive {
-    /// nginx ejects after 1 failure for 10 s; 3 in a row is kinder to a
-    /// server that dropped one connection.
-    fn default() -> Self {
-        Self {
-            failures: 3,
-            eject_for: Duration::from_secs(10),
-        }
-    }
-}
-
-/// A periodic `GET path`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Active {
-    /// The path asked for.
-    pub path: String,
-    /// How often.
-    pub interval: Duration,
-    /// How long an answer may take.
-    pub timeout: Duration,
-}
+pub use crate::config::{Active, Balance, Passive};
 
 /// One upstream server of a group.
 pub struct Server {
@@ -120,16 +77,7 @@ impl Drop for Chosen<'_> {
     }
 }
 
-/// How an attempt on a server went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// An answer came.
-    Answered,
-    /// Could not connect, or the exchange broke.
-    Failed,
-    /// No answer within `upstream_timeout`.
-    TimedOut,
-}
+pub use crate::metrics::Outcome;
 
 impl Group {
     fn now(&self) -> u64 {
@@ -233,7 +181,7 @@ pub struct Router {
 }
 
 /// The name of the route of the top-level `upstream:`.
-pub const DEFAULT: &str = "default";
+pub const DEFAULT: &str = crate::config::DEFAULT_ROUTE;
 
 /// Which of `routes` (their matchers, in order) a request takes: the first
 /// whose match takes it; `None` is the default route. The one rule for the

@@ -38,7 +38,7 @@ fn chromium() -> &'static str {
             return name;
         }
     }
-    panic!("no chromium: `apt-get install chromium` (bash .ci/run installs it)");
+    panic!("no chromium: `apt-get install chromium` (./test installs it)");
 }
 
 /// Runs headless Chromium on `url` with `args`, giving the page's script

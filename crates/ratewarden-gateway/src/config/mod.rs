@@ -9,12 +9,15 @@
 //! * [`compat`]: the Go gateway's format of seed 002 (root key
 //!   `rateLimiter:`), translated;
 //! * [`tls`]: the TLS sections, their files read and checked;
+//! * [`rls`]: Envoy's rate limit descriptors (`rls:`), their files read and
+//!   their tree built;
 //! * [`env`]: `${VAR}` from the environment, before parsing.
 
 mod compat;
 mod diag;
 mod env;
 mod model;
+pub mod rls;
 mod schema;
 mod tls;
 mod validate;

@@ -93,7 +93,7 @@ pub struct Config {
     /// The log's format and level (read at start).
     pub log: LogSpec,
     /// The access log, if any (read at start).
-    pub access_log: Option<crate::access::Spec>,
+    pub access_log: Option<AccessSpec>,
     /// Routes to other upstreams, tried in order before the default.
     pub routes: Vec<RouteSpec>,
     /// The store.
@@ -106,7 +106,7 @@ pub struct Config {
     /// Status of a rejection.
     pub status: StatusCode,
     /// Envoy's rate limit service (`rls:`).
-    pub rls: Option<crate::rls::RlsSpec>,
+    pub rls: Option<crate::config::rls::RlsSpec>,
 }
 
 /// A route: which requests, and where they go.
@@ -126,11 +126,11 @@ pub struct GroupSpec {
     /// The servers.
     pub servers: Vec<ServerSpec>,
     /// How one is chosen.
-    pub balance: crate::route::Balance,
+    pub balance: Balance,
     /// Ejection after failures in a row (on by default with two servers or more).
-    pub passive: Option<crate::route::Passive>,
+    pub passive: Option<Passive>,
     /// A periodic `GET`.
-    pub active: Option<crate::route::Active>,
+    pub active: Option<Active>,
 }
 
 /// One upstream server.
@@ -226,4 +226,84 @@ impl fmt::Display for Upstream {
             Upstream::Url(u) => write!(f, "{u}"),
         }
     }
+}
+
+/// How long a client connection may sit without any I/O while no request
+/// of it is being answered, unless `client_idle_timeout` says (nginx:
+/// `client_header_timeout` 60 s).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The name of the route of the top-level `upstream:`.
+pub const DEFAULT_ROUTE: &str = "default";
+
+/// How lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessFormat {
+    /// One JSON object per line.
+    Json,
+    /// nginx's `combined`, with the request id and time appended.
+    Combined,
+}
+
+/// Where lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessSink {
+    /// Standard output (beside the log, when that goes there too).
+    Stdout,
+    /// A file, appended to.
+    File(PathBuf),
+}
+
+/// `access_log:` as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessSpec {
+    /// Where.
+    pub sink: AccessSink,
+    /// How.
+    pub format: AccessFormat,
+}
+
+/// How a group chooses a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Balance {
+    /// Each server in turn.
+    #[default]
+    RoundRobin,
+    /// The server with the fewest requests in flight (ties in turn).
+    LeastRequests,
+    /// The same client to the same server while the servers stay up
+    /// (rendezvous hashing of the identity: one server going away moves
+    /// only its own clients).
+    Hash,
+}
+
+/// Ejection after failures in a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Passive {
+    /// Failures in a row that eject a server.
+    pub failures: u32,
+    /// How long the first ejection lasts.
+    pub eject_for: Duration,
+}
+
+impl Default for Passive {
+    /// nginx ejects after 1 failure for 10 s; 3 in a row is kinder to a
+    /// server that dropped one connection.
+    fn default() -> Self {
+        Self {
+            failures: 3,
+            eject_for: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A periodic `GET path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Active {
+    /// The path asked for.
+    pub path: String,
+    /// How often.
+    pub interval: Duration,
+    /// How long an answer may take.
+    pub timeout: Duration,
 }

@@ -61,7 +61,7 @@ pub(crate) struct RlsFile {
     /// Domains written here, in the same format (with ratewarden's
     /// extension).
     #[serde(default)]
-    pub domains: Vec<crate::rls::config::DomainFile>,
+    pub domains: Vec<crate::config::rls::DomainFile>,
     pub headers: Option<Vec<Sp<String>>>,
 }
 

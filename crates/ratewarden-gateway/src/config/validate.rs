@@ -101,51 +101,23 @@ fn header_style(d: &Diag<'_>, key: &str, list: &[Sp<String>]) -> Option<HeaderSt
 /// `rls:`: the listener, the headers, and the domains of `rls.config`
 /// (a file or a directory of them, in envoyproxy/ratelimit's format) and
 /// of `rls.domains`.
-fn rls_spec(d: &Diag<'_>, r: Sp<super::schema::RlsFile>) -> Option<crate::rls::RlsSpec> {
+fn rls_spec(d: &Diag<'_>, r: Sp<super::schema::RlsFile>) -> Option<crate::config::rls::RlsSpec> {
     let r = r.value;
     let listen = socket_addr(d, "rls.listen", &r.listen);
     // Envoy's own service sends none unless asked.
     let headers = header_style(d, "rls.headers", r.headers.as_deref().unwrap_or_default());
-    let mut files: Vec<(String, crate::rls::config::DomainFile)> = vec![];
+    let mut files: Vec<(String, crate::config::rls::DomainFile)> = vec![];
     let mut ok = true;
     if let Some(path) = &r.config {
-        let p = std::path::Path::new(&path.value);
-        let names = match crate::rls::descriptor_files(p) {
-            Ok(names) => names,
-            Err(e) => {
-                d.error(
-                    "rls.config",
-                    Some(&path.referenced),
-                    format!("cannot read {}: {e}", p.display()),
-                );
-                return None;
-            }
-        };
-        for name in names {
-            let shown = name.display().to_string();
-            match std::fs::read_to_string(&name) {
-                Ok(text) => match serde_saphyr::from_str::<crate::rls::config::DomainFile>(&text) {
-                    Ok(f) => files.push((shown, f)),
-                    Err(e) => {
-                        d.push(super::diag::parse_error(&shown, &text, &e));
-                        ok = false;
-                    }
-                },
-                Err(e) => {
-                    d.error(
-                        "rls.config",
-                        Some(&path.referenced),
-                        format!("cannot read {shown}: {e}"),
-                    );
-                    ok = false;
-                }
-            }
+        match crate::config::rls::read_files(d, path) {
+            Some(read) => files.extend(read),
+            None => ok = false,
         }
     }
     for (i, dom) in r.domains.into_iter().enumerate() {
         files.push((format!("rls.domains[{i}]"), dom));
     }
-    let domains = match crate::rls::config::build(&files) {
+    let domains = match crate::config::rls::build(&files) {
         Ok(domains) => Some(domains),
         Err(errors) => {
             for (file, key, message) in errors {
@@ -157,7 +129,7 @@ fn rls_spec(d: &Diag<'_>, r: Sp<super::schema::RlsFile>) -> Option<crate::rls::R
     if !ok {
         return None;
     }
-    Some(crate::rls::RlsSpec {
+    Some(crate::config::rls::RlsSpec {
         listen: listen?,
         headers: headers?,
         domains: std::sync::Arc::new(domains?),
@@ -245,7 +217,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
     let client_idle_timeout = d.positive_duration(
         "client_idle_timeout",
         &f.client_idle_timeout,
-        crate::idle::IDLE_TIMEOUT,
+        super::IDLE_TIMEOUT,
     );
     let client_header_timeout = d.positive_duration(
         "client_header_timeout",
@@ -409,8 +381,8 @@ fn log_spec(d: &Diag<'_>, f: Option<&Sp<LogFile>>) -> Option<LogSpec> {
     })
 }
 
-fn access_spec(d: &Diag<'_>, f: &Sp<AccessLogFile>) -> Option<crate::access::Spec> {
-    use crate::access::{Format, Sink, Spec};
+fn access_spec(d: &Diag<'_>, f: &Sp<AccessLogFile>) -> Option<super::AccessSpec> {
+    use super::{AccessFormat as Format, AccessSink as Sink, AccessSpec as Spec};
     let sink = match f.value.path.value.as_str() {
         "stdout" | "-" => Sink::Stdout,
         "" => {
@@ -893,7 +865,7 @@ fn routes(
     routes: &[RouteFile],
     upstream_tls: Option<&Sp<UpstreamTlsFile>>,
 ) -> Option<Vec<RouteSpec>> {
-    use crate::route::{Active, Balance, Passive};
+    use super::{Active, Balance, Passive};
     let mut out = Some(vec![]);
     let mut seen: Vec<&str> = vec![];
     for r in routes {
@@ -911,7 +883,7 @@ fn routes(
                 at,
                 "a route name is 1-128 letters, digits, `-`, `_` or `.`",
             );
-        } else if name.value == crate::route::DEFAULT {
+        } else if name.value == super::DEFAULT_ROUTE {
             d.error("name", at, "`default` is the top-level `upstream`'s route");
         } else if seen.contains(&name.value.as_str()) {
             d.error("name", at, format!("duplicate route name `{}`", name.value));
@@ -1305,7 +1277,7 @@ fn matcher(d: &Diag<'_>, m: &Sp<MatchFile>, routes: &[String]) -> Option<Matcher
     let m = &m.value;
     let route = match &m.route {
         None => Some(None),
-        Some(r) if r.value == crate::route::DEFAULT || routes.contains(&r.value) => {
+        Some(r) if r.value == super::DEFAULT_ROUTE || routes.contains(&r.value) => {
             Some(Some(r.value.clone()))
         }
         Some(r) => {

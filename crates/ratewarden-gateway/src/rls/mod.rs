@@ -13,16 +13,18 @@
 //! The server ([`serve`]) is HTTP/2 on its own listener (`rls.listen`),
 //! with `grpc.health.v1` and server reflection (v1 and v1alpha).
 
-pub mod config;
+/// The descriptor configuration is config's (`config::rls`): config is a
+/// leaf that imports none of the modules that run what it describes.
+pub use crate::config::rls as config;
+pub use crate::config::rls::{RlsSpec, descriptor_files};
 pub(crate) mod wire;
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use ratewarden::{HeaderStyle, Mode, Op, Rule};
+use ratewarden::{Mode, Op, Rule};
 use ratewarden_tower::admission::{Refusal, decide_ops};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -34,46 +36,6 @@ use config::{Domains, Found, Limit};
 /// it imports, for server reflection: taken from envoy-types' own
 /// descriptor set (`cargo run --example rls_descriptors`).
 pub const DESCRIPTORS: &[u8] = include_bytes!("rls_descriptors.bin");
-
-/// `rls:` as configured.
-#[derive(Debug, Clone)]
-pub struct RlsSpec {
-    /// The gRPC listener.
-    pub listen: SocketAddr,
-    /// Which rate-limit headers go into `response_headers_to_add`.
-    pub headers: HeaderStyle,
-    /// The domains and their descriptors.
-    pub domains: Arc<Domains>,
-    /// `rls.config`, a file or a directory: watched, as the config file
-    /// is, for a reload.
-    pub source: Option<std::path::PathBuf>,
-}
-
-impl RlsSpec {
-    /// The files `rls.config` names now (a directory's `.yaml` / `.yml`
-    /// files, sorted), so that an added or removed file counts as a
-    /// change.
-    pub fn files(&self) -> Vec<std::path::PathBuf> {
-        self.source
-            .as_deref()
-            .map(|p| descriptor_files(p).unwrap_or_default())
-            .unwrap_or_default()
-    }
-}
-
-/// The descriptor files `path` names: itself, or a directory's `.yaml` and
-/// `.yml` files, sorted (the order domains load in).
-pub fn descriptor_files(path: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
-    if !path.is_dir() {
-        return Ok(vec![path.to_owned()]);
-    }
-    let mut v: Vec<_> = std::fs::read_dir(path)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-        .collect();
-    v.sort();
-    Ok(v)
-}
 
 /// The service, answering from the gateway's live config and store.
 /// The service's gRPC name (health reports it serving).
@@ -608,7 +570,7 @@ pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Byte
             | Plan::Blocked(l)
             | Plan::Charged(l, ..)
             | Plan::Peeked(l, ..)
-            | Plan::Refunded(l, ..) => Some(*l),
+            | Plan::Refunded(l, ..) => Some((l.full_key.as_str(), l.detailed)),
         };
         gw.metrics.rls(req.domain, label, &keys[i], code);
         statuses.push(status);

@@ -12,15 +12,103 @@
 //! `concurrency`: Envoy never says when a request ends), `burst`,
 //! `min_interval`, `penalty`, `window` (any duration, in place of
 //! `unit`), and `distribution` (leased slices on Redis, as a rule's).
+//!
+//! Here in `config` (plain data, built from the files), so that the
+//! service (`crate::rls`) uses it and config uses nothing of the service.
 
 /// Looked up per call with request-given keys, built from the config
 /// only (nothing a request sends is inserted): a fast hash, seeded.
 type HashMap<K, V> = foldhash::HashMap<K, V>;
+
+/// `rls:` as configured.
+#[derive(Debug, Clone)]
+pub struct RlsSpec {
+    /// The gRPC listener.
+    pub listen: SocketAddr,
+    /// Which rate-limit headers go into `response_headers_to_add`.
+    pub headers: HeaderStyle,
+    /// The domains and their descriptors.
+    pub domains: Arc<Domains>,
+    /// `rls.config`, a file or a directory: watched, as the config file
+    /// is, for a reload.
+    pub source: Option<std::path::PathBuf>,
+}
+
+impl RlsSpec {
+    /// The files `rls.config` names now (a directory's `.yaml` / `.yml`
+    /// files, sorted), so that an added or removed file counts as a
+    /// change.
+    pub fn files(&self) -> Vec<std::path::PathBuf> {
+        self.source
+            .as_deref()
+            .map(|p| descriptor_files(p).unwrap_or_default())
+            .unwrap_or_default()
+    }
+}
+
+/// The descriptor files `rls.config` names (a file, or a directory's
+/// `.yaml` / `.yml` files), read and parsed, each named as shown in
+/// errors; `None` after reporting what could not be read or parsed.
+pub(super) fn read_files(
+    d: &super::diag::Diag<'_>,
+    path: &super::schema::Sp<String>,
+) -> Option<Vec<(String, DomainFile)>> {
+    let p = std::path::Path::new(&path.value);
+    let names = match descriptor_files(p) {
+        Ok(names) => names,
+        Err(e) => {
+            d.error(
+                "rls.config",
+                Some(&path.referenced),
+                format!("cannot read {}: {e}", p.display()),
+            );
+            return None;
+        }
+    };
+    let (mut files, mut ok) = (vec![], true);
+    for name in names {
+        let shown = name.display().to_string();
+        match std::fs::read_to_string(&name) {
+            Ok(text) => match serde_saphyr::from_str::<DomainFile>(&text) {
+                Ok(f) => files.push((shown, f)),
+                Err(e) => {
+                    d.push(super::diag::parse_error(&shown, &text, &e));
+                    ok = false;
+                }
+            },
+            Err(e) => {
+                d.error(
+                    "rls.config",
+                    Some(&path.referenced),
+                    format!("cannot read {shown}: {e}"),
+                );
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(files)
+}
+
+/// The descriptor files `path` names: itself, or a directory's `.yaml` and
+/// `.yml` files, sorted (the order domains load in).
+pub fn descriptor_files(path: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut v: Vec<_> = std::fs::read_dir(path)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratewarden::Rule;
 use ratewarden::algorithm::Kind;
+use ratewarden::{HeaderStyle, Rule};
 use serde::Deserialize;
 
 /// One configuration file's root (or one entry of `rls.domains`).
