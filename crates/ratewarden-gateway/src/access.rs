@@ -107,6 +107,11 @@ struct Shared {
     due: Mutex<bool>,
     wake: Condvar,
     dropped: AtomicU64,
+    /// Set by [`AccessLog::close`]: the writer writes what is buffered,
+    /// flushes and ends.
+    closing: std::sync::atomic::AtomicBool,
+    /// The writer thread, joined by [`AccessLog::close`].
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// The running access log. Cheap to clone.
@@ -138,9 +143,18 @@ impl AccessLog {
         };
         let log = Self::unstarted(spec.format);
         let shared = Arc::clone(&log.shared);
-        std::thread::Builder::new()
+        let writer = std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || write_all(&shared, || Arc::strong_count(&shared) == 1, out))?;
+            .spawn(move || {
+                write_all(
+                    &shared,
+                    || Arc::strong_count(&shared) == 1 || shared.closing.load(Ordering::Relaxed),
+                    out,
+                )
+            })?;
+        if let Ok(mut w) = log.shared.writer.lock() {
+            *w = Some(writer);
+        }
         Ok(log)
     }
 
@@ -151,6 +165,8 @@ impl AccessLog {
                 due: Mutex::new(false),
                 wake: Condvar::new(),
                 dropped: AtomicU64::new(0),
+                closing: std::sync::atomic::AtomicBool::new(false),
+                writer: Mutex::new(None),
             }),
             format,
         }
@@ -208,6 +224,22 @@ impl AccessLog {
                 self.shared.wake.notify_one();
             }
         });
+    }
+
+    /// Writes every line buffered so far, flushes the sink and stops the
+    /// writer, waiting for it (a stopping gateway calls it once its
+    /// requests are done: nginx, too, writes its buffered log on exit).
+    /// Lines logged after it are not written.
+    pub fn close(&self) {
+        self.shared.closing.store(true, Ordering::Relaxed);
+        if let Ok(mut due) = self.shared.due.lock() {
+            *due = true;
+        }
+        self.shared.wake.notify_one();
+        let writer = self.shared.writer.lock().ok().and_then(|mut w| w.take());
+        if let Some(w) = writer {
+            let _ = w.join();
+        }
     }
 
     /// Lines dropped so far.

@@ -300,7 +300,7 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
     let store = live.limiter.store();
     match (req.method().clone(), path.as_str()) {
         (Method::GET, "/healthz") => respond(StatusCode::OK, "text/plain", "ok\n"),
-        (Method::GET, "/readyz") => readyz(&store).await,
+        (Method::GET, "/readyz") => readyz(store).await,
         (Method::GET, "/metrics") => respond(StatusCode::OK, "text/plain; version=0.0.4", {
             let mut text = gw.metrics.render(&store.errors(), gw.access_dropped());
             let (_, health, _) = store.health();

@@ -316,6 +316,8 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
         _ = tokio::signal::ctrl_c() => {}
     }
     tracing::info!("shutting down: finishing in-flight requests");
+    let started = std::time::Instant::now();
     running.shutdown().await;
+    tracing::info!(took = ?started.elapsed(), "stopped");
     ExitCode::SUCCESS
 }

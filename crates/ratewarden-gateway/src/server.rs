@@ -61,11 +61,23 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops accepting, lets in-flight requests finish (at most 30 s), returns.
+    /// Stops accepting, lets in-flight requests finish (at most 30 s),
+    /// writes out the access log's buffered lines, returns.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         for t in self.tasks {
             let _ = t.await;
+        }
+        if let Some(log) = self.gateway.access.clone() {
+            // The writer's last round and the sink's flush: a blocking
+            // thread's work, bounded (a stuck disk must not hold the exit).
+            let closing = tokio::task::spawn_blocking(move || log.close());
+            if tokio::time::timeout(Duration::from_secs(5), closing)
+                .await
+                .is_err()
+            {
+                tracing::warn!("the access log's last lines were not written within 5 s");
+            }
         }
         // Slices of leased rules not used go back to Redis, for the other
         // gateways (bounded: a lost Redis leaves them to lapse).

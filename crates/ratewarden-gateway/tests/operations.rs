@@ -605,3 +605,38 @@ async fn a_leased_global_rule_holds_its_limit_across_two_gateways() {
     assert_eq!(up.hits(), 400);
     b.shutdown().await;
 }
+
+/// The access log's buffered lines are written before the process exits,
+/// on SIGTERM and on SIGINT (they were lost: the writer flushes every
+/// 200 ms and the process ended first); the exit is logged as `stopped`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_is_written_out_on_sigterm_and_sigint() {
+    for sig in ["TERM", "INT"] {
+        let dir = support::scratch_dir("rw-access-exit");
+        let log = dir.join("access.log");
+        let file = dir.join("ratewarden.yaml");
+        std::fs::write(
+            &file,
+            format!(
+                "admin: {{listen: 127.0.0.1:0}}\naccess_log: {{path: {}, format: json}}\nrules:\n  - {{name: one, limit: 1, window: 1h}}\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        let mut bin = support::spawn_binary(&file, "echo", &[], None);
+        let mut statuses = vec![];
+        for _ in 0..3 {
+            statuses.push(send(bin.listen, "GET", "/", &[], "").await.status.as_u16());
+        }
+        assert_eq!(statuses, [200, 429, 429]);
+        // At once: well within the writer's 200 ms round.
+        signal(&bin.child, sig);
+        let status = bin.child.wait().unwrap();
+        assert!(status.success(), "SIG{sig}: {status}");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "SIG{sig}: the log held {text:?}");
+        assert!(lines[2].contains("\"status\":429"), "{}", lines[2]);
+        bin.wait_for_line(|l| l.contains("stopped"));
+    }
+}

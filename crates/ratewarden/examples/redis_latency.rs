@@ -30,11 +30,13 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let mut cfg = RedisConfig::default();
-        cfg.url = Some(url);
-        cfg.key_prefix = "lat:".into();
-        cfg.timeout = Duration::from_secs(10);
-        let store = RedisStore::new(cfg).unwrap();
+        let store = RedisStore::new(RedisConfig {
+            url: Some(url),
+            key_prefix: "lat:".into(),
+            timeout: Duration::from_secs(10),
+            ..RedisConfig::default()
+        })
+        .unwrap();
         store.connect_now(Duration::from_secs(5)).await.unwrap();
         let rule = Arc::new(
             Rule::builder("latency")

@@ -87,7 +87,7 @@ fn show_duration(d: Micros) -> String {
         ("s", 1_000_000),
         ("ms", 1_000),
     ] {
-        if d >= size && d % size == 0 {
+        if d >= size && d.is_multiple_of(size) {
             return format!("{}{unit}", d / size);
         }
     }

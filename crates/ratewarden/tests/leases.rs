@@ -71,12 +71,12 @@ impl Rng {
 
 fn arrivals(t: Traffic, step: u64, gateway: usize, rng: &mut Rng) -> u64 {
     match t {
-        Traffic::Bursty if step % 50 == 0 => 40 + rng.next() % 20,
+        Traffic::Bursty if step.is_multiple_of(50) => 40 + rng.next() % 20,
         Traffic::Bursty => rng.next() % 2,
         Traffic::Skewed if gateway == 0 => 2 + rng.next() % 2,
         Traffic::Skewed => rng.next() % 3 / 2,
         Traffic::Near => u64::from(rng.next() % 10 < 3),
-        Traffic::Alternating if (step / 1000) % 2 == 0 => u64::from(rng.next() % 40 < 9),
+        Traffic::Alternating if (step / 1000).is_multiple_of(2) => u64::from(rng.next() % 40 < 9),
         Traffic::Alternating => rng.next() % 4 * 2 / 3,
     }
 }

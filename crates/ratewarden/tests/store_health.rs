@@ -18,11 +18,12 @@ use ratewarden::{
 };
 
 fn config(url: &str, timeout: Duration) -> RedisConfig {
-    let mut c = RedisConfig::default();
-    c.url = Some(url.to_owned());
-    c.key_prefix = "h:".into();
-    c.timeout = timeout;
-    c
+    RedisConfig {
+        url: Some(url.to_owned()),
+        key_prefix: "h:".into(),
+        timeout,
+        ..RedisConfig::default()
+    }
 }
 
 fn rule(name: &str, limit: u64) -> Rule {
@@ -218,15 +219,17 @@ async fn a_sentinel_failover_is_followed_to_the_new_master() {
         assert!(Instant::now() < deadline, "the replica did not sync");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut cfg = RedisConfig::default();
-    cfg.url = None;
-    cfg.key_prefix = "s:".into();
-    cfg.timeout = Duration::from_millis(500);
-    cfg.sentinel = Some(SentinelConfig {
-        master: "mymaster".into(),
-        nodes: sentinels.iter().map(Sentinel::url).collect(),
-        ..Default::default()
-    });
+    let cfg = RedisConfig {
+        url: None,
+        key_prefix: "s:".into(),
+        timeout: Duration::from_millis(500),
+        sentinel: Some(SentinelConfig {
+            master: "mymaster".into(),
+            nodes: sentinels.iter().map(Sentinel::url).collect(),
+            ..Default::default()
+        }),
+        ..RedisConfig::default()
+    };
     let store = Arc::new(Fallback::new(
         RedisStore::new(cfg).unwrap(),
         OnError::Local,

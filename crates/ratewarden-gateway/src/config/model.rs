@@ -26,6 +26,9 @@ pub enum Upstream {
 
 /// Which store, and how it fails.
 #[derive(Debug, Clone, PartialEq, Eq)]
+// Made once per load and compared on reload, never moved on a request's
+// path: the size of its larger variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum StoreSpec {
     /// In-process.
     Memory {

@@ -478,14 +478,14 @@ pub(crate) mod tests {
                             value: word(next()),
                         })
                         .collect(),
-                    limit: (next() % 4 == 0).then(|| RateLimitOverride {
+                    limit: next().is_multiple_of(4).then(|| RateLimitOverride {
                         requests_per_unit: next() as u32,
                         unit: (next() % 7) as i32,
                     }),
-                    hits_addend: (next() % 3 == 0).then(|| {
+                    hits_addend: next().is_multiple_of(3).then(|| {
                         envoy_types::pb::google::protobuf::UInt64Value { value: next() % 5 }
                     }),
-                    is_negative_hits: next() % 5 == 0,
+                    is_negative_hits: next().is_multiple_of(5),
                 })
                 .collect(),
             hits_addend: (next() % 3) as u32,
@@ -633,7 +633,7 @@ pub(crate) mod tests {
             let statuses: Vec<Status<'_>> = (0..next() % 4)
                 .map(|_| Status {
                     code: [0, 1, 2, -1][(next() % 4) as usize],
-                    limit: (next() % 3 != 0).then(|| {
+                    limit: (!next().is_multiple_of(3)).then(|| {
                         (
                             names[(next() % 4) as usize],
                             num(next()) as u32,
@@ -641,7 +641,7 @@ pub(crate) mod tests {
                         )
                     }),
                     remaining: num(next()) as u32,
-                    until_reset: (next() % 3 != 0).then(|| {
+                    until_reset: (!next().is_multiple_of(3)).then(|| {
                         Duration::new(
                             num(next()) % (1 << 40),
                             (num(next()) % 1_000_000_000) as u32,

@@ -396,7 +396,11 @@ impl Rule {
             ),
             Kind::SlidingWindowCounter => {
                 let w = window.get();
-                let ticks = if w % 1_000 == 0 { w / 1_000 } else { w };
+                let ticks = if w.is_multiple_of(1_000) {
+                    w / 1_000
+                } else {
+                    w
+                };
                 if (limit as u128) * (ticks as u128) * 3 >= LUA_EXACT as u128 {
                     return Err(RuleError::range(
                         "limit",

@@ -361,10 +361,10 @@ fn server_pid(port: u16) -> Option<u32> {
     let mut buf = [0; 4096];
     loop {
         let text = String::from_utf8_lossy(&got);
-        if let Some(rest) = text.split("process_id:").nth(1) {
-            if let Some((pid, _)) = rest.split_once("\r\n") {
-                return pid.parse().ok();
-            }
+        if let Some(rest) = text.split("process_id:").nth(1)
+            && let Some((pid, _)) = rest.split_once("\r\n")
+        {
+            return pid.parse().ok();
         }
         let n = s.read(&mut buf).ok()?;
         if n == 0 {

@@ -279,12 +279,13 @@ struct Inner {
 }
 
 /// The default bound on one call. Chosen from Redis call latency measured
-/// on a 2-core host with two CPU-bound processes beside it (BENCHMARKS.md,
-/// "Redis call latency on a busy host"): p99.9 there was tens of
-/// milliseconds and the worst of 200,000 calls a few hundred, so a call
-/// still unanswered after a second is not a busy host's ordinary delay. A
-/// late call is refused, never decided locally: a bound too tight turns a
-/// busy host's slow answers into refusals, and that is what it costs.
+/// through this client on a 2-core host with two CPU-bound processes beside
+/// it (BENCHMARKS.md, "Redis call latency on a busy host"): p99.9 8-8.4 ms,
+/// the worst of 600,000 calls 42.6 ms (the old default was 50 ms), so a
+/// call still unanswered after a second is not a busy host's ordinary
+/// delay. A late call is refused, never decided locally: a bound too tight
+/// turns a busy host's slow answers into refusals, and that is what it
+/// costs.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A late call when nothing has been answered for this long (and at least

@@ -141,7 +141,7 @@ pub fn argv(ops: &[Call<'_>], mode: Mode, now: Micros) -> Vec<String> {
 /// The integers of a reply packed as little-endian doubles, 8 bytes each,
 /// `n` ops of [`REPLY`] values.
 fn integers(reply: &[u8], n: usize) -> Result<Vec<i64>, String> {
-    if reply.len() % 8 != 0 {
+    if !reply.len().is_multiple_of(8) {
         return Err(format!("script returned {} bytes", reply.len()));
     }
     let raw: Vec<i64> = reply
