@@ -122,6 +122,7 @@ impl Gateway {
         let router = Router::new(
             &config.routes,
             config.default_server().as_ref(),
+            config.preserve_host,
             None,
             &metrics,
         );
@@ -167,6 +168,7 @@ impl Gateway {
         let router = Router::new(
             &config.routes,
             config.default_server().as_ref(),
+            config.preserve_host,
             Some(&old.router),
             &self.metrics,
         );

@@ -51,6 +51,8 @@ pub struct Group {
     pub route: String,
     /// Its servers.
     pub servers: Vec<Server>,
+    /// Whether the client's `Host` goes upstream, not the server's.
+    pub preserve_host: bool,
     balance: Balance,
     passive: Option<Passive>,
     next: AtomicUsize,
@@ -202,6 +204,7 @@ impl Router {
     pub fn new(
         routes: &[RouteSpec],
         default: Option<&ServerSpec>,
+        preserve_host: bool,
         old: Option<&Router>,
         metrics: &Metrics,
     ) -> Self {
@@ -221,6 +224,7 @@ impl Router {
                     .map(|s| server(route, s, &pools, metrics))
                     .collect(),
                 balance: spec.balance,
+                preserve_host: spec.preserve_host.unwrap_or(preserve_host),
                 // Nothing to fall back to with one server: never ejected.
                 passive: if spec.servers.len() > 1 {
                     spec.passive
@@ -241,6 +245,7 @@ impl Router {
                     DEFAULT,
                     &crate::config::GroupSpec {
                         servers: vec![s.clone()],
+                        preserve_host: None,
                         balance: Balance::RoundRobin,
                         passive: None,
                         active: None,

@@ -194,9 +194,9 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
             listener,
             stopped.clone(),
             timeouts,
-            move |req, peer| {
+            move |req, client| {
                 let gw = gw.clone();
-                async move { gw.handle(req, peer).await }
+                async move { gw.handle(req, client).await }
             },
             gateway.clone(),
             true,
@@ -294,7 +294,11 @@ async fn serve<F, Fut>(
     proxy: bool,
     tls: Option<Tls>,
 ) where
-    F: Fn(http::Request<hyper::body::Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(http::Request<hyper::body::Incoming>, crate::proxy::forward::Client) -> Fut
+        + Clone
+        + Send
+        + Sync
+        + 'static,
     Fut: std::future::Future<Output = http::Response<crate::gateway::Body>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
@@ -311,6 +315,7 @@ async fn serve<F, Fut>(
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(timeouts.head);
     let idle = timeouts.idle;
+    let port = listener.local_addr().map_or(0, |a| a.port());
     loop {
         tokio::select! {
             conn = listener.accept() => {
@@ -327,9 +332,14 @@ async fn serve<F, Fut>(
                 let handler = handler.clone();
                 let activity = Arc::new(Activity::default());
                 let requests = activity.clone();
+                let client = crate::proxy::forward::Client {
+                    peer,
+                    tls: tls.is_some(),
+                    port,
+                };
                 let svc = service_fn(move |req| {
                     let answering = requests.answering();
-                    let fut = handler(req, peer);
+                    let fut = handler(req, client);
                     async move {
                         let resp = fut.await;
                         drop(answering);
@@ -374,7 +384,7 @@ async fn serve<F, Fut>(
                     let h2 = io.is_h2();
                     let io = Watched::new(io, activity.clone());
                     let conn: BoxFuture = if proxy && !h2 {
-                        Box::pin(proxy::serve_connection(gw, io, peer, stop, hyper))
+                        Box::pin(proxy::serve_connection(gw, io, client, stop, hyper))
                     } else {
                         Box::pin(hyper(io))
                     };

@@ -92,7 +92,118 @@ both_paths!(
     a_slow_upstream_is_a_504,
     a_rejection_reads_the_same,
     the_request_id_goes_upstream_and_back,
+    x_forwarded_host_proto_and_port_are_set_and_a_client_s_replaced,
+    a_trusted_proxy_s_x_forwarded_fields_are_kept,
+    preserve_host_sends_the_client_s_host,
 );
+
+/// The fields the test upstream received (`/headers`: `name: value` lines),
+/// every value of `name`.
+fn received<'a>(body: &'a str, name: &str) -> Vec<&'a str> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .collect()
+}
+
+/// What a Django app behind the gateway reads: the Host the client asked
+/// for, its scheme and port, whatever the client claimed under those names.
+async fn x_forwarded_host_proto_and_port_are_set_and_a_client_s_replaced(path: Path) {
+    let up = Upstream::start().await;
+    let gw = gateway("rules: []\n", &up.url(), None).await;
+    let spoofed = [
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "evil.example"),
+        ("x-forwarded-port", "443"),
+    ];
+    let r = send(path, gw.listen, "GET", "/headers", &spoofed).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let asked = gw.listen.to_string();
+    assert_eq!(
+        received(&r.body, "x-forwarded-host"),
+        [asked.as_str()],
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        received(&r.body, "x-forwarded-proto"),
+        ["http"],
+        "{}",
+        r.body
+    );
+    let port = gw.listen.port().to_string();
+    assert_eq!(
+        received(&r.body, "x-forwarded-port"),
+        [port.as_str()],
+        "{}",
+        r.body
+    );
+    // Host stays the upstream's by default (nginx's `$proxy_host`).
+    assert_eq!(received(&r.body, "host"), [up.addr.to_string().as_str()]);
+    gw.shutdown().await;
+}
+
+/// From a peer in `identity.trusted_proxies`, each `X-Forwarded-*` field it
+/// sent is kept (the proxy in front knows the scheme); those it did not
+/// send are set.
+async fn a_trusted_proxy_s_x_forwarded_fields_are_kept(path: Path) {
+    let up = Upstream::start().await;
+    let gw = gateway(
+        "identity: {trusted_proxies: [127.0.0.1]}\nrules: []\n",
+        &up.url(),
+        None,
+    )
+    .await;
+    let sent = [
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "shop.example"),
+    ];
+    let r = send(path, gw.listen, "GET", "/headers", &sent).await;
+    assert_eq!(
+        received(&r.body, "x-forwarded-proto"),
+        ["https"],
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        received(&r.body, "x-forwarded-host"),
+        ["shop.example"],
+        "{}",
+        r.body
+    );
+    let port = gw.listen.port().to_string();
+    assert_eq!(
+        received(&r.body, "x-forwarded-port"),
+        [port.as_str()],
+        "{}",
+        r.body
+    );
+    gw.shutdown().await;
+}
+
+/// `preserve_host: true` (top level, or a route's own) sends the Host the
+/// client asked for (an HTTP/2 request's `:authority`), not the server's.
+async fn preserve_host_sends_the_client_s_host(path: Path) {
+    let up = Upstream::start().await;
+    let gw = gateway("preserve_host: true\nrules: []\n", &up.url(), None).await;
+    let r = send(path, gw.listen, "GET", "/headers", &[]).await;
+    let asked = gw.listen.to_string();
+    assert_eq!(received(&r.body, "host"), [asked.as_str()], "{}", r.body);
+    gw.shutdown().await;
+    // A route says otherwise for its own requests.
+    let yaml = format!(
+        "preserve_host: true\nroutes:\n  - name: api\n    match: {{path_prefix: /headers}}\n    preserve_host: false\n    upstream: {}\nrules: []\n",
+        up.url()
+    );
+    let gw = gateway(&yaml, &up.url(), None).await;
+    let r = send(path, gw.listen, "GET", "/headers", &[]).await;
+    assert_eq!(
+        received(&r.body, "host"),
+        [up.addr.to_string().as_str()],
+        "{}",
+        r.body
+    );
+    gw.shutdown().await;
+}
 
 /// The upstream answers `xff=...;host=...;hop=...;body=...` (see support).
 fn field<'a>(body: &'a str, name: &str) -> &'a str {

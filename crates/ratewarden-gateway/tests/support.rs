@@ -55,6 +55,13 @@ async fn upstream_handle(
         .unwrap_or("")
         .to_owned();
     let hop = req.headers().contains_key("x-hop");
+    // `/headers`: every field as received, `name: value` a line (names in
+    // lower case, in order), as a Django app's `request.META` would show.
+    let fields: String = req
+        .headers()
+        .iter()
+        .map(|(n, v)| format!("{n}: {}\n", String::from_utf8_lossy(v.as_bytes())))
+        .collect();
     let rid = req
         .headers()
         .get("x-request-id")
@@ -68,7 +75,9 @@ async fn upstream_handle(
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    let (status, text) = if let Some(code) = path.strip_prefix("/status/") {
+    let (status, text) = if path == "/headers" {
+        (StatusCode::OK, fields)
+    } else if let Some(code) = path.strip_prefix("/status/") {
         (
             StatusCode::from_u16(code.parse().unwrap_or(500))
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),

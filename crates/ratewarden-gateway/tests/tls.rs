@@ -247,6 +247,75 @@ async fn the_tls_listener_serves_http1_and_h2_and_limits_over_both() {
 
 /// The gateway's own HTTP/1.1 path serves TLS connections: driven
 /// directly, with a hand-over to hyper that would record being used.
+/// Behind the TLS listener the upstream is told the client came over
+/// https, on the listener's port, for the Host it asked for, on HTTP/1.1
+/// and on h2; a client's own `X-Forwarded-Proto: http` is replaced.
+#[tokio::test]
+async fn the_tls_listener_tells_the_upstream_https() {
+    let dir = scratch_dir("rw-tls");
+    let ca = Ca::new("test ca");
+    let (cert, key) = ca.issue(&["localhost"]);
+    let (c, k) = (put(&dir, "s.pem", &cert), put(&dir, "s.key", &key));
+    let up = Upstream::start().await;
+    let yaml = format!(
+        "tls: {{cert: {}, key: {}}}\nrules: []\n",
+        c.display(),
+        k.display()
+    );
+    let gw = gateway_in(&dir, &yaml, &up.url()).await;
+    let port = gw.listen.port().to_string();
+    let field = |body: &str, name: &str| -> Vec<String> {
+        body.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{name}: ")).map(str::to_owned))
+            .collect()
+    };
+    // HTTP/1.1: the gateway's own path.
+    let s = connect(
+        gw.listen,
+        "localhost",
+        client_config(&ca, &[b"http/1.1"], None),
+    )
+    .await
+    .unwrap();
+    let mut h = h1(s).await;
+    let req = Request::get("/headers")
+        .header("host", "localhost")
+        .header("x-forwarded-proto", "http")
+        .body(Empty::new())
+        .unwrap();
+    let resp = h.send_request(req).await.unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body).into_owned();
+    assert_eq!(field(&body, "x-forwarded-proto"), ["https"], "{body}");
+    assert_eq!(field(&body, "x-forwarded-port"), [port.as_str()], "{body}");
+    assert_eq!(field(&body, "x-forwarded-host"), ["localhost"], "{body}");
+    // h2: hyper's path.
+    let s = connect(gw.listen, "localhost", client_config(&ca, &[b"h2"], None))
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(s),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get(format!("https://localhost:{port}/headers"))
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body).into_owned();
+    assert_eq!(field(&body, "x-forwarded-proto"), ["https"], "{body}");
+    assert_eq!(field(&body, "x-forwarded-port"), [port.as_str()], "{body}");
+    assert_eq!(
+        field(&body, "x-forwarded-host"),
+        [format!("localhost:{port}")],
+        "{body}"
+    );
+    gw.shutdown().await;
+}
+
 #[tokio::test]
 async fn tls_connections_are_served_by_the_http1_path_not_handed_to_hyper() {
     use ratewarden_gateway::idle::{Activity, Watched};
@@ -278,10 +347,21 @@ async fn tls_connections_are_served_by_the_http1_path_not_handed_to_hyper() {
         let tls = acceptor.accept(tcp).await.unwrap();
         let io = Watched::new(ClientIo::Tls(Box::new(tls)), Arc::new(Activity::default()));
         let (_stop, stopped) = tokio::sync::watch::channel(false);
-        ratewarden_gateway::proxy::serve_connection(gw, io, peer, stopped, move |_io| async move {
-            h.store(true, Ordering::SeqCst);
-            Ok::<(), std::io::Error>(())
-        })
+        let client = ratewarden_gateway::proxy::forward::Client {
+            peer,
+            tls: true,
+            port: addr.port(),
+        };
+        ratewarden_gateway::proxy::serve_connection(
+            gw,
+            io,
+            client,
+            stopped,
+            move |_io| async move {
+                h.store(true, Ordering::SeqCst);
+                Ok::<(), std::io::Error>(())
+            },
+        )
         .await
     });
     let s = connect(addr, "localhost", client_config(&ca, &[b"http/1.1"], None))

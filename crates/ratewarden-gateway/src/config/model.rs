@@ -75,6 +75,13 @@ pub struct Config {
     /// Keep request header fields whose names contain `_` (nginx's
     /// `underscores_in_headers`); dropped by default.
     pub underscores_in_headers: bool,
+    /// `preserve_host`: the client's `Host` goes upstream rather than the
+    /// server's (routes may say otherwise). Off by default, as nginx's
+    /// `proxy_set_header Host $proxy_host`.
+    pub preserve_host: bool,
+    /// `identity.trusted_proxies`: peers whose `X-Forwarded-For`,
+    /// `-Host`, `-Proto` and `-Port` are believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Which target goes upstream.
     pub upstream_path: UpstreamPath,
     /// Admin listener and token; `None` turns the admin API off.
@@ -128,6 +135,9 @@ pub struct RouteSpec {
 pub struct GroupSpec {
     /// The servers.
     pub servers: Vec<ServerSpec>,
+    /// Whether the client's `Host` goes upstream (the route's own
+    /// `preserve_host`; `None`: the top level's).
+    pub preserve_host: Option<bool>,
     /// How one is chosen.
     pub balance: Balance,
     /// Ejection after failures in a row (on by default with two servers or more).

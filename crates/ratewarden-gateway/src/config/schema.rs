@@ -30,6 +30,7 @@ pub(crate) struct File {
     pub client_header_timeout: Option<Sp<String>>,
     pub client_body_timeout: Option<Sp<String>>,
     pub underscores_in_headers: Option<Sp<bool>>,
+    pub preserve_host: Option<Sp<bool>>,
     pub tls: Option<Sp<TlsFile>>,
     pub upstream_tls: Option<Sp<UpstreamTlsFile>>,
     pub log: Option<Sp<LogFile>>,
@@ -72,6 +73,7 @@ pub(crate) struct RouteFile {
     #[serde(rename = "match")]
     pub matcher: Option<Sp<MatchFile>>,
     pub upstream: Sp<RouteUpstreamFile>,
+    pub preserve_host: Option<Sp<bool>>,
 }
 
 /// A route's upstream: one URL, or servers with a balance and checks.

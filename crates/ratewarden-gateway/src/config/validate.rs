@@ -257,6 +257,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         }),
         Some(s) => store_spec(d, s, &mut tls_files),
     };
+    let trusted = trusted_proxies(&f.identity);
     let identity = identity(d, f.identity);
     let by_header = matches!(identity, Some(IdentitySource::Header { .. }));
     let allow = patterns(d, "allow", &f.allow, by_header);
@@ -326,6 +327,8 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         client_header_timeout: client_header_timeout?,
         client_body_timeout: client_body_timeout?,
         underscores_in_headers: f.underscores_in_headers.is_some_and(|u| u.value),
+        preserve_host: f.preserve_host.as_ref().is_some_and(|p| p.value),
+        trusted_proxies: trusted,
         admin: admin?,
         tls_files,
         admin_token_for_probes,
@@ -666,6 +669,15 @@ fn store_spec(
         on_error: on_error?,
         tls: tls?,
     })
+}
+
+/// `identity.trusted_proxies` as networks (each checked by [`identity`]:
+/// one that does not parse is reported there, and left out here).
+fn trusted_proxies(f: &Option<IdentityFile>) -> Vec<IpNet> {
+    f.iter()
+        .flat_map(|f| &f.trusted_proxies)
+        .filter_map(|t| parse_net(&t.value).ok())
+        .collect()
 }
 
 fn identity(d: &Diag<'_>, f: Option<IdentityFile>) -> Option<IdentitySource> {
@@ -1019,6 +1031,7 @@ fn routes(
                 matcher: matcher?,
                 group: GroupSpec {
                     servers: servers?,
+                    preserve_host: r.preserve_host.as_ref().map(|p| p.value),
                     balance: balance?,
                     passive: passive?,
                     active: active?,

@@ -241,6 +241,62 @@ pub(crate) fn push_forwarded_for<'a>(
     out.extend_from_slice(ratewarden_tower::identity::ip_text(peer).as_bytes());
 }
 
+/// How a client connection came in: the peer, whether over TLS, and the
+/// listener's port (for `X-Forwarded-Proto` and `-Port`).
+#[derive(Debug, Clone, Copy)]
+pub struct Client {
+    /// The peer's address.
+    pub peer: std::net::SocketAddr,
+    /// Whether the connection is TLS (the listener's `tls:`).
+    pub tls: bool,
+    /// The port the client connected to.
+    pub port: u16,
+}
+
+impl Client {
+    /// A cleartext client on `peer` (tests, and front ends without a
+    /// listener of their own).
+    pub fn plain(peer: std::net::SocketAddr) -> Self {
+        Self {
+            peer,
+            tls: false,
+            port: 0,
+        }
+    }
+}
+
+/// The `X-Forwarded-*` fields the gateway sets on every forwarded request
+/// besides `X-Forwarded-For`: the Host the client asked for, its scheme and
+/// the port it connected to. What a client sent under these names is
+/// replaced, never passed on (a client must not tell the app it came over
+/// https), unless the peer is one of `identity.trusted_proxies`: a proxy in
+/// front of the gateway knows them better, and each one it sent is kept.
+pub(crate) const X_FORWARDED: [&str; 3] =
+    ["x-forwarded-host", "x-forwarded-proto", "x-forwarded-port"];
+
+/// Which of [`X_FORWARDED`] `name` is, if any (ASCII case-insensitive).
+pub(crate) fn x_forwarded_index(name: &[u8]) -> Option<usize> {
+    if name.len() < 16 || !name[..12].eq_ignore_ascii_case(b"x-forwarded-") {
+        return None;
+    }
+    X_FORWARDED
+        .iter()
+        .position(|n| n.as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// The values of [`X_FORWARDED`] for a request of `client` that asked for
+/// `host` (its `Host` or `:authority`, if any): host, proto, port. The
+/// caller leaves out those a trusted proxy sent itself.
+pub(crate) fn x_forwarded_values<'a>(
+    client: &Client,
+    host: Option<&'a [u8]>,
+    port: &'a mut itoa::Buffer,
+) -> [Option<&'a [u8]>; 3] {
+    let proto: &'static [u8] = if client.tls { b"https" } else { b"http" };
+    let port = (client.port != 0).then(|| port.format(client.port).as_bytes());
+    [host, Some(proto), port]
+}
+
 /// Why the upstream gave no answer.
 #[derive(Debug)]
 pub enum UpstreamFailure {

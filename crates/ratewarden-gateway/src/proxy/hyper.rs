@@ -115,7 +115,8 @@ struct Seen {
 impl Gateway {
     /// Handles one request on hyper's path: the answer carries the
     /// request's id; the access log gets a line.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    pub async fn handle(&self, req: Request<Incoming>, client: forward::Client) -> Response<Body> {
+        let peer = client.peer;
         let arrival = crate::access::arrived();
         let rid = RequestId::keep_or_make(
             req.headers()
@@ -137,7 +138,7 @@ impl Gateway {
             )
         });
         let mut seen = Seen::default();
-        let mut resp = self.answer(req, peer, &rid, &mut seen).await;
+        let mut resp = self.answer(req, client, &rid, &mut seen).await;
         if let Ok(v) = HeaderValue::from_bytes(rid.as_bytes()) {
             resp.headers_mut().insert(request_id::HEADER, v);
         }
@@ -167,10 +168,11 @@ impl Gateway {
     async fn answer(
         &self,
         req: Request<Incoming>,
-        peer: SocketAddr,
+        client: forward::Client,
         rid: &RequestId,
         seen: &mut Seen,
     ) -> Response<Body> {
+        let peer = client.peer;
         let live = self.live();
         let (mut parts, body) = req.into_parts();
         if let Err(e) = edge_check(&parts) {
@@ -221,8 +223,14 @@ impl Gateway {
                     Ok(t) => t.into_owned(),
                     Err(e) => return e.answer(),
                 };
+                let asked = asked_host(&parts);
                 let mut headers = super::tunnel::request_fields(std::mem::take(&mut parts.headers));
-                forwarding_fields(&mut headers, peer, rid);
+                let fwd = Forwarding {
+                    client,
+                    trusted: trusted(&live, peer),
+                    asked,
+                };
+                forwarding_fields(&mut headers, &fwd, rid);
                 let t = super::tunnel::Tunnel {
                     group,
                     client: &admitted.who().identity,
@@ -241,7 +249,11 @@ impl Gateway {
                 let to = Upstreamed {
                     group,
                     client: &admitted.who().identity,
-                    peer,
+                    forwarding: Forwarding {
+                        client,
+                        trusted: trusted(&live, peer),
+                        asked: asked_host(&parts),
+                    },
                     timeout: live.config.upstream_timeout,
                     how: live.config.upstream_path,
                     rid,
@@ -281,7 +293,7 @@ impl Gateway {
         };
         parts.version = Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
-        forwarding_fields(&mut parts.headers, to.peer, to.rid);
+        forwarding_fields(&mut parts.headers, &to.forwarding, to.rid);
         let group = to.group;
         let mut req = Request::from_parts(parts, body);
         let mut tried: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
@@ -301,7 +313,7 @@ impl Gateway {
                 return upstream_failed(at, UpstreamFailure::Broken { why, error });
             };
             let server = chosen.server();
-            if let Err(refused) = aim(&mut req, server, &target) {
+            if let Err(refused) = aim(&mut req, server, &target, group.preserve_host) {
                 return *refused;
             }
             let res = server.pool.send(req, to.timeout).await;
@@ -370,6 +382,7 @@ pub(super) fn aim<B>(
     req: &mut Request<B>,
     server: &crate::route::Server,
     target: &str,
+    preserve_host: bool,
 ) -> Result<(), Box<Response<Body>>> {
     *req.uri_mut() = match format!("{}{target}", server.prefix).parse::<Uri>() {
         Ok(u) => u,
@@ -380,25 +393,80 @@ pub(super) fn aim<B>(
             )));
         }
     };
-    match server.pool.host() {
-        Some(host) => req.headers_mut().insert(header::HOST, host.clone()),
-        None => req.headers_mut().remove(header::HOST),
-    };
+    // Under `preserve_host` the client's (set by `forwarding_fields`, an
+    // HTTP/2 request's `:authority` too) stays.
+    if !preserve_host {
+        match server.pool.host() {
+            Some(host) => req.headers_mut().insert(header::HOST, host.clone()),
+            None => req.headers_mut().remove(header::HOST),
+        };
+    }
     Ok(())
 }
 
-fn forwarding_fields(h: &mut HeaderMap, peer: SocketAddr, rid: &RequestId) {
+/// The Host a request asked for: its `Host` field, or an HTTP/2 request's
+/// `:authority`.
+fn asked_host(parts: &Parts) -> Option<HeaderValue> {
+    parts.headers.get(header::HOST).cloned().or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    })
+}
+
+/// Whether `peer` is one of `identity.trusted_proxies`.
+fn trusted(live: &crate::gateway::Live, peer: SocketAddr) -> bool {
+    live.config
+        .trusted_proxies
+        .iter()
+        .any(|n| n.contains(&peer.ip()))
+}
+
+/// What the forwarding fields of one request are made from.
+struct Forwarding {
+    client: forward::Client,
+    /// The peer is a trusted proxy: its `X-Forwarded-*` are kept.
+    trusted: bool,
+    /// The Host the client asked for.
+    asked: Option<HeaderValue>,
+}
+
+/// `X-Forwarded-For` (the peer appended), `X-Forwarded-Host`, `-Proto` and
+/// `-Port` (see [`forward::X_FORWARDED`]: a client's replaced, a trusted
+/// proxy's kept), the request id, and `Host` as asked where the request
+/// had none (HTTP/2: `:authority`), for `preserve_host`.
+fn forwarding_fields(h: &mut HeaderMap, f: &Forwarding, rid: &RequestId) {
     let mut xff = Vec::new();
     push_forwarded_for(
         &mut xff,
         h.get_all(X_FORWARDED_FOR).iter().map(HeaderValue::as_bytes),
-        peer.ip(),
+        f.client.peer.ip(),
     );
     if let Ok(v) = HeaderValue::from_bytes(&xff) {
         h.insert(X_FORWARDED_FOR, v);
     }
     if let Ok(v) = HeaderValue::from_bytes(rid.as_bytes()) {
         h.insert(request_id::HEADER, v);
+    }
+    let mut port = itoa::Buffer::new();
+    let ours = forward::x_forwarded_values(
+        &f.client,
+        f.asked.as_ref().map(HeaderValue::as_bytes),
+        &mut port,
+    );
+    for (name, value) in forward::X_FORWARDED.iter().zip(ours) {
+        let name = HeaderName::from_static(name);
+        if f.trusted && h.contains_key(&name) {
+            continue;
+        }
+        match value.and_then(|v| HeaderValue::from_bytes(v).ok()) {
+            Some(v) => h.insert(name, v),
+            None => h.remove(name),
+        };
+    }
+    if let (false, Some(asked)) = (h.contains_key(header::HOST), &f.asked) {
+        h.insert(header::HOST, asked.clone());
     }
 }
 
@@ -407,7 +475,7 @@ struct Upstreamed<'a> {
     group: &'a crate::route::Group,
     /// The identity, for `balance: hash`.
     client: &'a str,
-    peer: SocketAddr,
+    forwarding: Forwarding,
     timeout: Duration,
     how: crate::config::UpstreamPath,
     rid: &'a RequestId,

@@ -97,7 +97,8 @@ pub(crate) async fn open(mut t: Tunnel<'_>, on: Option<OnUpgrade>) -> Response<B
         let mut req = http::Request::new(Empty::<bytes::Bytes>::new());
         *req.method_mut() = t.method.clone();
         *req.headers_mut() = std::mem::take(&mut t.headers);
-        if let Err(refused) = super::hyper::aim(&mut req, server, &t.target) {
+        if let Err(refused) = super::hyper::aim(&mut req, server, &t.target, t.group.preserve_host)
+        {
             return *refused;
         }
         req.headers_mut()

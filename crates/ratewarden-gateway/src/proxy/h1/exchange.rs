@@ -2,7 +2,6 @@
 
 use std::future::{Future, poll_fn};
 use std::io;
-use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::{Pin, pin};
 use std::task::Poll;
@@ -23,8 +22,9 @@ use smallvec::SmallVec;
 use super::request::BodyLen;
 use crate::gateway::{Gateway, Live, add_rate_headers};
 use crate::proxy::forward::{
-    UpstreamFailure, dropped_request_field, drops_length, is_hop_by_hop, push_forwarded_for,
-    tls_cause, tls_failure, upstream_failed,
+    UpstreamFailure, X_FORWARDED, dropped_request_field, drops_length, is_hop_by_hop,
+    push_forwarded_for, tls_cause, tls_failure, upstream_failed, x_forwarded_index,
+    x_forwarded_values,
 };
 use crate::route::Outcome;
 use crate::stream::UpstreamIo;
@@ -63,7 +63,7 @@ pub(crate) struct Forward<'a> {
     /// The target sent after `prefix` when it is not the client's as it
     /// came (see [`crate::proxy::forward::upstream_target`]).
     pub(crate) rewritten: Option<&'a str>,
-    pub(crate) peer: SocketAddr,
+    pub(crate) client: crate::proxy::forward::Client,
     pub(crate) head: &'a Head,
     pub(crate) admitted: &'a Admitted<'a>,
     /// The request's `concurrency` leases, if any (given back when its
@@ -265,9 +265,10 @@ impl Conn {
     /// The request to the upstream, in `out`: the target under the
     /// upstream's path prefix,
     /// dropped fields left out (hop-by-hop, and `_` names unless kept),
-    /// `Host` set to the upstream's, the peer appended to
-    /// `X-Forwarded-For`, then the body: as read, or decoded from chunks and
-    /// sent with its length.
+    /// `Host` set to the upstream's (the client's under `preserve_host`),
+    /// the peer appended to `X-Forwarded-For`, `X-Forwarded-Host`, `-Proto`
+    /// and `-Port` set (kept as sent only from a trusted proxy), then the
+    /// body: as read, or decoded from chunks and sent with its length.
     pub(crate) fn request_head(&mut self, to: &Forward<'_>, server: &crate::route::Server) {
         let (input, out, head) = (&self.input, &mut self.out, to.head);
         let keep_underscores = to.live.config.underscores_in_headers;
@@ -280,10 +281,21 @@ impl Conn {
             None => out.extend_from_slice(&input[head.target.clone()]),
         }
         out.extend_from_slice(b" HTTP/1.1\r\n");
-        let host = server.pool.host();
+        let host = if to.group.preserve_host {
+            None
+        } else {
+            server.pool.host()
+        };
         if let Some(h) = host {
             push_field(out, b"host", h.as_bytes());
         }
+        let trusted = to
+            .live
+            .config
+            .trusted_proxies
+            .iter()
+            .any(|n| n.contains(&to.client.peer.ip()));
+        let (mut kept, mut asked) = ([false; 3], None);
         let mut chain: SmallVec<[&[u8]; 2]> = SmallVec::new();
         for (name, value) in &self.fields {
             let (name, value) = (&input[name.clone()], &input[value.clone()]);
@@ -291,7 +303,16 @@ impl Conn {
                 chain.push(value);
             } else if name.eq_ignore_ascii_case(b"x-request-id") {
                 // Ours goes instead (the client's, when it was valid).
+            } else if let Some(i) = x_forwarded_index(name) {
+                // A client's is replaced; a trusted proxy's first is kept.
+                if trusted && !kept[i] {
+                    kept[i] = true;
+                    push_field(out, name, value);
+                }
             } else {
+                if asked.is_none() && name.eq_ignore_ascii_case(b"host") {
+                    asked = Some(value);
+                }
                 let replaced = host.is_some() && name.eq_ignore_ascii_case(b"host");
                 if !dropped_request_field(name, keep_underscores) && !replaced {
                     push_field(out, name, value);
@@ -307,8 +328,15 @@ impl Conn {
             );
         }
         push_field(out, b"x-request-id", to.rid.as_bytes());
+        let mut port = itoa::Buffer::new();
+        let ours = x_forwarded_values(&to.client, asked, &mut port);
+        for (i, v) in ours.into_iter().enumerate() {
+            if let (false, Some(v)) = (kept[i], v) {
+                push_field(out, X_FORWARDED[i].as_bytes(), v);
+            }
+        }
         out.extend_from_slice(b"x-forwarded-for: ");
-        push_forwarded_for(out, chain, to.peer.ip());
+        push_forwarded_for(out, chain, to.client.peer.ip());
         out.extend_from_slice(b"\r\n\r\n");
         for span in &self.body {
             out.extend_from_slice(&input[span.clone()]);

@@ -26,7 +26,6 @@
 
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::ops::Range;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
@@ -256,7 +255,7 @@ impl Conn {
 pub async fn serve_connection<H, F, E>(
     gw: Arc<Gateway>,
     mut io: Watched<ClientIo>,
-    peer: SocketAddr,
+    client: forward::Client,
     stop: watch::Receiver<bool>,
     hyper: H,
 ) -> Result<(), E>
@@ -265,7 +264,7 @@ where
     F: Future<Output = Result<(), E>>,
     E: From<io::Error>,
 {
-    match serve(&gw, &mut io, peer, stop).await? {
+    match serve(&gw, &mut io, client, stop).await? {
         Some(read) => hand_over(io, read, hyper).await,
         None => {
             // A TLS client is told the connection ends (close_notify), so
@@ -284,9 +283,10 @@ where
 async fn serve(
     gw: &Gateway,
     io: &mut Watched<ClientIo>,
-    peer: SocketAddr,
+    client: forward::Client,
     mut stop: watch::Receiver<bool>,
 ) -> io::Result<Option<BytesMut>> {
+    let peer = client.peer;
     let mut c = Conn::default();
     // The access log's identity, kept across requests (no allocation each).
     let mut identity = String::new();
@@ -402,7 +402,7 @@ async fn serve(
                             live: &live,
                             group,
                             rewritten: rewritten.as_deref(),
-                            peer,
+                            client,
                             head: &head,
                             admitted: &admitted,
                             held,
