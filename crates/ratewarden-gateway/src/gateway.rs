@@ -123,6 +123,7 @@ impl Gateway {
             &config.routes,
             config.default_server().as_ref(),
             config.preserve_host,
+            &config.request_headers,
             None,
             &metrics,
         );
@@ -169,6 +170,7 @@ impl Gateway {
             &config.routes,
             config.default_server().as_ref(),
             config.preserve_host,
+            &config.request_headers,
             Some(&old.router),
             &self.metrics,
         );

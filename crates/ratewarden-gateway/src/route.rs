@@ -53,6 +53,8 @@ pub struct Group {
     pub servers: Vec<Server>,
     /// Whether the client's `Host` goes upstream, not the server's.
     pub preserve_host: bool,
+    /// Fields set or removed upstream (`request_headers`).
+    pub request_headers: crate::config::RequestHeaders,
     balance: Balance,
     passive: Option<Passive>,
     next: AtomicUsize,
@@ -205,6 +207,7 @@ impl Router {
         routes: &[RouteSpec],
         default: Option<&ServerSpec>,
         preserve_host: bool,
+        request_headers: &crate::config::RequestHeaders,
         old: Option<&Router>,
         metrics: &Metrics,
     ) -> Self {
@@ -225,6 +228,10 @@ impl Router {
                     .collect(),
                 balance: spec.balance,
                 preserve_host: spec.preserve_host.unwrap_or(preserve_host),
+                request_headers: spec
+                    .request_headers
+                    .clone()
+                    .unwrap_or_else(|| request_headers.clone()),
                 // Nothing to fall back to with one server: never ejected.
                 passive: if spec.servers.len() > 1 {
                     spec.passive
@@ -246,6 +253,7 @@ impl Router {
                     &crate::config::GroupSpec {
                         servers: vec![s.clone()],
                         preserve_host: None,
+                        request_headers: None,
                         balance: Balance::RoundRobin,
                         passive: None,
                         active: None,

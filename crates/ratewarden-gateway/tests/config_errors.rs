@@ -473,3 +473,41 @@ fn a_sentinel_section_is_checked_at_its_lines() {
     )
     .unwrap();
 }
+
+#[test]
+fn request_headers_refuse_what_the_gateway_owns_each_at_its_line() {
+    let errs = config::load(
+        "upstream: http://127.0.0.1:9000\nrequest_headers:\n  set:\n    X-Forwarded-For: 1.2.3.4\n    X-RateLimit-Remaining: '5'\n    X-Ok: fine\n  remove: [Connection, 'bad name', Host]\n",
+        "bad.yaml",
+        &Overrides::default(),
+    )
+    .expect_err("must be rejected")
+    .all()
+    .to_vec();
+    let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
+    assert_eq!(errs.len(), 5, "{text:#?}");
+    assert!(
+        text.iter()
+            .any(|e| e.contains(":4:") && e.contains("X-Forwarded-For")),
+        "{text:#?}"
+    );
+    assert!(
+        text.iter()
+            .any(|e| e.contains(":5:") && e.contains("rate-limit header")),
+        "{text:#?}"
+    );
+    assert!(
+        text.iter()
+            .any(|e| e.contains("Connection") && e.contains("one hop")),
+        "{text:#?}"
+    );
+    assert!(
+        text.iter()
+            .any(|e| e.contains("`bad name` is not a header name")),
+        "{text:#?}"
+    );
+    assert!(
+        text.iter().any(|e| e.contains("`Host` cannot be removed")),
+        "{text:#?}"
+    );
+}

@@ -95,6 +95,7 @@ both_paths!(
     x_forwarded_host_proto_and_port_are_set_and_a_client_s_replaced,
     a_trusted_proxy_s_x_forwarded_fields_are_kept,
     preserve_host_sends_the_client_s_host,
+    request_headers_set_and_remove_fields_upstream,
 );
 
 /// The fields the test upstream received (`/headers`: `name: value` lines),
@@ -386,5 +387,52 @@ async fn the_request_id_goes_upstream_and_back(path: Path) {
     assert_eq!(rejected.status, StatusCode::TOO_MANY_REQUESTS);
     let id = rejected.header("x-request-id").unwrap();
     assert!(id.len() == 36 && id != made, "{id}");
+    gw.shutdown().await;
+}
+
+/// A route's `request_headers` sets fields (replacing the client's, Host
+/// too) and removes others; the top level's serves routes without their
+/// own.
+async fn request_headers_set_and_remove_fields_upstream(path: Path) {
+    let up = Upstream::start().await;
+    let yaml = format!(
+        "request_headers: {{set: {{X-Env: top}}}}\nroutes:\n  - name: api\n    match: {{path_prefix: /headers}}\n    upstream: {}\n    request_headers:\n      set: {{Host: api.internal, X-Tenant: acme, X-Forwarded-Proto: https}}\n      remove: [X-Debug, Cookie]\nrules: []\n",
+        up.url()
+    );
+    let gw = gateway(&yaml, &up.url(), None).await;
+    let sent = [
+        ("x-tenant", "spoofed"),
+        ("x-debug", "1"),
+        ("cookie", "session=secret"),
+        ("x-kept", "yes"),
+    ];
+    let r = send(path, gw.listen, "GET", "/headers", &sent).await;
+    assert_eq!(received(&r.body, "host"), ["api.internal"], "{}", r.body);
+    assert_eq!(received(&r.body, "x-tenant"), ["acme"], "{}", r.body);
+    assert_eq!(
+        received(&r.body, "x-forwarded-proto"),
+        ["https"],
+        "{}",
+        r.body
+    );
+    assert!(received(&r.body, "x-debug").is_empty(), "{}", r.body);
+    assert!(received(&r.body, "cookie").is_empty(), "{}", r.body);
+    assert_eq!(received(&r.body, "x-kept"), ["yes"], "{}", r.body);
+    assert!(
+        received(&r.body, "x-env").is_empty(),
+        "the route's own replace the top level's"
+    );
+    // The default route takes the top level's.
+    let r = send(path, gw.listen, "GET", "/status/200", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    gw.shutdown().await;
+    let gw = gateway(
+        "request_headers: {set: {X-Env: top}}\nrules: []\n",
+        &up.url(),
+        None,
+    )
+    .await;
+    let r = send(path, gw.listen, "GET", "/headers", &[]).await;
+    assert_eq!(received(&r.body, "x-env"), ["top"], "{}", r.body);
     gw.shutdown().await;
 }

@@ -79,6 +79,8 @@ pub struct Config {
     /// server's (routes may say otherwise). Off by default, as nginx's
     /// `proxy_set_header Host $proxy_host`.
     pub preserve_host: bool,
+    /// `request_headers` at the top level: for the routes without their own.
+    pub request_headers: RequestHeaders,
     /// `identity.trusted_proxies`: peers whose `X-Forwarded-For`,
     /// `-Host`, `-Proto` and `-Port` are believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
@@ -138,6 +140,9 @@ pub struct GroupSpec {
     /// Whether the client's `Host` goes upstream (the route's own
     /// `preserve_host`; `None`: the top level's).
     pub preserve_host: Option<bool>,
+    /// Fields set or removed upstream (the route's own `request_headers`;
+    /// `None`: the top level's).
+    pub request_headers: Option<RequestHeaders>,
     /// How one is chosen.
     pub balance: Balance,
     /// Ejection after failures in a row (on by default with two servers or more).
@@ -319,4 +324,48 @@ pub struct Active {
     pub interval: Duration,
     /// How long an answer may take.
     pub timeout: Duration,
+}
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), nor
+/// set by `request_headers`.
+pub const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// `request_headers:` of a route (or the top level): fields set on, or
+/// removed from, what goes upstream, after the gateway's own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestHeaders {
+    /// Set, replacing any the client sent under the name (`Host` too: the
+    /// upstream-facing Host, whatever `preserve_host` says).
+    pub set: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Removed.
+    pub remove: Vec<http::HeaderName>,
+}
+
+impl RequestHeaders {
+    /// Whether a field named `name` (any case) is set or removed here: the
+    /// client's is then not forwarded.
+    pub fn replaces(&self, name: &[u8]) -> bool {
+        self.set
+            .iter()
+            .map(|(n, _)| n)
+            .chain(&self.remove)
+            .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+    }
+
+    /// The value set for `name`, if any.
+    pub fn get(&self, name: &str) -> Option<&http::HeaderValue> {
+        self.set
+            .iter()
+            .find(|(n, _)| n.as_str() == name)
+            .map(|(_, v)| v)
+    }
 }

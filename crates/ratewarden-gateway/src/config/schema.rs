@@ -31,6 +31,7 @@ pub(crate) struct File {
     pub client_body_timeout: Option<Sp<String>>,
     pub underscores_in_headers: Option<Sp<bool>>,
     pub preserve_host: Option<Sp<bool>>,
+    pub request_headers: Option<Sp<RequestHeadersFile>>,
     pub tls: Option<Sp<TlsFile>>,
     pub upstream_tls: Option<Sp<UpstreamTlsFile>>,
     pub log: Option<Sp<LogFile>>,
@@ -74,6 +75,16 @@ pub(crate) struct RouteFile {
     pub matcher: Option<Sp<MatchFile>>,
     pub upstream: Sp<RouteUpstreamFile>,
     pub preserve_host: Option<Sp<bool>>,
+    pub request_headers: Option<Sp<RequestHeadersFile>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RequestHeadersFile {
+    #[serde(default)]
+    pub set: std::collections::BTreeMap<String, Sp<String>>,
+    #[serde(default)]
+    pub remove: Vec<Sp<String>>,
 }
 
 /// A route's upstream: one URL, or servers with a balance and checks.

@@ -241,7 +241,12 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
     });
     let upstream_tls =
         super::tls::upstream(d, upstream.as_ref(), f.upstream_tls.as_ref(), routes_https);
-    let routes = routes(d, &f.routes, f.upstream_tls.as_ref());
+    let keep_underscores = f.underscores_in_headers.as_ref().is_some_and(|u| u.value);
+    let top_request_headers = match &f.request_headers {
+        None => Some(super::RequestHeaders::default()),
+        Some(h) => request_headers(d, h, keep_underscores),
+    };
+    let routes = routes(d, &f.routes, f.upstream_tls.as_ref(), keep_underscores);
     let route_names: Vec<String> = f.routes.iter().map(|r| r.name.value.clone()).collect();
     let log = log_spec(d, f.log.as_ref());
     let access_log = opt(&f.access_log, |a| access_spec(d, a));
@@ -328,6 +333,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         client_body_timeout: client_body_timeout?,
         underscores_in_headers: f.underscores_in_headers.is_some_and(|u| u.value),
         preserve_host: f.preserve_host.as_ref().is_some_and(|p| p.value),
+        request_headers: top_request_headers?,
         trusted_proxies: trusted,
         admin: admin?,
         tls_files,
@@ -872,10 +878,93 @@ fn rule_location<'r>(r: &'r RuleFile, key: &str) -> &'r Location {
 
 /// `routes:`: names unique (and not `default`), a match each, and servers
 /// that are URLs (each https one with its TLS client).
+/// `request_headers: {set: {NAME: VALUE}, remove: [NAME]}`: names that
+/// parse and that the gateway does not own, values that can be sent.
+fn request_headers(
+    d: &Diag<'_>,
+    f: &Sp<super::schema::RequestHeadersFile>,
+    keep_underscores: bool,
+) -> Option<super::RequestHeaders> {
+    let mut ok = true;
+    let mut out = super::RequestHeaders::default();
+    let name = |n: &str, at: &serde_saphyr::Location| -> Option<HeaderName> {
+        let Ok(h) = HeaderName::from_bytes(n.as_bytes()) else {
+            d.error(
+                "request_headers",
+                Some(at),
+                format!("`{n}` is not a header name"),
+            );
+            return None;
+        };
+        let lower = h.as_str();
+        let why = if super::HOP_BY_HOP.contains(&lower) || lower == "content-length" {
+            Some("it describes one hop or the body's framing, which the gateway writes itself")
+        } else if lower == "x-forwarded-for" || lower == "x-request-id" {
+            Some("the gateway sets it (the peer appended, the request's id)")
+        } else if lower.starts_with("x-ratelimit-")
+            || matches!(lower, "ratelimit" | "ratelimit-policy" | "retry-after")
+        {
+            Some("a rate-limit header is the gateway's answer to the client, not a request field")
+        } else if !keep_underscores && lower.contains('_') {
+            Some("names with `_` are dropped (`underscores_in_headers: false`)")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => {
+                d.error(
+                    "request_headers",
+                    Some(at),
+                    format!("`{n}` cannot be set or removed: {why}"),
+                );
+                None
+            }
+            None => Some(h),
+        }
+    };
+    for (n, v) in &f.value.set {
+        let h = name(n, &v.referenced);
+        let value = match http::HeaderValue::from_str(&v.value) {
+            Ok(value) => Some(value),
+            Err(_) => {
+                d.error(
+                    "request_headers",
+                    Some(&v.referenced),
+                    format!(
+                        "`{}` is not a header value (visible ASCII and spaces)",
+                        v.value
+                    ),
+                );
+                None
+            }
+        };
+        match (h, value) {
+            (Some(h), Some(v)) => out.set.push((h, v)),
+            _ => ok = false,
+        }
+    }
+    for n in &f.value.remove {
+        match name(&n.value, &n.referenced) {
+            Some(h) if h == http::header::HOST => {
+                d.error(
+                    "request_headers",
+                    Some(&n.referenced),
+                    "`Host` cannot be removed (set it, or `preserve_host`)",
+                );
+                ok = false;
+            }
+            Some(h) => out.remove.push(h),
+            None => ok = false,
+        }
+    }
+    ok.then_some(out)
+}
+
 fn routes(
     d: &Diag<'_>,
     routes: &[RouteFile],
     upstream_tls: Option<&Sp<UpstreamTlsFile>>,
+    keep_underscores: bool,
 ) -> Option<Vec<RouteSpec>> {
     use super::{Active, Balance, Passive};
     let mut out = Some(vec![]);
@@ -1025,6 +1114,10 @@ fn routes(
                 }
             }
         };
+        let request_headers = match &r.request_headers {
+            None => Some(None),
+            Some(h) => request_headers(d, h, keep_underscores).map(Some),
+        };
         let spec = (|| {
             Some(RouteSpec {
                 name: name_ok.then(|| name.value.clone())?,
@@ -1032,6 +1125,7 @@ fn routes(
                 group: GroupSpec {
                     servers: servers?,
                     preserve_host: r.preserve_host.as_ref().map(|p| p.value),
+                    request_headers: request_headers?,
                     balance: balance?,
                     passive: passive?,
                     active: active?,

@@ -12,17 +12,7 @@ use ratewarden_tower::path::{self, PathError};
 use crate::answer::{Body, problem_response};
 use crate::config::UpstreamPath;
 
-/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
+use crate::config::HOP_BY_HOP;
 
 /// Whether `name` (any case) is a hop-by-hop header.
 pub(crate) fn is_hop_by_hop(name: &[u8]) -> bool {

@@ -313,7 +313,7 @@ impl Gateway {
                 return upstream_failed(at, UpstreamFailure::Broken { why, error });
             };
             let server = chosen.server();
-            if let Err(refused) = aim(&mut req, server, &target, group.preserve_host) {
+            if let Err(refused) = aim(&mut req, server, &target, group) {
                 return *refused;
             }
             let res = server.pool.send(req, to.timeout).await;
@@ -382,7 +382,7 @@ pub(super) fn aim<B>(
     req: &mut Request<B>,
     server: &crate::route::Server,
     target: &str,
-    preserve_host: bool,
+    group: &crate::route::Group,
 ) -> Result<(), Box<Response<Body>>> {
     *req.uri_mut() = match format!("{}{target}", server.prefix).parse::<Uri>() {
         Ok(u) => u,
@@ -395,11 +395,20 @@ pub(super) fn aim<B>(
     };
     // Under `preserve_host` the client's (set by `forwarding_fields`, an
     // HTTP/2 request's `:authority` too) stays.
-    if !preserve_host {
+    if !group.preserve_host {
         match server.pool.host() {
             Some(host) => req.headers_mut().insert(header::HOST, host.clone()),
             None => req.headers_mut().remove(header::HOST),
         };
+    }
+    // `request_headers` last: what it sets wins (Host included), what it
+    // removes goes.
+    let extra = &group.request_headers;
+    for name in &extra.remove {
+        req.headers_mut().remove(name);
+    }
+    for (name, value) in &extra.set {
+        req.headers_mut().insert(name.clone(), value.clone());
     }
     Ok(())
 }

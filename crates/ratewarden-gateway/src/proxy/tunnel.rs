@@ -97,8 +97,7 @@ pub(crate) async fn open(mut t: Tunnel<'_>, on: Option<OnUpgrade>) -> Response<B
         let mut req = http::Request::new(Empty::<bytes::Bytes>::new());
         *req.method_mut() = t.method.clone();
         *req.headers_mut() = std::mem::take(&mut t.headers);
-        if let Err(refused) = super::hyper::aim(&mut req, server, &t.target, t.group.preserve_host)
-        {
+        if let Err(refused) = super::hyper::aim(&mut req, server, &t.target, t.group) {
             return *refused;
         }
         req.headers_mut()

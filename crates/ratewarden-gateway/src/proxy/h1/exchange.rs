@@ -281,10 +281,14 @@ impl Conn {
             None => out.extend_from_slice(&input[head.target.clone()]),
         }
         out.extend_from_slice(b" HTTP/1.1\r\n");
-        let host = if to.group.preserve_host {
-            None
-        } else {
-            server.pool.host()
+        // `request_headers`: a Host it sets wins; the fields it sets or
+        // removes are not the client's (most routes have none).
+        let extra = &to.group.request_headers;
+        let edits = !extra.set.is_empty() || !extra.remove.is_empty();
+        let host = match extra.get("host") {
+            Some(h) => Some(h),
+            None if to.group.preserve_host => None,
+            None => server.pool.host(),
         };
         if let Some(h) = host {
             push_field(out, b"host", h.as_bytes());
@@ -305,18 +309,33 @@ impl Conn {
                 // Ours goes instead (the client's, when it was valid).
             } else if let Some(i) = x_forwarded_index(name) {
                 // A client's is replaced; a trusted proxy's first is kept.
-                if trusted && !kept[i] {
+                if trusted && !kept[i] && !(edits && extra.replaces(name)) {
                     kept[i] = true;
                     push_field(out, name, value);
                 }
             } else {
-                if asked.is_none() && name.eq_ignore_ascii_case(b"host") {
+                let is_host = name.eq_ignore_ascii_case(b"host");
+                if asked.is_none() && is_host {
                     asked = Some(value);
                 }
-                let replaced = host.is_some() && name.eq_ignore_ascii_case(b"host");
+                let replaced = (host.is_some() && is_host) || (edits && extra.replaces(name));
                 if !dropped_request_field(name, keep_underscores) && !replaced {
                     push_field(out, name, value);
                 }
+            }
+        }
+        for (name, value) in &extra.set {
+            if *name == http::header::HOST {
+                continue;
+            }
+            if let Some(i) = x_forwarded_index(name.as_str().as_bytes()) {
+                kept[i] = true;
+            }
+            push_field(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+        for name in &extra.remove {
+            if let Some(i) = x_forwarded_index(name.as_str().as_bytes()) {
+                kept[i] = true;
             }
         }
         if head.body == BodyLen::Chunked {
