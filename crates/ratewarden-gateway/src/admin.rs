@@ -356,8 +356,32 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
             let q = query(&req);
             keys(&live, m, &rule, &key, param(&q, "identity")).await
         }
-        _ => problem_response(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}")),
+        (_, p) => match allowed_methods(p) {
+            // A known path, the wrong method: 405 with what it takes.
+            Some(allow) => {
+                let mut r = problem_response(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    &format!("{path} takes {allow}"),
+                );
+                if let Ok(v) = http::HeaderValue::from_str(allow) {
+                    r.headers_mut().insert(http::header::ALLOW, v);
+                }
+                r
+            }
+            None => problem_response(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}")),
+        },
     }
+}
+
+/// The methods an admin path takes (its `Allow`), if it is one.
+fn allowed_methods(path: &str) -> Option<&'static str> {
+    Some(match path {
+        "/healthz" | "/readyz" | "/metrics" | "/v1/explain" | "/v1/rules" | "/ui"
+        | "/ui/app.js" | "/v1/bans" | "/v1/keys" => "GET",
+        "/v1/check" | "/v1/report" => "POST",
+        p if p.starts_with("/v1/keys/") => "GET, DELETE",
+        _ => return None,
+    })
 }
 
 async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Response<Body> {

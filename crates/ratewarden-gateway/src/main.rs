@@ -86,27 +86,39 @@ enum Command {
 }
 
 /// `GET /healthz` on `addr`: whether it answered 200 within 2 s.
-fn healthy(addr: &str) -> bool {
+/// `GET /healthz` on `addr`: `Ok` on a 200, else why not (for stderr: a
+/// failing container healthcheck should say what failed).
+fn healthy(addr: &str) -> Result<(), String> {
     use std::io::{Read, Write};
     use std::net::ToSocketAddrs;
     use std::time::Duration;
-    let Some(addr) = addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
-        return false;
-    };
+    let resolved = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("{addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{addr}: no address"))?;
     let t = Duration::from_secs(2);
-    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, t) else {
-        return false;
-    };
+    let mut s = std::net::TcpStream::connect_timeout(&resolved, t)
+        .map_err(|e| format!("cannot connect to {resolved}: {e}"))?;
     let _ = s.set_read_timeout(Some(t));
     let _ = s.set_write_timeout(Some(t));
-    if s.write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .is_err()
-    {
-        return false;
+    s.write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .map_err(|e| format!("cannot send to {resolved}: {e}"))?;
+    // The answer is short: its head and a body of a few bytes.
+    let mut answer = Vec::new();
+    let _ = s.take(4096).read_to_end(&mut answer);
+    if answer.starts_with(b"HTTP/1.1 200") || answer.starts_with(b"HTTP/1.0 200") {
+        return Ok(());
     }
-    let mut head = [0u8; 12];
-    s.read_exact(&mut head).is_ok()
-        && (head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200"))
+    if answer.is_empty() {
+        return Err(format!(
+            "{resolved} closed the connection without an answer"
+        ));
+    }
+    let text = String::from_utf8_lossy(&answer);
+    let status = text.lines().next().unwrap_or_default().to_owned();
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).trim();
+    Err(format!("GET /healthz on {resolved}: {status}: {body}"))
 }
 
 /// The configuration, the file it came from and the text it was parsed from.
@@ -137,21 +149,33 @@ fn load(path: Option<&PathBuf>, overrides: &Overrides) -> Result<Loaded, ExitCod
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Healthcheck { admin } => {
-            if healthy(&admin) {
-                ExitCode::SUCCESS
-            } else {
+        Command::Healthcheck { admin } => match healthy(&admin) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(why) => {
+                eprintln!("unhealthy: {why}");
                 ExitCode::FAILURE
             }
-        }
+        },
         Command::Validate { file } => match load(Some(&file), &Overrides::default()) {
             Ok((c, _, _)) => {
+                let n = c.policy.rules.len();
+                let rls = c.rls.as_ref().map_or(String::new(), |r| {
+                    let d = r.domains.len();
+                    format!(", {d} RLS domain{}", if d == 1 { "" } else { "s" })
+                });
                 println!(
-                    "{}: valid ({} rules, upstream {})",
+                    "{}: valid ({n} rule{}{rls}, upstream {})",
                     file.display(),
-                    c.policy.rules.len(),
+                    if n == 1 { "" } else { "s" },
                     c.upstream
                 );
+                if n == 0 {
+                    eprintln!(
+                        "warning: {} has no `rules:`: nothing is limited by it (the built-in \
+                         defaults apply only when no file is given)",
+                        file.display()
+                    );
+                }
                 ExitCode::SUCCESS
             }
             Err(code) => code,

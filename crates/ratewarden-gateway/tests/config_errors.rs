@@ -180,6 +180,26 @@ fn validate_and_serve_exit_2_naming_file_line_and_key() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("valid (1 rule, upstream"),
+        "one rule, not `1 rules`: {said}"
+    );
+    // A file with no rules is valid, and says it limits nothing.
+    let empty = dir.join("empty.yaml");
+    std::fs::write(&empty, "upstream: http://127.0.0.1:9000\n").unwrap();
+    let out = std::process::Command::new(bin)
+        .arg("validate")
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("valid (0 rules,"));
+    let warned = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        warned.contains("warning:") && warned.contains("no `rules:`"),
+        "{warned}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -140,15 +140,24 @@ fn the_containers_config_loads_and_its_healthcheck_works() {
     // `ratewarden healthcheck ADDR`: 0 when /healthz answers 200, 1 when not.
     let bin = support::binary("rules: []\n", "echo");
     let check = |addr: String| {
-        Command::new(env!("CARGO_BIN_EXE_ratewarden"))
+        let out = Command::new(env!("CARGO_BIN_EXE_ratewarden"))
             .args(["healthcheck", &addr])
-            .status()
-            .unwrap()
-            .code()
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
-    assert_eq!(check(bin.admin.to_string()), Some(0));
+    assert_eq!(check(bin.admin.to_string()), (Some(0), String::new()));
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = closed.local_addr().unwrap().to_string();
     drop(closed);
-    assert_eq!(check(addr), Some(1));
+    let (code, why) = check(addr.clone());
+    assert_eq!(code, Some(1));
+    // It says why, on stderr.
+    assert!(
+        why.contains("unhealthy: cannot connect to") && why.contains(&addr),
+        "{why}"
+    );
 }

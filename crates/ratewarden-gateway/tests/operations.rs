@@ -640,3 +640,24 @@ async fn the_access_log_is_written_out_on_sigterm_and_sigint() {
         bin.wait_for_line(|l| l.contains("stopped"));
     }
 }
+
+/// A known admin path with the wrong method is a 405 naming what it takes
+/// (`Allow`); an unknown path is a 404.
+#[tokio::test]
+async fn a_known_admin_path_with_the_wrong_method_is_a_405_with_allow() {
+    let gw = gateway("rules: []\n", "echo", None).await;
+    let admin = gw.admin.unwrap();
+    for (method, path, allow) in [
+        ("GET", "/v1/check", "POST"),
+        ("DELETE", "/metrics", "GET"),
+        ("POST", "/v1/keys/r/k", "GET, DELETE"),
+    ] {
+        let r = send(admin, method, path, &[], "").await;
+        assert_eq!(r.status, 405, "{method} {path}: {}", r.body);
+        assert_eq!(r.header("allow"), Some(allow), "{method} {path}");
+    }
+    let r = send(admin, "GET", "/v1/nope", &[], "").await;
+    assert_eq!(r.status, 404);
+    assert!(r.header("allow").is_none());
+    gw.shutdown().await;
+}

@@ -271,6 +271,16 @@ pub enum Found<'a> {
 }
 
 impl Domains {
+    /// How many domains.
+    pub fn len(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty()
+    }
+
     /// Whether `domain` is configured.
     pub fn has(&self, domain: &str) -> bool {
         self.domains.contains_key(domain)
