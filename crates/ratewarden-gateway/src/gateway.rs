@@ -384,8 +384,25 @@ pub fn banner(config: &Config) -> Banner {
                 PathMatch::Prefix(p) => format!("paths {p}*"),
                 PathMatch::Regex(re) => format!("paths ~ {re}"),
             };
+            // What changes how it counts or refuses, as the file says it.
+            let mut extra = String::new();
+            if let ratewarden::Counting::Failures { reset_on_success } = spec.counting {
+                extra.push_str(", count: failures");
+                if !reset_on_success {
+                    extra.push_str(" (kept on success)");
+                }
+            }
+            if let Some(gap) = spec.min_interval {
+                extra.push_str(&format!(", min_interval {gap:?}"));
+            }
+            if let Some(p) = &spec.penalty {
+                extra.push_str(&format!(", penalty {:?}", p.duration));
+                if p.multiplier > 1 {
+                    extra.push_str(&format!(" x{} up to {:?}", p.multiplier, p.max));
+                }
+            }
             format!(
-                "{}: {} {amount} per [{}], {methods}{path}{}",
+                "{}: {} {amount} per [{}], {methods}{path}{extra}{}",
                 spec.name,
                 spec.algorithm,
                 key.join(", "),

@@ -29,6 +29,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway.
+    ///
+    /// On SIGHUP, and when the config file (or a TLS or RLS file it names)
+    /// changes (checked twice a second), the config is read again: a valid
+    /// one is swapped in without dropping connections, an invalid one is
+    /// logged and the old one keeps running. SIGTERM or SIGINT stops
+    /// accepting, lets in-flight requests finish (at most 30 s), writes out
+    /// the access log and exits.
     Serve {
         /// Config file (default: ./ratewarden.yaml if present, else the built-in example).
         #[arg(short, long)]
@@ -59,10 +66,18 @@ enum Command {
         #[arg(short, long)]
         config: Option<PathBuf>,
         /// A trace (CSV or JSONL: `t, identity, method, path[, status]`) or
-        /// generators: `steady:rate=50,duration=60s`, `poisson:...`,
-        /// `burst:size=100,every=10s`, `sawtooth:peak=200,period=20s`,
-        /// `attack:rate=5000,clients=1000`, joined by `+`.
-        #[arg(short, long)]
+        /// generators joined by `+`:
+        ///
+        ///   steady:rate=N        N requests a second, evenly
+        ///   poisson:rate=N       N a second on average, random gaps
+        ///   burst:size=N,every=D N at once, every D (default 10s)
+        ///   sawtooth:peak=N,period=D   rising to N a second over each D
+        ///   attack:rate=N        N a second, spread over many clients
+        ///
+        /// Every generator also takes duration=D (default 60s), start=D,
+        /// method=M, path=P, status=S (the upstream's answer), seed=N and
+        /// clients=N. Example: `steady:rate=50,duration=60s+burst:size=100,every=10s`.
+        #[arg(short, long, verbatim_doc_comment)]
         traffic: String,
         /// Algorithms to replay the same traffic under as well, each
         /// replacing every rule's (comma-separated).

@@ -531,3 +531,68 @@ fn request_headers_refuse_what_the_gateway_owns_each_at_its_line() {
         "{text:#?}"
     );
 }
+
+#[test]
+fn a_misspelt_key_part_gets_a_did_you_mean() {
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: 5\n    window: 60s\n    key: [method, idenity]\n"
+    ));
+    assert_eq!((e.line, e.key.as_str()), (6, "key"), "{e}");
+    assert!(e.message.contains("did you mean `identity`?"), "{e}");
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    limit: 5\n    window: 60s\n    key: ['headr:X-Api-Key']\n"
+    ));
+    assert!(
+        e.message.contains("did you mean `header:X-Api-Key`?"),
+        "{e}"
+    );
+}
+
+/// The startup line of a rule says what changes how it counts or refuses.
+#[test]
+fn the_banner_names_failures_min_interval_and_penalty() {
+    let cfg = config::load(
+        &format!(
+            "{HEAD}  - name: coupon\n    algorithm: fixed_window\n    limit: 10\n    window: 5m\n    count: failures\n    penalty: 10m\n  - name: gap\n    algorithm: sliding_window_log\n    limit: 3\n    window: 1m\n    min_interval: 2s\n"
+        ),
+        "t.yaml",
+        &Overrides::default(),
+    )
+    .unwrap();
+    let b = ratewarden_gateway::gateway::banner(&cfg);
+    assert!(
+        b.rules[0].contains("count: failures") && b.rules[0].contains("penalty 600s"),
+        "{:?}",
+        b.rules
+    );
+    assert!(b.rules[1].contains("min_interval 2s"), "{:?}", b.rules);
+}
+
+/// `serve --help` says how a config is reloaded and how the gateway stops;
+/// `simulate --help` lists every generator with its keys.
+#[test]
+fn the_help_says_reload_and_the_generators_keys() {
+    let help = |cmd: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
+            .args([cmd, "--help"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let serve = help("serve");
+    for want in ["SIGHUP", "checked twice a second", "SIGTERM"] {
+        assert!(serve.contains(want), "{want} in {serve}");
+    }
+    let simulate = help("simulate");
+    for want in [
+        "steady:rate=N",
+        "poisson:rate=N",
+        "burst:size=N,every=D",
+        "sawtooth:peak=N,period=D",
+        "attack:rate=N",
+        "clients=N",
+        "seed=N",
+    ] {
+        assert!(simulate.contains(want), "{want} in {simulate}");
+    }
+}

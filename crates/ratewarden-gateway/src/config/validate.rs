@@ -1321,9 +1321,21 @@ fn rule(d: &Diag<'_>, r: RuleFile, routes: &[String]) -> Option<PolicyRule> {
                             .map(KeyPart::Header)
                             .map_err(|_| format!("`{h}`: bad header name"))
                     }
-                    other => Err(format!(
-                        "`{other}`: key parts are identity, method, path, header:NAME, global"
-                    )),
+                    other => Err(
+                        match super::suggest(other, ["identity", "method", "path", "global"])
+                            .map(str::to_owned)
+                            .or_else(|| {
+                                // `headr:X-Api-Key`: the prefix misspelt.
+                                let (prefix, name) = other.split_once(':')?;
+                                super::suggest(prefix, ["header"])?;
+                                Some(format!("header:{name}"))
+                            }) {
+                            Some(s) => format!("unknown key part `{other}`; did you mean `{s}`?"),
+                            None => format!(
+                                "`{other}`: key parts are identity, method, path, header:NAME, global"
+                            ),
+                        },
+                    ),
                 };
                 match part {
                     Ok(k) => {
