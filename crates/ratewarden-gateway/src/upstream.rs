@@ -371,20 +371,26 @@ pub struct ClientBody {
     timeout: Duration,
     timer: Option<Pin<Box<Sleep>>>,
     fault: Arc<AtomicU8>,
+    /// `client_max_body_size` (0: none), and the data bytes so far.
+    max: u64,
+    seen: u64,
 }
 
 /// `ClientBody::fault` values.
 pub(crate) const BODY_BROKE: u8 = 1;
 pub(crate) const BODY_STALLED: u8 = 2;
+pub(crate) const BODY_TOO_LARGE: u8 = 3;
 
 impl ClientBody {
-    pub(crate) fn new(inner: Incoming, timeout: Duration) -> (Self, Arc<AtomicU8>) {
+    pub(crate) fn new(inner: Incoming, timeout: Duration, max: u64) -> (Self, Arc<AtomicU8>) {
         let fault = Arc::new(AtomicU8::new(0));
         let body = Self {
             inner,
             timeout,
             timer: None,
             fault: fault.clone(),
+            max,
+            seen: 0,
         };
         (body, fault)
     }
@@ -406,6 +412,15 @@ impl http_body::Body for ClientBody {
             }
             Poll::Ready(frame) => {
                 this.timer = None;
+                if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) {
+                    this.seen += data.map_or(0, |d| d.len() as u64);
+                    if this.max != 0 && this.seen > this.max {
+                        // Streamed past `client_max_body_size`: the
+                        // exchange fails, and the client is told 413.
+                        this.fault.store(BODY_TOO_LARGE, Ordering::Relaxed);
+                        return Poll::Ready(Some(Err("the request body is too large".into())));
+                    }
+                }
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
             Poll::Pending => {

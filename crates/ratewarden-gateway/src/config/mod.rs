@@ -26,7 +26,7 @@ pub use diag::{ConfigError, ConfigErrors, parse_duration, suggest};
 pub use model::*;
 pub(crate) use schema::DistributionFile;
 pub(crate) use validate::distribution;
-pub use validate::{BODY_TIMEOUT, HEADER_TIMEOUT};
+pub use validate::{BODY_TIMEOUT, HEADER_TIMEOUT, MAX_BODY_SIZE, parse_size};
 
 use diag::{Diag, parse_error};
 

@@ -72,6 +72,9 @@ pub struct Config {
     pub client_header_timeout: Duration,
     /// A request body must arrive within this of its head (408).
     pub client_body_timeout: Duration,
+    /// `client_max_body_size` in bytes (`0`: no bound): a larger request
+    /// body is a 413 (nginx's default 1 MiB).
+    pub client_max_body_size: u64,
     /// Keep request header fields whose names contain `_` (nginx's
     /// `underscores_in_headers`); dropped by default.
     pub underscores_in_headers: bool,

@@ -29,6 +29,7 @@ pub(crate) struct File {
     pub client_idle_timeout: Option<Sp<String>>,
     pub client_header_timeout: Option<Sp<String>>,
     pub client_body_timeout: Option<Sp<String>>,
+    pub client_max_body_size: Option<Sp<String>>,
     pub underscores_in_headers: Option<Sp<bool>>,
     pub preserve_host: Option<Sp<bool>>,
     pub request_headers: Option<Sp<RequestHeadersFile>>,

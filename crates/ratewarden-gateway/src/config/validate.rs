@@ -22,6 +22,40 @@ use super::schema::*;
 /// Default `client_header_timeout` (nginx's is 60 s; a head that takes
 /// longer than 10 s is a slow-loris, not a client).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `client_max_body_size` (nginx's 1 MiB).
+pub const MAX_BODY_SIZE: u64 = 1 << 20;
+
+/// A size as nginx writes one: bytes, or a number with `k`, `m` or `g`
+/// (binary: `1m` is 1,048,576); `0` for no bound.
+///
+/// ```
+/// use ratewarden_gateway::config::parse_size;
+/// assert_eq!(parse_size("1m"), Ok(1 << 20));
+/// assert_eq!(parse_size("512"), Ok(512));
+/// assert_eq!(parse_size("10K"), Ok(10 << 10));
+/// assert!(parse_size("1 MB").is_err());
+/// ```
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        _ => {
+            return Err(format!(
+                "`{s}` is not a size: bytes, or a number with k, m or g (`1m`; `0`: no bound)"
+            ));
+        }
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size: bytes, or a number with k, m or g (`1m`)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
 /// Default `client_body_timeout` (nginx's 60 s).
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -226,6 +260,14 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
     );
     let client_body_timeout =
         d.positive_duration("client_body_timeout", &f.client_body_timeout, BODY_TIMEOUT);
+    let client_max_body_size = match &f.client_max_body_size {
+        None => Some(MAX_BODY_SIZE),
+        Some(v) => d.check(
+            "client_max_body_size",
+            Some(&v.referenced),
+            parse_size(&v.value),
+        ),
+    };
     let admin = match &f.admin {
         None => Some(None),
         Some(a) => admin(d, a, o, listen).map(Some),
@@ -331,6 +373,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         client_idle_timeout: client_idle_timeout?,
         client_header_timeout: client_header_timeout?,
         client_body_timeout: client_body_timeout?,
+        client_max_body_size: client_max_body_size?,
         underscores_in_headers: f.underscores_in_headers.is_some_and(|u| u.value),
         preserve_host: f.preserve_host.as_ref().is_some_and(|p| p.value),
         request_headers: top_request_headers?,

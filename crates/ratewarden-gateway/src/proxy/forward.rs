@@ -53,6 +53,8 @@ pub enum Edge {
     HeadTimeout,
     /// The request body did not arrive within `client_body_timeout`.
     BodyTimeout,
+    /// The request body is larger than `client_max_body_size` (its bound).
+    TooLarge(u64),
 }
 
 /// What `Allow` says in a 405 for `CONNECT`: every method is forwarded but it.
@@ -64,6 +66,7 @@ impl Edge {
         match self {
             Edge::Connect => StatusCode::METHOD_NOT_ALLOWED,
             Edge::HeadTimeout | Edge::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Edge::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -81,6 +84,9 @@ impl Edge {
             Edge::BadBody => "the request body is malformed or incomplete".into(),
             Edge::HeadTimeout => "the request head did not arrive in time".into(),
             Edge::BodyTimeout => "the request body did not arrive in time".into(),
+            Edge::TooLarge(max) => {
+                format!("the request body is larger than client_max_body_size ({max} bytes)")
+            }
         }
     }
 

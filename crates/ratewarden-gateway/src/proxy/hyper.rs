@@ -25,7 +25,9 @@ use crate::proxy::forward::{
 };
 use crate::request_id::{self, RequestId};
 use crate::route::Outcome;
-use crate::upstream::{BODY_BROKE, BODY_STALLED, ClientBody, SendFailed, UpstreamError};
+use crate::upstream::{
+    BODY_BROKE, BODY_STALLED, BODY_TOO_LARGE, ClientBody, SendFailed, UpstreamError,
+};
 use ratewarden_tower::admission::{Facts, Held, Identity};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -178,6 +180,16 @@ impl Gateway {
         if let Err(e) = edge_check(&parts) {
             return e.answer();
         }
+        // A declared length over `client_max_body_size` is refused before
+        // any rule counts the request (nginx: before it is proxied).
+        let max = live.config.client_max_body_size;
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+        if max != 0 && declared.is_some_and(|n| n > max) {
+            return Edge::TooLarge(max).answer();
+        }
         if !live.config.underscores_in_headers {
             strip_underscores(&mut parts.headers);
         }
@@ -245,7 +257,11 @@ impl Gateway {
                 super::tunnel::open(t, on).await
             }
             Some(group) => {
-                let (body, fault) = ClientBody::new(body, live.config.client_body_timeout);
+                let (body, fault) = ClientBody::new(
+                    body,
+                    live.config.client_body_timeout,
+                    live.config.client_max_body_size,
+                );
                 let to = Upstreamed {
                     group,
                     client: &admitted.who().identity,
@@ -255,6 +271,7 @@ impl Gateway {
                         asked: asked_host(&parts),
                     },
                     timeout: live.config.upstream_timeout,
+                    max_body: live.config.client_max_body_size,
                     how: live.config.upstream_path,
                     rid,
                 };
@@ -348,6 +365,7 @@ impl Gateway {
                 }
                 (Err(_), BODY_BROKE) => Edge::BadBody.answer(),
                 (Err(_), BODY_STALLED) => Edge::BodyTimeout.answer(),
+                (Err(_), BODY_TOO_LARGE) => Edge::TooLarge(to.max_body).answer(),
                 (
                     Err(SendFailed {
                         error: UpstreamError::Timeout(t),
@@ -486,6 +504,8 @@ struct Upstreamed<'a> {
     client: &'a str,
     forwarding: Forwarding,
     timeout: Duration,
+    /// `client_max_body_size`, for its 413.
+    max_body: u64,
     how: crate::config::UpstreamPath,
     rid: &'a RequestId,
 }

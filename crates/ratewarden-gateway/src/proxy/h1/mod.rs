@@ -177,7 +177,12 @@ impl Conn {
     ) -> io::Result<Result<usize, Next>> {
         self.body.clear();
         let mut armed = false;
+        // `client_max_body_size` (0: none): a declared length is refused
+        // before any of the body is read, a chunked one as it grows.
+        let max = gw.live().config.client_max_body_size;
+        let too_large = |n: usize| max != 0 && n as u64 > max;
         match head.body {
+            BodyLen::Length(n) if too_large(n) => Ok(Err(Next::Refuse(Edge::TooLarge(max)))),
             BodyLen::Length(n) => {
                 let whole = head.len + n;
                 while self.input.len() < whole {
@@ -212,6 +217,10 @@ impl Conn {
                         {
                             *r = r.start + pos..r.end + pos;
                         }
+                        let data: usize = self.body.iter().map(ExactSizeIterator::len).sum();
+                        if too_large(data) {
+                            return Ok(Err(Next::Refuse(Edge::TooLarge(max))));
+                        }
                         match ended {
                             Err(_) => return Ok(Err(Next::Refuse(Edge::BadBody))),
                             Ok(Some(n)) => {
@@ -227,7 +236,6 @@ impl Conn {
                             Ok(None) => pos = self.input.len(),
                         }
                         // Too large to hold: hyper streams it (from the head).
-                        let data: usize = self.body.iter().map(ExactSizeIterator::len).sum();
                         if data > MAX_BODY || pos - head.len > MAX_BODY + MAX_HEAD {
                             return Ok(Err(Next::Hyper));
                         }
