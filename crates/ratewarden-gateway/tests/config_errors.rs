@@ -596,3 +596,121 @@ fn the_help_says_reload_and_the_generators_keys() {
         assert!(simulate.contains(want), "{want} in {simulate}");
     }
 }
+
+/// A file of 21 mixed mistakes (unknown keys at every level, values of the
+/// wrong type, bad durations, addresses, statuses, names) reports all 21
+/// in one run, each at its line with its key, in words (no serde types),
+/// with "did you mean" wherever a name was misspelt.
+#[test]
+fn every_mistake_in_a_file_is_reported_at_once() {
+    let text = r#"upstrem: http://127.0.0.1:9000
+workers: many
+allow: [10.0.0.0/33]
+deny: [192.168.1.300]
+store:
+  type: memory
+  max_key: 10
+identity:
+  from: ip
+  trusted_proxies: [not-a-net]
+status: 999
+headers: [legacy, ietf, mine]
+rules:
+  - name: a
+    limt: 5
+    window: 5 minutes
+    penalty: 10min
+  - name: b
+    limit: lots
+    window: 1m
+  - name: c
+    limit: 5
+    window: 1m
+    penalty: {duration: 1m, multiplyer: 2}
+  - name: d
+    limit: 5
+    window: 1m
+    penalty: 600
+  - nme: e
+    limit: 5
+    window: 1m
+  - name: f
+    algorithm: token_buckit
+    limit: 5
+    window: 1m
+  - name: g
+    limit: 5
+    window: 1m
+    key: [method, idenity]
+  - name: h
+    limit: 5
+    window: 1m
+    shadow: maybe
+  - name: a
+    limit: 5
+    window: 1m
+  - name: i
+    limit: 5
+    window: 1m
+    match: {path: api/x, methods: [G ET]}
+"#;
+    let errs = config::load(text, "bad.yaml", &Overrides::default())
+        .expect_err("must be rejected")
+        .all()
+        .to_vec();
+    let got: Vec<(u64, &str)> = errs.iter().map(|e| (e.line, e.key.as_str())).collect();
+    let want: Vec<(u64, &str)> = vec![
+        (1, "upstrem"),
+        (2, "workers"),
+        (3, "allow"),
+        (4, "deny"),
+        (7, "max_key"),
+        (10, "trusted_proxies"),
+        (11, "status"),
+        (12, "headers"),
+        (15, "limt"),
+        (16, "window"),
+        (17, "penalty"),
+        (19, "limit"),
+        (24, "penalty"),
+        (28, "penalty"),
+        (29, "nme"),
+        (33, "algorithm"),
+        (39, "key"),
+        (43, "shadow"),
+        (44, "name"),
+        (50, "path"),
+        (50, "methods"),
+    ];
+    let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
+    assert_eq!(got, want, "{text:#?}");
+    let said = |line: u64| {
+        errs.iter()
+            .find(|e| e.line == line)
+            .unwrap()
+            .message
+            .clone()
+    };
+    assert!(said(1).contains("did you mean `upstream`?"));
+    assert_eq!(said(2), "expected a whole number, got `many`");
+    assert!(said(7).contains("did you mean `max_keys`?"));
+    assert_eq!(said(19), "expected a whole number, got `lots`");
+    assert!(
+        said(24).contains("unknown key `multiplyer`, did you mean `multiplier`?"),
+        "{}",
+        said(24)
+    );
+    assert!(
+        said(28).contains("a duration needs a unit: `600s`?"),
+        "{}",
+        said(28)
+    );
+    assert!(said(29).contains("did you mean `name`?"));
+    assert_eq!(said(43), "expected `true` or `false`, got `maybe`");
+    for e in &errs {
+        assert!(
+            !e.message.contains("untagged enum") && !e.message.contains("invalid i64"),
+            "serde's words: {e}"
+        );
+    }
+}

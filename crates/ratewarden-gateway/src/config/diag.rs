@@ -28,6 +28,26 @@ pub struct ConfigError {
 pub struct ConfigErrors(Vec<ConfigError>);
 
 impl ConfigErrors {
+    /// Without the errors that follow from ones the parser reported: on a
+    /// line it reported (`reported`, the lines of those errors), or "`key`
+    /// is required here" for a key it took out or read another key as
+    /// (`mended`). The parser's own errors are kept.
+    pub(crate) fn without_followers(mut self, reported: &[u64], mended: &[(u64, String)]) -> Self {
+        let mut parser_errors = reported.len();
+        self.0.retain(|e| {
+            // The parser's errors come first, in the order pushed.
+            if parser_errors > 0 && reported.contains(&e.line) {
+                parser_errors -= 1;
+                return true;
+            }
+            let on_reported_line = reported.contains(&e.line);
+            let required =
+                e.message.ends_with("is required here") && mended.iter().any(|(_, k)| *k == e.key);
+            !(on_reported_line || required)
+        });
+        self
+    }
+
     /// The first error.
     pub fn first(&self) -> &ConfigError {
         &self.0[0]
@@ -216,6 +236,45 @@ fn key_on_line(text: &str, line: u64) -> Option<&str> {
     ok.then_some(key)
 }
 
+/// The value written at `line`:`column` (1-based), to the end of its line,
+/// without a trailing comment: what a type error is about.
+fn value_at(text: &str, line: u64, column: u64) -> String {
+    let Some(l) = usize::try_from(line)
+        .ok()
+        .and_then(|n| n.checked_sub(1))
+        .and_then(|n| text.lines().nth(n))
+    else {
+        return String::new();
+    };
+    let from = usize::try_from(column).map_or(0, |c| c.saturating_sub(1));
+    let v = l.get(from..).unwrap_or(l);
+    let v = v.split(" #").next().unwrap_or(v).trim();
+    v.chars().take(80).collect()
+}
+
+/// What `penalty:` takes, and the nearest key where a mapping misspelt one.
+fn penalty_hint(written: &str) -> String {
+    const KEYS: [&str; 4] = ["duration", "multiplier", "max", "memory"];
+    let what = "a duration (`10m`) or {duration, multiplier, max, memory}";
+    if written.chars().all(|c| c.is_ascii_digit()) && !written.is_empty() {
+        return format!("{what}; a duration needs a unit: `{written}s`?");
+    }
+    let inner = written.trim_start_matches('{').trim_end_matches('}');
+    for part in inner.split(',') {
+        let Some((k, _)) = part.split_once(':') else {
+            continue;
+        };
+        let k = k.trim();
+        if !k.is_empty() && !KEYS.contains(&k) {
+            return match suggest(k, KEYS) {
+                Some(s) => format!("{what}; unknown key `{k}`, did you mean `{s}`?"),
+                None => format!("{what}; unknown key `{k}`"),
+            };
+        }
+    }
+    what.to_owned()
+}
+
 /// Turns a serde-saphyr error into ours: with a suggestion for unknown
 /// keys, and the key at fault read from the line for type errors.
 pub(crate) fn parse_error(file: &str, text: &str, e: &serde_saphyr::Error) -> ConfigError {
@@ -258,6 +317,43 @@ pub(crate) fn parse_error(file: &str, text: &str, e: &serde_saphyr::Error) -> Co
     } else if let Some(rest) = first.strip_prefix("missing field `") {
         key = rest.split('`').next().unwrap_or_default().to_owned();
         message = format!("`{key}` is required here");
+    } else if let Some(l) = loc {
+        // A value of the wrong type: say what was expected and what was
+        // written, in words, not serde's.
+        let written = value_at(text, l.line(), l.column());
+        let expected = if first.starts_with("invalid i64")
+            || first.starts_with("invalid u64")
+            || first.starts_with("invalid u32")
+            || first.contains("expected i64")
+            || first.contains("expected u32")
+            || first.contains("expected u64")
+        {
+            Some("a whole number".to_owned())
+        } else if first.contains("expected a boolean") || first.contains("invalid bool") {
+            Some("`true` or `false`".to_owned())
+        } else if first.contains("untagged enum PenaltyFile") {
+            Some(penalty_hint(&written))
+        } else if first.contains("untagged enum RouteUpstreamFile") {
+            Some("a URL, or {servers, balance, health}".to_owned())
+        } else if first.contains("expected a sequence") {
+            Some("a list (`[a, b]`)".to_owned())
+        } else if first.contains("expected a string") {
+            Some("a string".to_owned())
+        } else {
+            None
+        };
+        if let Some(expected) = expected {
+            // A hint after `;` goes after what was written.
+            let (expected, hint) = match expected.split_once("; ") {
+                Some((e, h)) => (e.to_owned(), format!(": {h}")),
+                None => (expected, String::new()),
+            };
+            message = if written.is_empty() {
+                format!("expected {expected}{hint}")
+            } else {
+                format!("expected {expected}, got `{written}`{hint}")
+            };
+        }
     }
     // A YAML key can be empty (`"": 1`, or a tag alone); every error still
     // names something the reader can find.

@@ -44,9 +44,187 @@ pub fn load(text: &str, file: &str, overrides: &Overrides) -> Result<Config, Con
             serde_saphyr::from_str(text).map_err(|e| parse_error(file, text, &e))?;
         compat::translate(f, &d, overrides)
     } else {
-        let f: schema::File =
-            serde_saphyr::from_str(text).map_err(|e| parse_error(file, text, &e))?;
-        validate::validate(f, &d, overrides)
+        let (parsed, errors, mended) = parse_all::<schema::File>(file, text);
+        let reported: Vec<u64> = errors.iter().map(|e| e.line).collect();
+        for e in errors {
+            d.push(e);
+        }
+        let config = parsed.and_then(|f| validate::validate(f, &d, overrides));
+        // What validation finds on a line the parser already reported, it
+        // found in the mended text: the parser's error is the one to read.
+        return d
+            .finish(config)
+            .map_err(|e| e.without_followers(&reported, &mended));
     };
     d.finish(config)
+}
+
+/// At most this many errors from parsing one file.
+const MAX_PARSE_ERRORS: usize = 100;
+
+/// Parses `text`, reporting every error the parser finds, not only the
+/// first: serde stops at the first unknown key or value of the wrong type,
+/// so the text is mended where it failed and parsed again, until it
+/// parses or cannot be mended. Every other line keeps its number and
+/// column. A misspelt key is read as the key it was taken for; a value of
+/// the wrong type is replaced by one of the right type; an unknown key
+/// nothing is close to is taken out, with its block. What was parsed last,
+/// the errors, and the lines mended (a later error there, or a "required"
+/// one for a key taken out, follows from one already reported).
+fn parse_all<T: serde::de::DeserializeOwned>(
+    file: &str,
+    text: &str,
+) -> (Option<T>, Vec<ConfigError>, Vec<(u64, String)>) {
+    let mut now = text.to_owned();
+    let (mut errors, mut mended) = (vec![], vec![]);
+    // Each round mends the text or ends; bounded all the same.
+    for _ in 0..MAX_PARSE_ERRORS * 4 {
+        let e = match serde_saphyr::from_str::<T>(&now) {
+            Ok(v) => return (Some(v), errors, mended),
+            Err(e) => e,
+        };
+        let err = parse_error(file, &now, &e);
+        let Some(loc) = e.location() else {
+            errors.push(err);
+            return (None, errors, mended);
+        };
+        let suggested = err
+            .message
+            .split("did you mean `")
+            .nth(1)
+            .and_then(|s| s.split('`').next())
+            .map(str::to_owned);
+        let fix = if err.message.starts_with("unknown key `") {
+            match &suggested {
+                Some(s) => rename_key(&now, loc.line(), &err.key, s),
+                None => take_out(&now, loc.line()),
+            }
+        } else if err.message.starts_with("expected ") {
+            placeholder(&err.message).and_then(|p| replace_value(&now, loc.line(), loc.column(), p))
+        } else {
+            None
+        };
+        let seen = mended.iter().any(|(l, _)| *l == loc.line());
+        // A required key missing where an earlier mend took it out, or that
+        // an unknown key stood for: reported already.
+        let follows =
+            err.message.ends_with("is required here") && mended.iter().any(|(_, k)| *k == err.key);
+        if !(follows || (seen && fix.is_none())) {
+            errors.push(err.clone());
+        }
+        mended.push((loc.line(), suggested.unwrap_or(err.key)));
+        match fix {
+            Some(t) if errors.len() < MAX_PARSE_ERRORS && t != now => now = t,
+            _ => return (None, errors, mended),
+        }
+    }
+    (None, errors, mended)
+}
+
+/// A value of the type an "expected ..." message asks for, to parse on
+/// with (the error was reported).
+fn placeholder(message: &str) -> Option<&'static str> {
+    let m = message.strip_prefix("expected ")?;
+    Some(if m.starts_with("a whole number") {
+        "1"
+    } else if m.starts_with("`true` or `false`") {
+        "false"
+    } else if m.starts_with("a duration") {
+        "1s"
+    } else if m.starts_with("a URL") {
+        "http://127.0.0.1:1"
+    } else if m.starts_with("a list") {
+        "[]"
+    } else if m.starts_with("a string") {
+        "x"
+    } else {
+        return None;
+    })
+}
+
+/// `text` with the value at `line`:`column` (to the end of the line, a
+/// comment kept) replaced by `value`.
+fn replace_value(text: &str, line: u64, column: u64, value: &str) -> Option<String> {
+    let at = usize::try_from(line).ok()?.checked_sub(1)?;
+    let from = usize::try_from(column).ok()?.checked_sub(1)?;
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let l = lines.get_mut(at)?;
+    let rest = l.get(from..)?;
+    // A flow value (`{...}`, `[...]`) or a scalar: to the end of the line.
+    let comment = rest
+        .find(" #")
+        .map(|i| rest[i..].to_owned())
+        .unwrap_or_default();
+    l.truncate(from);
+    l.push_str(value);
+    l.push_str(&comment);
+    // A block value below the key (a mapping or list) goes too.
+    let indent = l.len() - l.trim_start().len();
+    for n in lines.iter_mut().skip(at + 1) {
+        if n.trim().is_empty() || n.trim_start().starts_with('#') {
+            continue;
+        }
+        if n.len() - n.trim_start().len() <= indent {
+            break;
+        }
+        n.clear();
+    }
+    let mut t = lines.join("\n");
+    t.push('\n');
+    Some(t)
+}
+
+/// `text` with the key `from` on `line` written as `to`.
+fn rename_key(text: &str, line: u64, from: &str, to: &str) -> Option<String> {
+    let at = usize::try_from(line).ok()?.checked_sub(1)?;
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let l = lines.get_mut(at)?;
+    let i = l.find(&format!("{from}:"))?;
+    l.replace_range(i..i + from.len(), to);
+    let mut t = lines.join("\n");
+    t.push('\n');
+    Some(t)
+}
+
+/// `text` without the entry on `line` (1-based) and its block: the lines
+/// below it indented deeper. For a list item's first key (`- key: v`), the
+/// dash stays when the item goes on below. `None` when nothing can be
+/// taken out safely.
+fn take_out(text: &str, line: u64) -> Option<String> {
+    let at = usize::try_from(line).ok()?.checked_sub(1)?;
+    let lines: Vec<&str> = text.lines().collect();
+    let l = *lines.get(at)?;
+    let indent = l.len() - l.trim_start().len();
+    let body = &l[indent..];
+    let (keep, key_indent) = match body.strip_prefix("- ") {
+        Some(rest) => {
+            let inner = indent + 2 + (rest.len() - rest.trim_start().len());
+            // The item goes on below (another key at the key's indent):
+            // keep its dash; else it would be an empty item.
+            let goes_on = lines[at + 1..]
+                .iter()
+                .find(|n| !n.trim().is_empty())
+                .is_some_and(|n| n.len() - n.trim_start().len() == inner);
+            if !goes_on {
+                return None;
+            }
+            (format!("{}-", &l[..indent]), inner)
+        }
+        None => (String::new(), indent),
+    };
+    let mut out: Vec<String> = lines.iter().map(|s| (*s).to_owned()).collect();
+    out[at] = keep;
+    for n in out.iter_mut().skip(at + 1) {
+        let deeper = n.len() - n.trim_start().len() > key_indent;
+        if n.trim().is_empty() || n.trim_start().starts_with('#') {
+            continue;
+        }
+        if !deeper {
+            break;
+        }
+        n.clear();
+    }
+    let mut t = out.join("\n");
+    t.push('\n');
+    Some(t)
 }
