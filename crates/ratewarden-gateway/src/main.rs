@@ -307,6 +307,14 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
     // The hint for a first run is for a person at a terminal; a JSON log
     // stays JSON lines only.
     let echo = cfg.upstream == Upstream::Echo && cfg.log.format == config::LogFormat::Text;
+    // curl must be shown the certificate when it is not from a public CA
+    // (a self-signed one is its own), or it prints nothing but an error.
+    let cacert = cfg
+        .tls
+        .as_ref()
+        .and_then(|t| t.files.first())
+        .map(|f| format!("--cacert {} ", f.display()))
+        .unwrap_or_default();
     let running = match server::start(cfg, source).await {
         Ok(r) => r,
         Err(e) => {
@@ -339,9 +347,19 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
         };
         println!(
             "ratewarden: {scheme}://{} in front of the built-in echo upstream ({rules}).\n\
-             try: for i in $(seq 105); do curl -si {scheme}://{}/ | grep -iE '^(HTTP|x-ratelimit-remaining|retry-after)'; done",
+             try: for i in $(seq 105); do curl -si {cacert}{scheme}://{}/ | grep -iE '^(HTTP|x-ratelimit-remaining|retry-after)'; done",
             running.listen, running.listen
         );
+        if !cacert.is_empty() {
+            println!(
+                "     (--cacert: for a self-signed certificate or a private CA's; if the certificate \
+                 names a host rather than {}, add --resolve HOST:{}:{} and ask https://HOST:{}/)",
+                running.listen.ip(),
+                running.listen.port(),
+                running.listen.ip(),
+                running.listen.port()
+            );
+        }
     }
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,

@@ -847,3 +847,30 @@ async fn seed_002s_file_runs_against_a_local_https_upstream() {
     }
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
 }
+
+/// On the TLS listener the first-run hint shows curl the certificate
+/// (`--cacert`): without it, a self-signed certificate makes curl print
+/// nothing but an error.
+#[tokio::test]
+async fn the_tls_hint_shows_curl_the_certificate() {
+    let dir = scratch_dir("rw-tls-hint");
+    let ca = Ca::new("test ca");
+    let (cert, key) = ca.issue(&["localhost", "127.0.0.1"]);
+    let (c, k) = (put(&dir, "s.pem", &cert), put(&dir, "s.key", &key));
+    let file = put(
+        &dir,
+        "ratewarden.yaml",
+        &format!(
+            "admin: {{listen: 127.0.0.1:0}}\ntls: {{cert: {}, key: {}}}\n",
+            c.display(),
+            k.display()
+        ),
+    );
+    let bin = support::spawn_binary(&file, "echo", &[], None);
+    let hint = bin.wait_for_line(|l| l.starts_with("try:"));
+    assert!(
+        hint.contains(&format!("curl -si --cacert {} https://", c.display())),
+        "{hint}"
+    );
+    bin.wait_for_line(|l| l.contains("--resolve"));
+}
