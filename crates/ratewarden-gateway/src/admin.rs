@@ -787,10 +787,19 @@ async fn existing(
     pr: &ratewarden_tower::policy::PolicyRule,
 ) -> Result<(Vec<Found>, bool), ratewarden::StoreError> {
     let store = live.limiter.store();
+    // Keys seen near or over the limit, and keys banned by the rule (a
+    // banned key is listed under its rule, as `/v1/bans` lists it).
+    let banned = gw
+        .metrics
+        .bans(usize::MAX)
+        .into_iter()
+        .filter(|(rule, _, _)| rule == pr.rule.name())
+        .map(|(_, key, _)| key);
     let mut candidates: Vec<(String, String)> = gw
         .metrics
         .hot_keys(pr.rule.name())
         .into_iter()
+        .chain(banned)
         .map(|key| (pr.group_of_key(&key), key))
         .collect();
     let mut complete = true;

@@ -429,3 +429,37 @@ async fn a_502_and_a_504_are_logged_with_the_upstream_and_the_reason() {
     assert_eq!(line["timeout"], "300ms");
     held.abort();
 }
+
+/// On the memory store, a key a rule banned is listed under that rule by
+/// `/v1/keys`, as `/v1/bans` lists it (it was missing when the sampling of
+/// keys near their limit had not seen it).
+#[tokio::test]
+async fn a_banned_key_is_listed_under_its_rule() {
+    let gw = support::gateway(
+        "identity: {from: header, header: X-User}\nrules:\n  - {name: login, limit: 1, window: 1h, penalty: 10m}\n",
+        "echo",
+        None,
+    )
+    .await;
+    let admin = gw.admin.unwrap();
+    for user in ["alice", "bob"] {
+        for _ in 0..2 {
+            send(gw.listen, "GET", "/", &[("x-user", user)], "").await;
+        }
+    }
+    let bans: Value =
+        serde_json::from_str(&send(admin, "GET", "/v1/bans", &[], "").await.body).unwrap();
+    assert_eq!(bans["bans"].as_array().unwrap().len(), 2, "{bans}");
+    let top = send(admin, "GET", "/v1/keys?rule=login", &[], "").await;
+    let v: Value = serde_json::from_str(&top.body).unwrap();
+    let mut listed: Vec<&str> = v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    listed.sort_unstable();
+    assert_eq!(listed, ["alice", "bob"], "{v}");
+    assert!(v["keys"][0]["ban_left"].as_f64().unwrap() > 500.0, "{v}");
+    gw.shutdown().await;
+}
