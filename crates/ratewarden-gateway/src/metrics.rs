@@ -43,6 +43,33 @@ impl Histogram {
             .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
     }
 
+    /// The series of `name` with one label, for a family of histograms
+    /// (its `# TYPE` written once by the caller).
+    fn render_labelled(&self, name: &str, label: &str, value: &str, out: &mut String) {
+        let count = self.count.load(Ordering::Relaxed);
+        if count == 0 {
+            return;
+        }
+        let mut cumulative = 0;
+        for (i, b) in BUCKETS.iter().enumerate() {
+            cumulative += self.counts[i].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{label}=\"{value}\",le=\"{b}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{label}=\"{value}\",le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            out,
+            "{name}_sum{{{label}=\"{value}\"}} {}",
+            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+        );
+        let _ = writeln!(out, "{name}_count{{{label}=\"{value}\"}} {count}");
+    }
+
     fn render(&self, name: &str, out: &mut String) {
         let _ = writeln!(out, "# TYPE {name} histogram");
         let mut cumulative = 0;
@@ -106,9 +133,44 @@ impl ServerCounts {
     }
 }
 
+/// One route's answers, by who made them (the gateway itself, or the
+/// upstream relayed) and status class, and its upstream's time to answer.
+#[derive(Default)]
+pub struct RouteCounts {
+    /// [gateway, upstream] x [1xx, 2xx, 3xx, 4xx, 5xx].
+    responses: [[AtomicU64; 5]; 2],
+    upstream: Histogram,
+}
+
+impl RouteCounts {
+    /// Counts one answer of `status`, made by the upstream or the gateway.
+    pub fn response(&self, status: u16, from_upstream: bool) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.responses[usize::from(from_upstream)][class].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The upstream took `d` to answer (its response head).
+    pub fn upstream_time(&self, d: Duration) {
+        self.upstream.observe(d);
+    }
+}
+
+/// Marks a response as the upstream's (relayed, or the built-in echo's),
+/// not one the gateway made itself: `ratewarden_responses_total`'s
+/// `source` on hyper's path.
+#[derive(Debug, Clone, Copy)]
+pub struct FromUpstream;
+
+/// The route label of answers given before a route was chosen (a path
+/// that cannot be normalised, say).
+pub const NO_ROUTE: &str = "none";
+
 /// The gateway's metrics.
 #[derive(Default)]
 pub struct Metrics {
+    /// Per route, kept across reloads: resolved into each group when the
+    /// config is loaded, so that counting takes no lock.
+    routes: Mutex<HashMap<String, Arc<RouteCounts>>>,
     /// Per (route, server), kept across reloads like the rule counts.
     servers: Mutex<HashMap<(String, String), Arc<ServerCounts>>>,
     /// Per rule name, kept across reloads. The request path counts on the
@@ -130,6 +192,15 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// The answer counts of `route`, created on first use.
+    pub fn route(&self, route: &str) -> Arc<RouteCounts> {
+        self.routes
+            .lock()
+            .entry(route.to_owned())
+            .or_default()
+            .clone()
+    }
+
     /// The decision counts of `rule`, created on first use.
     pub fn counts(&self, rule: &str) -> Arc<RuleCounts> {
         let mut m = self.requests.lock();
@@ -316,6 +387,36 @@ impl Metrics {
         out.push_str("# HELP ratewarden_store_errors_total Store calls that failed, by kind: unavailable (nothing applied: an outage), late (sent, no answer in time), server (an error a retry will not mend), protocol, config.\n# TYPE ratewarden_store_errors_total counter\n");
         for (kind, n) in store_errors {
             let _ = writeln!(out, "ratewarden_store_errors_total{{kind=\"{kind}\"}} {n}");
+        }
+        let mut routes: Vec<(String, Arc<RouteCounts>)> = self
+            .routes
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        routes.sort_by(|a, b| a.0.cmp(&b.0));
+        out.push_str("# HELP ratewarden_responses_total Answers sent, by route, by who made them (source: gateway for its own refusals and errors, upstream for the upstream's answers relayed) and by status class.\n# TYPE ratewarden_responses_total counter\n");
+        for (route, c) in &routes {
+            for (source, by_class) in ["gateway", "upstream"].iter().zip(&c.responses) {
+                for (class, n) in ["1xx", "2xx", "3xx", "4xx", "5xx"].iter().zip(by_class) {
+                    let n = n.load(Ordering::Relaxed);
+                    if n > 0 {
+                        let _ = writeln!(
+                            out,
+                            "ratewarden_responses_total{{route=\"{route}\",source=\"{source}\",code=\"{class}\"}} {n}"
+                        );
+                    }
+                }
+            }
+        }
+        out.push_str("# HELP ratewarden_route_upstream_duration_seconds Time until the upstream's response headers, per route.\n# TYPE ratewarden_route_upstream_duration_seconds histogram\n");
+        for (route, c) in &routes {
+            c.upstream.render_labelled(
+                "ratewarden_route_upstream_duration_seconds",
+                "route",
+                route,
+                &mut out,
+            );
         }
         let mut servers: Vec<_> = self
             .servers

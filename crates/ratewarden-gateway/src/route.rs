@@ -55,6 +55,8 @@ pub struct Group {
     pub preserve_host: bool,
     /// Fields set or removed upstream (`request_headers`).
     pub request_headers: crate::config::RequestHeaders,
+    /// Its answers and its upstream's time, for the metrics.
+    pub counts: Arc<crate::metrics::RouteCounts>,
     balance: Balance,
     passive: Option<Passive>,
     next: AtomicUsize,
@@ -228,6 +230,7 @@ impl Router {
                     .collect(),
                 balance: spec.balance,
                 preserve_host: spec.preserve_host.unwrap_or(preserve_host),
+                counts: metrics.route(route),
                 request_headers: spec
                     .request_headers
                     .clone()

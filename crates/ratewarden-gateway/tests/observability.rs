@@ -463,3 +463,56 @@ async fn a_banned_key_is_listed_under_its_rule() {
     assert!(v["keys"][0]["ban_left"].as_f64().unwrap() > 500.0, "{v}");
     gw.shutdown().await;
 }
+
+/// `ratewarden_responses_total{route,source,code}` keeps the gateway's own
+/// answers and the upstream's apart, per route and status class, on both
+/// HTTP paths; each route's upstream time is a histogram of its own.
+#[tokio::test]
+async fn responses_are_counted_by_route_source_and_class() {
+    let up = support::Upstream::start().await;
+    let yaml = format!(
+        "routes:\n  - name: api\n    match: {{path_prefix: /status/}}\n    upstream: {}\nrules:\n  - {{name: one, limit: 3, window: 1h, match: {{path: /}}}}\n",
+        up.url()
+    );
+    let gw = support::gateway(&yaml, &up.url(), None).await;
+    // HTTP/1.1 (the gateway's own path) and h2c (hyper's).
+    let h2 = {
+        let mut b =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new());
+        b.http2_only(true);
+        b.build_http::<http_body_util::Full<bytes::Bytes>>()
+    };
+    let get_h2 = |path: &str| {
+        let req = http::Request::get(format!("http://{}{path}", gw.listen))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        h2.request(req)
+    };
+    for _ in 0..2 {
+        assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    }
+    assert_eq!(get_h2("/").await.unwrap().status(), 200);
+    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 429);
+    assert_eq!(get_h2("/").await.unwrap().status(), 429);
+    assert_eq!(
+        send(gw.listen, "GET", "/status/404", &[], "").await.status,
+        404
+    );
+    assert_eq!(get_h2("/status/503").await.unwrap().status(), 503);
+    assert_eq!(send(gw.listen, "GET", "/a/%00", &[], "").await.status, 400);
+    let m = send(gw.admin.unwrap(), "GET", "/metrics", &[], "")
+        .await
+        .body;
+    for want in [
+        "ratewarden_responses_total{route=\"default\",source=\"upstream\",code=\"2xx\"} 3",
+        "ratewarden_responses_total{route=\"default\",source=\"gateway\",code=\"4xx\"} 2",
+        "ratewarden_responses_total{route=\"api\",source=\"upstream\",code=\"4xx\"} 1",
+        "ratewarden_responses_total{route=\"api\",source=\"upstream\",code=\"5xx\"} 1",
+        "ratewarden_responses_total{route=\"none\",source=\"gateway\",code=\"4xx\"} 1",
+        "ratewarden_route_upstream_duration_seconds_count{route=\"api\"} 2",
+        "ratewarden_route_upstream_duration_seconds_count{route=\"default\"} 3",
+    ] {
+        assert!(m.contains(want), "{want} in\n{m}");
+    }
+    gw.shutdown().await;
+}

@@ -112,6 +112,8 @@ pub(crate) fn edge_check(parts: &Parts) -> Result<(), Edge> {
 struct Seen {
     identity: Option<String>,
     rule: Option<String>,
+    /// The route's answer counts, once a route is chosen.
+    route: Option<std::sync::Arc<crate::metrics::RouteCounts>>,
 }
 
 impl Gateway {
@@ -141,6 +143,17 @@ impl Gateway {
         });
         let mut seen = Seen::default();
         let mut resp = self.answer(req, client, &rid, &mut seen).await;
+        let from_upstream = resp
+            .extensions()
+            .get::<crate::metrics::FromUpstream>()
+            .is_some();
+        match &seen.route {
+            Some(c) => c.response(resp.status().as_u16(), from_upstream),
+            None => self
+                .metrics
+                .route(crate::metrics::NO_ROUTE)
+                .response(resp.status().as_u16(), false),
+        }
         if let Ok(v) = HeaderValue::from_bytes(rid.as_bytes()) {
             resp.headers_mut().insert(request_id::HEADER, v);
         }
@@ -199,6 +212,11 @@ impl Gateway {
             Err(e) => return e.answer(),
         };
         let route = live.router.route(&parts.method, &path);
+        seen.route = Some(match route {
+            Some((_, g)) => g.counts.clone(),
+            // The echo upstream's answers count under the default route.
+            None => self.metrics.route(crate::route::DEFAULT),
+        });
         let facts = Facts {
             method: &parts.method,
             path: &path,
@@ -320,6 +338,7 @@ impl Gateway {
         loop {
             let Some(chosen) = group.choose(to.client, &tried) else {
                 self.metrics.upstream_time(started.elapsed());
+                group.counts.upstream_time(started.elapsed());
                 let (why, error, at) = last.unwrap_or_else(|| {
                     (
                         "no upstream server is up".into(),
@@ -352,6 +371,7 @@ impl Gateway {
                 other => other,
             };
             self.metrics.upstream_time(started.elapsed());
+            group.counts.upstream_time(started.elapsed());
             let label = &server.label;
             return match (res, fault.load(Ordering::Relaxed)) {
                 (Ok(resp), _) => {
@@ -361,6 +381,7 @@ impl Gateway {
                         parts.headers.remove(header::CONTENT_LENGTH);
                     }
                     strip_hop_by_hop(&mut parts.headers);
+                    parts.extensions.insert(crate::metrics::FromUpstream);
                     Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync())
                 }
                 (Err(_), BODY_BROKE) => Edge::BadBody.answer(),
@@ -581,5 +602,7 @@ fn echo(req: &Parts, identity: &str) -> Response<Body> {
         "ratewarden echo: {} {} from {identity}\n",
         req.method, req.uri
     );
-    respond(StatusCode::OK, "text/plain; charset=utf-8", text)
+    let mut r = respond(StatusCode::OK, "text/plain; charset=utf-8", text);
+    r.extensions_mut().insert(crate::metrics::FromUpstream);
+    r
 }

@@ -79,6 +79,8 @@ pub(crate) struct Answered {
     pub(crate) keep: bool,
     /// The status sent.
     pub(crate) status: u16,
+    /// Whether the upstream answered (else the gateway did: 502, 504).
+    pub(crate) from_upstream: bool,
     /// Body bytes sent, when the answer had a length.
     pub(crate) bytes: Option<u64>,
 }
@@ -162,6 +164,7 @@ impl Conn {
         };
         self.timer = slot;
         to.gw.metrics.upstream_time(started.elapsed());
+        to.group.counts.upstream_time(started.elapsed());
         let ((mut up, resp), chosen) = match answered {
             Ok(a) => a,
             Err((failed, chosen)) => {
@@ -194,6 +197,7 @@ impl Conn {
                 return Ok(Answered {
                     keep: !head.close,
                     status,
+                    from_upstream: false,
                     bytes: None,
                 });
             }
@@ -258,6 +262,7 @@ impl Conn {
         Ok(Answered {
             keep: !close,
             status: resp.status,
+            from_upstream: true,
             bytes,
         })
     }

@@ -327,6 +327,10 @@ async fn serve(
         let target = std::str::from_utf8(&c.input[head.target.clone()]).unwrap_or("/");
         let mut logged = Logged::default();
         let mut to_hyper = false;
+        // The route's answer counts once it is chosen, and whether the
+        // answer was the upstream's.
+        let mut counts: Option<&crate::metrics::RouteCounts> = None;
+        let mut from_upstream = false;
         let keep = match forward::rule_path(&head.method, target) {
             Err(e) => {
                 logged.status = e.status().as_u16();
@@ -341,6 +345,7 @@ async fn serve(
                     to_hyper = true;
                     break 'arm false;
                 };
+                counts = Some(&group.counts);
                 let headers = if live.reads_headers {
                     header_map(&c.input, &c.fields, live.config.underscores_in_headers)
                 } else {
@@ -373,6 +378,7 @@ async fn serve(
                         io.write_all(&c.out).await?;
                         io.flush().await?;
                         drop(answering);
+                        logged.status = live.config.status.as_u16();
                         if arrived.is_some() {
                             logged = Logged::refused(
                                 live.config.status.as_u16(),
@@ -418,6 +424,7 @@ async fn serve(
                         };
                         let answered = c.exchange(io, to, answering).await?;
                         (logged.status, logged.bytes) = (answered.status, answered.bytes);
+                        from_upstream = answered.from_upstream;
                         answered.keep
                     }
                 }
@@ -425,6 +432,13 @@ async fn serve(
         };
         if to_hyper {
             return Ok(Some(c.input));
+        }
+        match counts {
+            Some(counts) => counts.response(logged.status, from_upstream),
+            None => gw
+                .metrics
+                .route(crate::metrics::NO_ROUTE)
+                .response(logged.status, false),
         }
         if let (Some(log), Some(arrived)) = (&gw.access, arrived) {
             let (time, duration) = crate::access::since(arrived);
