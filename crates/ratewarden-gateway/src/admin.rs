@@ -30,6 +30,20 @@ fn secs(d: std::time::Duration) -> f64 {
     d.as_secs_f64()
 }
 
+/// `POST /v1/bans`: a ban an operator sets.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BanBody {
+    rule: String,
+    key: String,
+    /// The client's identity, when the rule's key has more parts than it.
+    identity: Option<String>,
+    /// How long: `10m`, `1h`, `7d`.
+    duration: String,
+    /// Why, for the log.
+    note: Option<String>,
+}
+
 /// `POST /v1/check`: a named rule on a key, or a whole request as the proxy
 /// would see it.
 #[derive(Deserialize)]
@@ -346,6 +360,19 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
             "text/javascript; charset=utf-8",
         ),
         (Method::GET, "/v1/bans") => bans(gw, &live, &query(&req)).await,
+        (Method::POST, "/v1/bans") => match read_json::<BanBody>(req).await {
+            Ok(body) => ban(gw, &live, body).await,
+            Err(r) => r,
+        },
+        (Method::DELETE, p) if p.starts_with("/v1/bans/") => {
+            let rest = &p["/v1/bans/".len()..];
+            let Some((rule, key)) = rest.split_once('/') else {
+                return problem_response(StatusCode::NOT_FOUND, "use /v1/bans/{rule}/{key}");
+            };
+            let (rule, key) = (percent_decode(rule), percent_decode(key));
+            let q = query(&req);
+            lift(gw, &live, &rule, &key, param(&q, "identity")).await
+        }
         (Method::GET, "/v1/keys") => top_keys(gw, &live, &query(&req)).await,
         (m, p) if p.starts_with("/v1/keys/") && (m == Method::GET || m == Method::DELETE) => {
             let rest = &p["/v1/keys/".len()..];
@@ -377,7 +404,9 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
 fn allowed_methods(path: &str) -> Option<&'static str> {
     Some(match path {
         "/healthz" | "/readyz" | "/metrics" | "/v1/explain" | "/v1/rules" | "/ui"
-        | "/ui/app.js" | "/v1/bans" | "/v1/keys" => "GET",
+        | "/ui/app.js" | "/v1/keys" => "GET",
+        "/v1/bans" => "GET, POST",
+        p if p.starts_with("/v1/bans/") => "DELETE",
         "/v1/check" | "/v1/report" => "POST",
         p if p.starts_with("/v1/keys/") => "GET, DELETE",
         _ => return None,
@@ -980,6 +1009,71 @@ async fn top_keys(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response
         StatusCode::OK,
         &json!({ "rule": rule, "keys": keys, "complete": complete }),
     )
+}
+
+/// `POST /v1/bans`: bans a rule's key in the store (every gateway sharing
+/// it refuses the key), for `duration` at least, its count kept; listed by
+/// `/v1/bans` with the others, lifted by `DELETE /v1/bans/{rule}/{key}`.
+async fn ban(gw: &Gateway, live: &Live, body: BanBody) -> Response<Body> {
+    let duration = match crate::config::parse_duration(&body.duration) {
+        Ok(d) if !d.is_zero() => d,
+        Ok(_) => return problem_response(StatusCode::BAD_REQUEST, "`duration` must not be 0"),
+        Err(e) => return problem_response(StatusCode::BAD_REQUEST, &format!("`duration`: {e}")),
+    };
+    let matched = match live
+        .config
+        .policy
+        .named(&body.rule, &body.key, body.identity.as_deref())
+    {
+        Ok(m) => m,
+        Err(e) => return named_error(e),
+    };
+    let ops = matched.ops();
+    let op = ops[0];
+    if let Err(e) = live.limiter.store().ban(op, duration).await {
+        return unavailable(e);
+    }
+    gw.metrics
+        .banned(&body.rule, op.key, std::time::Instant::now() + duration);
+    tracing::info!(
+        rule = body.rule,
+        key = op.key,
+        duration = ?duration,
+        note = body.note.as_deref().unwrap_or(""),
+        "banned by the admin API"
+    );
+    json_response(
+        StatusCode::OK,
+        &json!({"rule": body.rule, "key": op.key, "ban_left": secs(duration), "note": body.note}),
+    )
+}
+
+/// `DELETE /v1/bans/{rule}/{key}`: lifts a ban, and forgets the key's
+/// count with it (as `DELETE /v1/keys/...`).
+async fn lift(
+    gw: &Gateway,
+    live: &Live,
+    rule: &str,
+    key: &str,
+    identity: Option<&str>,
+) -> Response<Body> {
+    let matched = match live.config.policy.named(rule, key, identity) {
+        Ok(m) => m,
+        Err(e) => return named_error(e),
+    };
+    let ops = matched.ops();
+    let op = ops[0];
+    match live.limiter.store().clear(op).await {
+        Ok(existed) => {
+            gw.metrics.unban(rule, op.key);
+            tracing::info!(rule, key = op.key, "ban lifted by the admin API");
+            json_response(
+                StatusCode::OK,
+                &json!({"rule": rule, "key": op.key, "lifted": existed}),
+            )
+        }
+        Err(e) => unavailable(e),
+    }
 }
 
 async fn keys(

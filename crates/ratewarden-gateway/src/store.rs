@@ -192,6 +192,13 @@ impl Store for AnyStore {
         }
     }
 
+    async fn ban(&self, op: Op<'_>, left: std::time::Duration) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.ban(op, left).await,
+            AnyStore::Redis(s) => Box::pin(s.ban(op, left)).await,
+        }
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(s) => s.ping().await,

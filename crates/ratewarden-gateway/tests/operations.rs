@@ -661,3 +661,78 @@ async fn a_known_admin_path_with_the_wrong_method_is_a_405_with_allow() {
     assert!(r.header("allow").is_none());
     gw.shutdown().await;
 }
+
+/// `POST /v1/bans` bans a key in the store: listed with the other bans,
+/// refused by every gateway sharing the store, lifted by `DELETE`; on the
+/// memory store and on Redis, where a second gateway sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_ban_is_kept_in_the_store_listed_and_lifted() {
+    let rules = "rules:\n  - {name: login, limit: 100, window: 1h}\n";
+    let ban = r#"{"rule": "login", "key": "127.0.0.1", "duration": "1h", "note": "ticket 4711"}"#;
+    // Memory.
+    let gw = gateway(rules, "echo", None).await;
+    let admin = gw.admin.unwrap();
+    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    let r = send(admin, "POST", "/v1/bans", &[], ban).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let refused = send(gw.listen, "GET", "/", &[], "").await;
+    assert_eq!(refused.status, 429, "banned");
+    assert!(
+        refused
+            .header("retry-after")
+            .is_some_and(|s| s.parse::<u64>().unwrap() > 3000)
+    );
+    let listed = send(admin, "GET", "/v1/bans", &[], "").await.body;
+    assert!(listed.contains("\"key\":\"127.0.0.1\""), "{listed}");
+    let r = send(admin, "DELETE", "/v1/bans/login/127.0.0.1", &[], "").await;
+    assert!(r.body.contains("\"lifted\":true"), "{}", r.body);
+    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    // A bad duration, an unknown rule.
+    let r = send(admin, "POST", "/v1/bans", &[], &ban.replace("1h", "1x")).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    let r = send(
+        admin,
+        "POST",
+        "/v1/bans",
+        &[],
+        &ban.replace("\"login\"", "\"nope\""),
+    )
+    .await;
+    assert_eq!(r.status, 404, "{}", r.body);
+    gw.shutdown().await;
+
+    // Redis: banned through one gateway, refused by the other.
+    let redis = RedisServer::start();
+    let yaml = format!("store: {{type: redis, url: '{}'}}\n{rules}", redis.url());
+    let (a, b) = (
+        gateway(&yaml, "echo", None).await,
+        gateway(&yaml, "echo", None).await,
+    );
+    let r = send(a.admin.unwrap(), "POST", "/v1/bans", &[], ban).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        send(b.listen, "GET", "/", &[], "").await.status,
+        429,
+        "seen by the other gateway"
+    );
+    let k = send(b.admin.unwrap(), "GET", "/v1/keys/login/127.0.0.1", &[], "")
+        .await
+        .body;
+    assert!(k.contains("\"ban_left\":"), "{k}");
+    let r = send(
+        b.admin.unwrap(),
+        "DELETE",
+        "/v1/bans/login/127.0.0.1",
+        &[],
+        "",
+    )
+    .await;
+    assert!(r.body.contains("\"lifted\":true"), "{}", r.body);
+    assert_eq!(
+        send(a.listen, "GET", "/", &[], "").await.status,
+        200,
+        "lifted for both"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}

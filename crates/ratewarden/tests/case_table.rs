@@ -278,6 +278,9 @@ enum OpKind {
     /// A refund of an admitted request's cost (Envoy's negative hits,
     /// leases given back); rows only for algorithms that refund.
     Refund,
+    /// A ban an operator sets (`ban at=T for=D`: the cost column carries
+    /// D in µs, as the script's ARGV does).
+    Ban,
 }
 
 struct Row {
@@ -330,7 +333,10 @@ fn op_once(s: &str) -> (OpKind, Micros, u64) {
     let f = fields(s);
     let get = |k: &str| f.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
     let at = time(get("at").expect("at="));
-    let cost = get("cost").map_or(1, |c| c.parse().unwrap());
+    let cost = match get("for") {
+        Some(d) => duration(d).get(),
+        None => get("cost").map_or(1, |c| c.parse().unwrap()),
+    };
     let kind = match f[0].0 {
         "apply" => OpKind::Apply,
         "peek" => OpKind::Peek,
@@ -338,6 +344,7 @@ fn op_once(s: &str) -> (OpKind, Micros, u64) {
         "ok" => OpKind::Ok,
         "release" => OpKind::Release(get("lease").expect("lease=").parse().unwrap()),
         "refund" => OpKind::Refund,
+        "ban" => OpKind::Ban,
         other => panic!("unknown op `{other}`"),
     };
     (kind, at, cost)
@@ -414,6 +421,10 @@ fn run_rust(rule: &Rule, row: &Row) -> Outcome {
         }
         OpKind::Refund => {
             rule.refund(&mut st, now, cost);
+            (None, true)
+        }
+        OpKind::Ban => {
+            st.hold_ban(now + Micros::new(cost));
             (None, true)
         }
     };
@@ -523,6 +534,7 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         OpKind::Ok => (script::Mode::Success, 0),
         OpKind::Release(l) => (script::Mode::Release, l),
         OpKind::Refund => (script::Mode::Refund, 0),
+        OpKind::Ban => (script::Mode::Ban, 0),
     };
     let args = script::argv(&vec![(o, cost, lease); times], mode, now);
     // A Functions library (`#!lua name=...`, loaded by `lua_failures`) is

@@ -470,6 +470,10 @@ impl Store for FirstGrantHangs {
     async fn ping(&self) -> Result<(), ratewarden::StoreError> {
         self.0.ping().await
     }
+
+    async fn ban(&self, op: Op<'_>, left: Duration) -> Result<(), ratewarden::StoreError> {
+        self.0.ban(op, left).await
+    }
 }
 
 /// A request dropped while it renews a slice (its client went away) does

@@ -62,9 +62,10 @@ impl KeyState {
         self.marks.as_deref().copied().unwrap_or_default()
     }
 
-    /// Holds a ban until `until` at least (one a shared store reported,
-    /// kept by the local fallback through an outage).
-    pub(crate) fn hold_ban(&mut self, until: Micros) {
+    /// Holds a ban until `until` at least: one a shared store reported
+    /// (kept by the local fallback through an outage), or one an operator
+    /// set. A longer ban stays; the count is left as it is.
+    pub fn hold_ban(&mut self, until: Micros) {
         let m = self.marks_mut();
         m.ban_until = m.ban_until.max(until);
     }

@@ -557,6 +557,11 @@ impl Store for MemoryStore {
         Ok(self.grant_now(op, ask))
     }
 
+    async fn ban(&self, op: Op<'_>, left: std::time::Duration) -> Result<(), StoreError> {
+        self.hold_ban(&op, Micros::from(left));
+        Ok(())
+    }
+
     async fn inspect(&self, op: Op<'_>) -> Result<KeyInfo, StoreError> {
         let now = self.now();
         let h = self.hash(&op);

@@ -225,6 +225,15 @@ pub trait Store: Send + Sync + 'static {
     /// Whether the store answers (readiness).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Bans `op`'s key for `left` from now at least (a longer ban stays;
+    /// the count is left as it is): a ban an operator sets. Lifted by
+    /// [`Store::clear`].
+    fn ban(
+        &self,
+        op: Op<'_>,
+        left: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// How many gateways share this store, as it last knew (1 when it
     /// cannot know: an in-process store). A [`Fallback`] divides a rule
     /// among them while the store is down.
@@ -607,6 +616,14 @@ impl<P: Store> Store for Fallback<P> {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.primary.ping().await
+    }
+
+    /// On the primary, and held locally too (it then outlasts an outage
+    /// on this gateway, as a ban it saw does).
+    async fn ban(&self, op: Op<'_>, left: Duration) -> Result<(), StoreError> {
+        self.primary.ban(op, left).await?;
+        self.local.hold_ban(&op, crate::clock::Micros::from(left));
+        Ok(())
     }
 
     fn instances(&self) -> u64 {

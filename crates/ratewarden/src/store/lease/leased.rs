@@ -520,4 +520,12 @@ impl<S: Store> Store for Leased<S> {
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
     }
+
+    async fn ban(&self, op: Op<'_>, left: std::time::Duration) -> Result<(), StoreError> {
+        self.inner.ban(op, left).await
+    }
+
+    fn instances(&self) -> u64 {
+        self.inner.instances()
+    }
 }

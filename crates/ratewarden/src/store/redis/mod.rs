@@ -1278,6 +1278,13 @@ impl Store for RedisStore {
         RedisStore::instances(self)
     }
 
+    async fn ban(&self, op: Op<'_>, left: Duration) -> Result<(), StoreError> {
+        let us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX / 2);
+        self.run::<redis::Value>(&[(op, us.max(1), 0)], script::Mode::Ban)
+            .await
+            .map(drop)
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         let pong: String = self
             .guarded(async {

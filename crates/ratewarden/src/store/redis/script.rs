@@ -68,6 +68,8 @@ pub enum Mode {
     Refund = 6,
     /// Lease a slice of the first op's key ([`crate::store::lease`]).
     Grant = 7,
+    /// Ban each op's key for its `cost`, in µs, at least (the admin API).
+    Ban = 8,
 }
 
 /// Values per op in ARGV: the rule's spec (one string), the cost, the

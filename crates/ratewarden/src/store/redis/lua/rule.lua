@@ -402,6 +402,17 @@ local function dispatch()
     return {}
   elseif mode == 7 then
     return grant()
+  elseif mode == 8 then
+    -- A ban an operator set (the admin API): each op's key banned until
+    -- now + its `cost` (µs here) at least; a longer ban stays. Its count
+    -- is left as it is.
+    for i = 1, nops do
+      local r, left = rule_of(i)
+      local st = load(i, r)
+      if st[5] < now + left then st[5] = now + left end
+      store(i, r, st)
+    end
+    return {}
   end
   return redis.error_reply('ratewarden: unknown mode')
 end
