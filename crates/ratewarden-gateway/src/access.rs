@@ -60,9 +60,11 @@ pub struct Record<'a> {
     pub duration: Duration,
     /// Its id.
     pub request_id: &'a RequestId,
-    /// The key the refusing rule counted, if a rule refused, or the
-    /// identity the rules saw.
+    /// The client's identity as the rules saw it (when a rule limits it).
     pub identity: Option<&'a str>,
+    /// The key the refusing rule counted, if a rule refused (the identity
+    /// with the rule's other key parts).
+    pub key: Option<&'a str>,
     /// The rule that refused it, if one did.
     pub rule: Option<&'a str>,
     /// `Referer`, as sent.
@@ -522,6 +524,8 @@ fn render(cache: &mut Cache, out: &mut Vec<u8>, r: &Record<'_>, format: Format) 
             json_opt(out, r.identity.map(str::as_bytes));
             out.extend_from_slice(b",\"rule\":");
             json_opt(out, r.rule.map(str::as_bytes));
+            out.extend_from_slice(b",\"key\":");
+            json_opt(out, r.key.map(str::as_bytes));
             out.extend_from_slice(b",\"referer\":");
             json_opt(out, r.referer);
             out.extend_from_slice(b",\"user_agent\":");
@@ -678,6 +682,7 @@ mod tests {
             duration: Duration::from_micros(1234),
             request_id: id,
             identity: Some("203.0.113.7"),
+            key: None,
             rule: Some("per-ip"),
             referer: None,
             user_agent: Some(b"curl/8"),

@@ -121,7 +121,7 @@ async fn the_access_log_has_a_line_per_answer_with_its_request_id() {
     std::fs::write(
         &file,
         format!(
-            "access_log: {{path: {}, format: json}}\nrules:\n  - {{name: one, limit: 1, window: 1h}}\n",
+            "access_log: {{path: {}, format: json}}\nrules:\n  - {{name: one, limit: 1, window: 1h, key: [identity, method]}}\n",
             log.display()
         ),
     )
@@ -148,6 +148,11 @@ async fn the_access_log_has_a_line_per_answer_with_its_request_id() {
     assert_eq!(lines[1]["status"], 429);
     assert_eq!(lines[1]["rule"], "one");
     assert_eq!(lines[1]["request_id"], no.header("x-request-id").unwrap());
+    // A refusal logs the client's identity and the refusing rule's key,
+    // each under its own name.
+    assert_eq!(lines[1]["identity"], "127.0.0.1", "{}", lines[1]);
+    assert_eq!(lines[1]["key"], "127.0.0.1:GET", "{}", lines[1]);
+    assert_eq!(lines[0]["key"], Value::Null);
     let metrics = send(bin.admin, "GET", "/metrics", &[], "").await.body;
     assert!(
         metrics.contains("ratewarden_access_log_dropped_total 0"),

@@ -111,6 +111,8 @@ pub(crate) fn edge_check(parts: &Parts) -> Result<(), Edge> {
 #[derive(Default)]
 struct Seen {
     identity: Option<String>,
+    /// The refusing rule's key.
+    key: Option<String>,
     rule: Option<String>,
     /// The route's answer counts, once a route is chosen.
     route: Option<std::sync::Arc<crate::metrics::RouteCounts>>,
@@ -172,6 +174,7 @@ impl Gateway {
                 duration,
                 request_id: &rid,
                 identity: seen.identity.as_deref(),
+                key: seen.key.as_deref(),
                 rule: seen.rule.as_deref(),
                 referer: referer.as_deref(),
                 user_agent: user_agent.as_deref(),
@@ -230,9 +233,18 @@ impl Gateway {
             Err(refusal) => {
                 if let ratewarden_tower::admission::Refusal::Limited(d) = &refusal
                     && let Some(by) = d.rules.iter().find(|r| !r.allowed())
+                    && self.access.is_some()
                 {
-                    seen.identity = Some(by.key.clone());
+                    seen.key = Some(by.key.clone());
                     seen.rule = Some(by.rule.name().to_owned());
+                    // The client's identity, apart from the rule's key.
+                    seen.identity = live
+                        .config
+                        .policy
+                        .identify(&facts)
+                        .ok()
+                        .filter(|w| w.limited)
+                        .map(|w| w.identity);
                 }
                 return refusal_answer(&refusal, &live.config);
             }

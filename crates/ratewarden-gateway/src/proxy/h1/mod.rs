@@ -296,8 +296,9 @@ async fn serve(
 ) -> io::Result<Option<BytesMut>> {
     let peer = client.peer;
     let mut c = Conn::default();
-    // The access log's identity, kept across requests (no allocation each).
-    let mut identity = String::new();
+    // The access log's identity and refusing key, kept across requests (no
+    // allocation each).
+    let (mut identity, mut rule_key) = (String::new(), String::new());
     let mut stopping = pin!(async move {
         let _ = stop.wait_for(|s| *s).await;
     });
@@ -360,6 +361,13 @@ async fn serve(
                     route: Some(route),
                 };
                 let admitted = gw.admit(&live, &facts, &rid).await;
+                // The client's identity for the access log of a refusal (the
+                // refusing rule's key is logged apart, as `key`); asked again
+                // only then, and only with a log.
+                let refused_who = (arrived.is_some()
+                    && matches!(admitted, Err(Refusal::Limited(_))))
+                .then(|| live.config.policy.identify(&facts).ok())
+                .flatten();
                 drop(path);
                 // Only what goes upstream needs its target rewritten.
                 let rewritten = match &admitted {
@@ -384,8 +392,13 @@ async fn serve(
                                 live.config.status.as_u16(),
                                 body,
                                 &d,
-                                &mut identity,
+                                &mut rule_key,
                             );
+                            if let Some(w) = refused_who.filter(|w| w.limited) {
+                                identity.clear();
+                                identity.push_str(&w.identity);
+                                logged.identity = true;
+                            }
                         }
                         !head.close
                     }
@@ -468,6 +481,7 @@ async fn serve(
                 duration,
                 request_id: &rid,
                 identity: logged.identity.then_some(identity.as_str()),
+                key: logged.key.then_some(rule_key.as_str()),
                 rule: logged.rule.as_ref().map(ratewarden::Rule::name),
                 referer,
                 user_agent,
@@ -488,22 +502,25 @@ struct Logged {
     bytes: Option<u64>,
     /// Whether the connection's identity buffer holds this request's.
     identity: bool,
+    /// Whether the connection's key buffer holds the refusing rule's key.
+    key: bool,
     rule: Option<ratewarden::Rule>,
 }
 
 impl Logged {
     /// A rejection of `body` bytes: the rule that refused, and its key
-    /// (into `identity`).
-    fn refused(status: u16, body: usize, d: &ratewarden::Decision, identity: &mut String) -> Self {
+    /// (into `key`).
+    fn refused(status: u16, body: usize, d: &ratewarden::Decision, key: &mut String) -> Self {
         let by = d.rules.iter().find(|r| !r.allowed());
         if let Some(r) = by {
-            identity.clear();
-            identity.push_str(&r.key);
+            key.clear();
+            key.push_str(&r.key);
         }
         Self {
             status,
             bytes: Some(body as u64),
-            identity: by.is_some(),
+            identity: false,
+            key: by.is_some(),
             rule: by.map(|r| r.rule.clone()),
         }
     }
