@@ -714,3 +714,78 @@ rules:
         );
     }
 }
+
+/// `examples/gateway-reference.yaml` loads, and shows every key the
+/// configuration accepts, at every level: the keys of each section are
+/// read from the loader itself (an unknown key there is answered with the
+/// valid ones); the untagged forms (a penalty's map, a route's group and
+/// its checks) are listed by hand.
+#[test]
+fn the_reference_config_shows_every_key() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/gateway-reference.yaml"
+    );
+    let reference = std::fs::read_to_string(path).unwrap();
+    config::load(&reference, "gateway-reference.yaml", &Overrides::default()).unwrap();
+    let probes = [
+        "zzzzqq: 1",
+        "admin: {zzzzqq: 1}",
+        "store: {type: redis, url: 'redis://x:1', zzzzqq: 1}",
+        "store: {type: redis, url: 'rediss://x:1', tls: {zzzzqq: 1}}",
+        "store: {type: redis, sentinel: {master: m, zzzzqq: 1}}",
+        "identity: {zzzzqq: 1}",
+        "tls: {zzzzqq: 1}",
+        "upstream_tls: {zzzzqq: 1}",
+        "log: {zzzzqq: 1}",
+        "access_log: {zzzzqq: 1}",
+        "rules: [{name: r, limit: 1, window: 1s, zzzzqq: 1}]",
+        "rules: [{name: r, limit: 1, window: 1s, match: {zzzzqq: 1}}]",
+        "rules: [{name: r, limit: 1, window: 1s, distribution: {zzzzqq: 1}}]",
+        "routes: [{name: a, upstream: 'http://x:1', zzzzqq: 1}]",
+        "rls: {listen: '127.0.0.1:1', zzzzqq: 1}",
+        "request_headers: {zzzzqq: 1}",
+    ];
+    let mut keys: Vec<String> = [
+        "duration",
+        "multiplier",
+        "max",
+        "memory", // penalty: {...}
+        "servers",
+        "balance",
+        "health",
+        "passive",
+        "active", // a route's group
+        "failures",
+        "eject_for",
+        "interval",
+        "timeout",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    for probe in probes {
+        let errs = config::load(probe, "p.yaml", &Overrides::default()).expect_err(probe);
+        let e = errs
+            .all()
+            .iter()
+            .find(|e| e.key == "zzzzqq")
+            .unwrap_or_else(|| panic!("{probe}: {errs}"));
+        let listed = e
+            .message
+            .split("valid keys here: ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{probe}: {e}"));
+        keys.extend(listed.split(", ").map(str::to_owned));
+    }
+    let shown = |k: &str| {
+        reference.lines().any(|l| {
+            let l = l.trim_start_matches([' ', '#', '-']);
+            l.starts_with(&format!("{k}:"))
+                || l.contains(&format!("{{{k}:"))
+                || l.contains(&format!(", {k}:"))
+                || l.contains(&format!(" {k}:"))
+        })
+    };
+    let missing: Vec<&String> = keys.iter().filter(|k| !shown(k)).collect();
+    assert!(missing.is_empty(), "not in the reference: {missing:?}");
+}
