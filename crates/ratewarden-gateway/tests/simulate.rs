@@ -322,3 +322,27 @@ fn the_command_prints_the_table_and_refuses_a_bad_spec() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The Retry-After picture's buckets reach the longest wait and add up to
+/// the rejections the table counts (the old picture stopped at 60 s and
+/// piled every ban of minutes or hours into its last bar).
+#[test]
+fn the_retry_after_buckets_reach_the_longest_wait_and_add_up() {
+    let cfg = config(
+        "  - name: login\n    algorithm: fixed_window\n    limit: 2\n    window: 10s\n    penalty: {duration: 10m, multiplier: 4, max: 2h}\n",
+    );
+    let report = simulate::simulate(&cfg, &options("steady:rate=5,duration=120s", None)).unwrap();
+    let run = &report.runs[0].1;
+    let all: Vec<u32> = run.retry_after.iter().flatten().copied().collect();
+    let longest = *all.iter().max().unwrap();
+    assert!(longest > 60, "bans of minutes: {longest}");
+    let buckets = plot::retry_buckets(&all);
+    let rejected: u64 = run.series[0].iter().map(|c| c.rejected()).sum();
+    assert_eq!(buckets.iter().map(|b| b.2).sum::<u64>(), rejected);
+    assert_eq!(rejected as usize, all.len());
+    let last = buckets.last().unwrap();
+    assert!(
+        last.0 <= longest && longest <= last.1,
+        "{last:?} holds {longest}"
+    );
+}

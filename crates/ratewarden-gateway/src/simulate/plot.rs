@@ -210,32 +210,80 @@ pub fn compare(dir: &Path, runs: &[&Run]) -> Result<Vec<PathBuf>, String> {
     both(dir, "compare", size, &|a| grid(a, runs), &|a| grid(a, runs))
 }
 
-/// The Retry-After histogram: counts per whole second, the last bin
-/// holding everything from it up.
+/// Retry-After values (whole seconds) in buckets that reach the largest:
+/// one per second up to 30 s; past that, one per second below 10 s, then
+/// ranges doubling (10-19, 20-39, 40-79, ...) until the largest value is in
+/// one. `(from, to, count)`, `to` inclusive; the counts add up to
+/// `values.len()` (the old picture stopped at 60 s and piled every longer
+/// wait into its last bar).
+///
+/// ```
+/// use ratewarden_gateway::simulate::plot::retry_buckets;
+/// let b = retry_buckets(&[0, 1, 1, 859, 4748]);
+/// assert_eq!(b.iter().map(|x| x.2).sum::<u64>(), 5);
+/// assert!(b.last().unwrap().1 >= 4748);
+/// assert_eq!(b[1], (1, 1, 2));
+/// ```
+pub fn retry_buckets(values: &[u32]) -> Vec<(u32, u32, u64)> {
+    let top = values.iter().copied().max().unwrap_or(0);
+    let mut edges: Vec<(u32, u32)> = if top <= 30 {
+        (0..=top).map(|s| (s, s)).collect()
+    } else {
+        let mut e: Vec<(u32, u32)> = (0..10).map(|s| (s, s)).collect();
+        let mut from = 10u32;
+        while from <= top {
+            let to = from.saturating_mul(2).saturating_sub(1).max(from);
+            e.push((from, to));
+            if to == u32::MAX {
+                break;
+            }
+            from = to + 1;
+        }
+        e
+    };
+    if edges.is_empty() {
+        edges.push((0, 0));
+    }
+    let mut counts = vec![0u64; edges.len()];
+    for v in values {
+        let i = edges.partition_point(|(_, to)| to < v).min(edges.len() - 1);
+        counts[i] += 1;
+    }
+    edges
+        .into_iter()
+        .zip(counts)
+        .map(|((f, t), n)| (f, t, n))
+        .collect()
+}
+
+/// The Retry-After histogram, in [`retry_buckets`].
 fn retry_hist<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, run: &Run) -> Result<(), String> {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     area.fill(&WHITE).map_err(|e| e.to_string())?;
     let all: Vec<u32> = run.retry_after.iter().flatten().copied().collect();
-    let top = all.iter().copied().max().unwrap_or(0).min(60);
-    let mut bins = vec![0u64; top as usize + 1];
-    for v in &all {
-        bins[(*v).min(top) as usize] += 1;
-    }
-    let y_max = bins.iter().copied().max().unwrap_or(0).max(1);
+    let bins = retry_buckets(&all);
+    let labels: Vec<String> = bins.iter().map(|(f, _, _)| f.to_string()).collect();
+    let y_max = bins.iter().map(|b| b.2).max().unwrap_or(0).max(1);
+    let n = bins.len() as u32;
     let mut chart = ChartBuilder::on(area)
         .caption("Retry-After of rejected requests", (FONT, 16))
         .margin(8)
         .x_label_area_size(32)
         .y_label_area_size(64)
-        .build_cartesian_2d(
-            (0u32..top + 1).into_segmented(),
-            0u64..y_max + y_max / 10 + 1,
-        )
+        .build_cartesian_2d((0u32..n).into_segmented(), 0u64..y_max + y_max / 10 + 1)
         .map_err(err)?;
+    let label = |v: &SegmentValue<u32>| match v {
+        SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => {
+            labels.get(*i as usize).cloned().unwrap_or_default()
+        }
+        SegmentValue::Last => String::new(),
+    };
     chart
         .configure_mesh()
-        .x_desc("Retry-After (s)")
+        .x_desc("Retry-After (s): each bar from its label to the next one's")
         .y_desc("requests")
+        .x_labels(bins.len().min(16))
+        .x_label_formatter(&label)
         .label_style((FONT, 12))
         .draw()
         .map_err(err)?;
@@ -244,7 +292,7 @@ fn retry_hist<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, run: &Run) -> R
             Histogram::vertical(&chart)
                 .style(RGBColor(214, 39, 40).filled())
                 .margin(2)
-                .data(bins.iter().enumerate().map(|(s, n)| (s as u32, *n))),
+                .data(bins.iter().enumerate().map(|(i, b)| (i as u32, b.2))),
         )
         .map_err(err)?;
     Ok(())
