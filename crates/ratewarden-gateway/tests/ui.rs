@@ -529,3 +529,23 @@ async fn the_pages_clear_button_clears_the_key_and_its_ban() {
         .await;
     gw.shutdown().await;
 }
+
+/// The page opened with the token in its URL (`http://any:TOKEN@host/ui`,
+/// as a bookmark would hold it) loads its data: its API calls go to the
+/// page's origin, not to its URL (which holds credentials, and a fetch
+/// relative to it is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_opened_with_the_token_in_its_url_loads_its_data() {
+    let yaml = format!("admin: {{token: s3cret}}\n{YAML}");
+    let gw = gateway(&yaml, "echo", None).await;
+    let admin = gw.admin.unwrap();
+    send(gw.listen, "GET", "/", &[("x-user-id", "alice")], "").await;
+    let dom = browse(&format!("http://any:s3cret@{admin}/ui"), &["--dump-dom"]).await;
+    assert!(
+        dom.contains("data-loaded=\""),
+        "the script never finished a refresh: {dom}"
+    );
+    let row = cells(&dom, "rates", "data-rule=\"per-client\"");
+    assert_eq!(row[3], "1", "{row:?}");
+    gw.shutdown().await;
+}

@@ -9,8 +9,17 @@ const HISTORY = 150; // points kept per rule: 5 minutes at 2 s
 const history = new Map(); // rule -> [{t, allowed, rejected}]
 let last = null; // the previous /v1/rules answer and its time
 
+// The API's URL for `path`, from the page's origin: a page opened as
+// http://user:token@host/ui has its credentials in its own URL, and a
+// fetch of a path relative to it is refused ("Request cannot be
+// constructed from a URL that includes credentials"). The origin has none;
+// the browser still sends the Basic credentials it holds for it.
+function api(path) {
+  return new URL(path, window.location.origin).href;
+}
+
 async function getJson(path, init) {
-  const r = await fetch(path, Object.assign({ credentials: "same-origin" }, init));
+  const r = await fetch(api(path), Object.assign({ credentials: "same-origin" }, init));
   if (!r.ok) throw new Error(path + ": " + r.status);
   return r.json();
 }
@@ -82,7 +91,7 @@ function spark(points) {
 }
 
 async function clearKey(rule, key) {
-  await fetch(`/v1/keys/${encodeURIComponent(rule)}/${encodeURIComponent(key)}`, {
+  await fetch(api(`/v1/keys/${encodeURIComponent(rule)}/${encodeURIComponent(key)}`), {
     method: "DELETE",
     credentials: "same-origin",
   });
