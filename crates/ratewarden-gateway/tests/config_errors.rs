@@ -789,3 +789,27 @@ fn the_reference_config_shows_every_key() {
     let missing: Vec<&String> = keys.iter().filter(|k| !shown(k)).collect();
     assert!(missing.is_empty(), "not in the reference: {missing:?}");
 }
+
+/// A key indented one space short is reported at its own line as an
+/// indentation error, not as its key missing from the block above it; a
+/// key really missing is still reported as missing (the reference file, a
+/// rule's `limit` left out, has no line out of place).
+#[test]
+fn a_line_indented_one_space_short_is_named_at_its_line() {
+    let e = error(&format!("{HEAD}  - name: r\n    window: 1m\n   limit: 5\n"));
+    assert_eq!((e.line, e.key.as_str()), (5, "limit"), "{e}");
+    assert!(
+        e.message
+            .contains("indented 3 spaces, but the keys of its block are at 4"),
+        "{e}"
+    );
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/gateway-reference.yaml"
+    );
+    let reference = std::fs::read_to_string(path).unwrap();
+    let without = reference.replacen("    limit: 50                     # required\n", "", 1);
+    assert_ne!(without, reference);
+    let e = error(&without);
+    assert_eq!(e.message, "`limit` is required here", "{e}");
+}

@@ -223,6 +223,11 @@ pub fn suggest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
 
 /// The key written on line `line` (1-based) of `text`, if the line is a
 /// `key: value` or `- key: value` entry.
+/// The key on `line` (1-based) of `text`, owned.
+pub(crate) fn key_at(text: &str, line: u64) -> Option<String> {
+    key_on_line(text, line).map(str::to_owned)
+}
+
 fn key_on_line(text: &str, line: u64) -> Option<&str> {
     let l = text
         .lines()

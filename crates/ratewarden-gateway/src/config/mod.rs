@@ -83,7 +83,24 @@ fn parse_all<T: serde::de::DeserializeOwned>(
             Ok(v) => return (Some(v), errors, mended),
             Err(e) => e,
         };
-        let err = parse_error(file, &now, &e);
+        let mut err = parse_error(file, &now, &e);
+        // A required key "missing" because its line is indented out of its
+        // block: say so, at that line (a YAML reader calls it a syntax
+        // error there), and stop.
+        if err.message.ends_with("is required here")
+            && let Some((line, column, want)) = misindented(&now)
+        {
+            err.line = line;
+            err.column = column;
+            err.key = diag::key_at(&now, line).unwrap_or(err.key);
+            err.message = format!(
+                "indented {} spaces, but the keys of its block are at {want}: YAML reads it as outside \
+                 the block",
+                column - 1
+            );
+            errors.push(err);
+            return (None, errors, mended);
+        }
         let Some(loc) = e.location() else {
             errors.push(err);
             return (None, errors, mended);
@@ -119,6 +136,69 @@ fn parse_all<T: serde::de::DeserializeOwned>(
         }
     }
     (None, errors, mended)
+}
+
+/// The first block-style key line indented to no level of the blocks
+/// around it (one space short, say): its line, its key's column (1-based)
+/// and the indent of the block it left. Lines in block scalars (`|`, `>`)
+/// and flow collections are not keys; a deeper indent only follows a line
+/// that opens a block (`key:`) or a list item.
+fn misindented(text: &str) -> Option<(u64, u64, usize)> {
+    let mut levels: Vec<usize> = vec![0];
+    let (mut opened, mut scalar) = (false, None::<usize>);
+    for (i, raw) in text.lines().enumerate() {
+        let t = raw.trim_end();
+        let body = t.trim_start();
+        if body.is_empty() || body.starts_with('#') {
+            continue;
+        }
+        let indent = t.len() - body.len();
+        if let Some(s) = scalar {
+            if indent > s {
+                continue;
+            }
+            scalar = None;
+        }
+        let (col, content, item) = match body.strip_prefix("- ") {
+            Some(rest) => (
+                indent + 2 + (rest.len() - rest.trim_start().len()),
+                rest.trim_start(),
+                true,
+            ),
+            None if body == "-" => {
+                opened = true;
+                continue;
+            }
+            None => (indent, body, false),
+        };
+        if !content.contains(':') || content.starts_with(['{', '[', '"', '\'']) {
+            opened = false;
+            continue;
+        }
+        let top = *levels.last().unwrap_or(&0);
+        if col > top {
+            if !(opened || item) {
+                return Some((i as u64 + 1, col as u64 + 1, top));
+            }
+            levels.push(col);
+        } else if col < top {
+            let left = top;
+            while levels.last().is_some_and(|l| *l > col) {
+                levels.pop();
+            }
+            if levels.last() != Some(&col) {
+                if item {
+                    levels.push(col);
+                } else {
+                    return Some((i as u64 + 1, col as u64 + 1, left));
+                }
+            }
+        }
+        let value = content.split_once(": ").map_or("", |(_, v)| v).trim();
+        scalar = matches!(value, "|" | ">" | "|-" | ">-" | "|+" | ">+").then_some(col);
+        opened = content.trim_end().ends_with(':');
+    }
+    None
 }
 
 /// A value of the type an "expected ..." message asks for, to parse on
