@@ -172,7 +172,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Validate { file } => match load(Some(&file), &Overrides::default()) {
-            Ok((c, _, _)) => {
+            Ok((c, _, text)) => {
                 let n = c.policy.rules.len();
                 let rls = c.rls.as_ref().map_or(String::new(), |r| {
                     let d = r.domains.len();
@@ -190,6 +190,22 @@ fn main() -> ExitCode {
                          defaults apply only when no file is given)",
                         file.display()
                     );
+                }
+                // What the gateway will do with it: each rule as it was
+                // read (a seed-002 file, translated, most of all).
+                let banner = gateway::banner(&c);
+                if text
+                    .lines()
+                    .any(|l| l.trim_end().starts_with("rateLimiter:"))
+                {
+                    println!("read as the seed-002 gateway's format, translated to:");
+                }
+                println!("  store: {}", banner.store);
+                for r in &banner.rules {
+                    println!("  rule {r}");
+                }
+                for l in &banner.rls {
+                    println!("  rls limit {l}");
                 }
                 ExitCode::SUCCESS
             }

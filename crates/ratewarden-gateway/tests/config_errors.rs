@@ -813,3 +813,28 @@ fn a_line_indented_one_space_short_is_named_at_its_line() {
     let e = error(&without);
     assert_eq!(e.message, "`limit` is required here", "{e}");
 }
+
+/// `validate` prints what the gateway will do with a file: each rule as
+/// read, and for the seed-002 gateway's format, that it was translated.
+#[test]
+fn validate_prints_the_rules_as_read_and_the_seed_002_translation() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/seed-002-go-gateway.yaml"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
+        .args(["validate", path])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("read as the seed-002 gateway's format, translated to:"),
+        "{said}"
+    );
+    assert!(
+        said.contains("rule client: sliding_window_counter 50 per 60s per [identity], every path"),
+        "{said}"
+    );
+    assert!(said.contains("rule comment_write:"), "{said}");
+}
