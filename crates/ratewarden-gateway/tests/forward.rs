@@ -96,6 +96,7 @@ both_paths!(
     a_trusted_proxy_s_x_forwarded_fields_are_kept,
     preserve_host_sends_the_client_s_host,
     request_headers_set_and_remove_fields_upstream,
+    forwarded_rfc7239_on_request_with_the_same_trust_rule,
 );
 
 /// The fields the test upstream received (`/headers`: `name: value` lines),
@@ -434,5 +435,44 @@ async fn request_headers_set_and_remove_fields_upstream(path: Path) {
     .await;
     let r = send(path, gw.listen, "GET", "/headers", &[]).await;
     assert_eq!(received(&r.body, "x-env"), ["top"], "{}", r.body);
+    gw.shutdown().await;
+}
+
+/// `forwarded: true` adds an RFC 7239 `Forwarded` element for this hop:
+/// a client's own is replaced, a trusted proxy's kept with ours after it.
+async fn forwarded_rfc7239_on_request_with_the_same_trust_rule(path: Path) {
+    let up = Upstream::start().await;
+    let ours = |gw: &ratewarden_gateway::server::Running| {
+        format!("for=127.0.0.1;host=\"{}\";proto=http", gw.listen)
+    };
+    let claim = [("forwarded", "for=203.0.113.9;proto=https")];
+    let gw = gateway("forwarded: true\nrules: []\n", &up.url(), None).await;
+    let r = send(path, gw.listen, "GET", "/headers", &claim).await;
+    assert_eq!(
+        received(&r.body, "forwarded"),
+        [ours(&gw).as_str()],
+        "{}",
+        r.body
+    );
+    gw.shutdown().await;
+    let gw = gateway(
+        "forwarded: true\nidentity: {trusted_proxies: [127.0.0.1]}\nrules: []\n",
+        &up.url(),
+        None,
+    )
+    .await;
+    let r = send(path, gw.listen, "GET", "/headers", &claim).await;
+    let chained = format!("for=203.0.113.9;proto=https, {}", ours(&gw));
+    assert_eq!(
+        received(&r.body, "forwarded"),
+        [chained.as_str()],
+        "{}",
+        r.body
+    );
+    gw.shutdown().await;
+    // Off by default: nothing added.
+    let gw = gateway("rules: []\n", &up.url(), None).await;
+    let r = send(path, gw.listen, "GET", "/headers", &[]).await;
+    assert!(received(&r.body, "forwarded").is_empty(), "{}", r.body);
     gw.shutdown().await;
 }

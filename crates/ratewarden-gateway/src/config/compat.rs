@@ -265,6 +265,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         client_body_timeout: None,
         underscores_in_headers: None,
         preserve_host: None,
+        forwarded: None,
         client_max_body_size: None,
         request_headers: None,
         tls: None,

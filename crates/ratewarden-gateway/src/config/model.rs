@@ -82,6 +82,10 @@ pub struct Config {
     /// server's (routes may say otherwise). Off by default, as nginx's
     /// `proxy_set_header Host $proxy_host`.
     pub preserve_host: bool,
+    /// `forwarded: true`: an RFC 7239 `Forwarded` element (`for`, `host`,
+    /// `proto`) on every forwarded request, appended to a trusted proxy's,
+    /// a client's replaced.
+    pub forwarded: bool,
     /// `request_headers` at the top level: for the routes without their own.
     pub request_headers: RequestHeaders,
     /// `identity.trusted_proxies`: peers whose `X-Forwarded-For`,

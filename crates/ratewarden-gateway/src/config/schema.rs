@@ -32,6 +32,7 @@ pub(crate) struct File {
     pub client_max_body_size: Option<Sp<String>>,
     pub underscores_in_headers: Option<Sp<bool>>,
     pub preserve_host: Option<Sp<bool>>,
+    pub forwarded: Option<Sp<bool>>,
     pub request_headers: Option<Sp<RequestHeadersFile>>,
     pub tls: Option<Sp<TlsFile>>,
     pub upstream_tls: Option<Sp<UpstreamTlsFile>>,

@@ -376,6 +376,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         client_max_body_size: client_max_body_size?,
         underscores_in_headers: f.underscores_in_headers.is_some_and(|u| u.value),
         preserve_host: f.preserve_host.as_ref().is_some_and(|p| p.value),
+        forwarded: f.forwarded.as_ref().is_some_and(|p| p.value),
         request_headers: top_request_headers?,
         trusted_proxies: trusted,
         admin: admin?,

@@ -293,6 +293,45 @@ pub(crate) fn x_forwarded_values<'a>(
     [host, Some(proto), port]
 }
 
+/// Appends this hop's RFC 7239 `Forwarded` element to `out`: `for` (the
+/// peer; an IPv6 one quoted and bracketed), `host` (as asked, quoted) and
+/// `proto`.
+///
+/// ```
+/// # use ratewarden_gateway::proxy::forward::{Client, forwarded_element};
+/// let c = Client { peer: "[2001:db8::1]:5000".parse().unwrap(), tls: true, port: 443 };
+/// let mut out = vec![];
+/// forwarded_element(&mut out, &c, Some(b"shop.example"));
+/// assert_eq!(out, br#"for="[2001:db8::1]";host="shop.example";proto=https"#);
+/// ```
+pub fn forwarded_element(out: &mut Vec<u8>, client: &Client, host: Option<&[u8]>) {
+    out.extend_from_slice(b"for=");
+    match client.peer.ip() {
+        std::net::IpAddr::V4(ip) => out.extend_from_slice(ip.to_string().as_bytes()),
+        std::net::IpAddr::V6(ip) => {
+            out.extend_from_slice(format!("\"[{ip}]\"").as_bytes());
+        }
+    }
+    // A Host that passed the edge's check is a `host[:port]` of visible
+    // characters; quoted (a port's `:` is not a token character), with
+    // any `"` or `\` escaped all the same.
+    if let Some(h) = host.filter(|h| !h.is_empty()) {
+        out.extend_from_slice(b";host=\"");
+        for &b in h {
+            if b == b'"' || b == b'\\' {
+                out.push(b'\\');
+            }
+            out.push(b);
+        }
+        out.push(b'"');
+    }
+    out.extend_from_slice(if client.tls {
+        b";proto=https"
+    } else {
+        b";proto=http"
+    });
+}
+
 /// Why the upstream gave no answer.
 #[derive(Debug)]
 pub enum UpstreamFailure {

@@ -269,6 +269,7 @@ impl Gateway {
                 let mut headers = super::tunnel::request_fields(std::mem::take(&mut parts.headers));
                 let fwd = Forwarding {
                     client,
+                    rfc7239: live.config.forwarded,
                     trusted: trusted(&live, peer),
                     asked,
                 };
@@ -297,6 +298,7 @@ impl Gateway {
                     client: &admitted.who().identity,
                     forwarding: Forwarding {
                         client,
+                        rfc7239: live.config.forwarded,
                         trusted: trusted(&live, peer),
                         asked: asked_host(&parts),
                     },
@@ -486,6 +488,8 @@ fn trusted(live: &crate::gateway::Live, peer: SocketAddr) -> bool {
 /// What the forwarding fields of one request are made from.
 struct Forwarding {
     client: forward::Client,
+    /// `forwarded: true`: RFC 7239 `Forwarded` too.
+    rfc7239: bool,
     /// The peer is a trusted proxy: its `X-Forwarded-*` are kept.
     trusted: bool,
     /// The Host the client asked for.
@@ -524,6 +528,23 @@ fn forwarding_fields(h: &mut HeaderMap, f: &Forwarding, rid: &RequestId) {
             Some(v) => h.insert(name, v),
             None => h.remove(name),
         };
+    }
+    if f.rfc7239 {
+        let mut v = Vec::new();
+        if f.trusted {
+            for hop in h.get_all(header::FORWARDED) {
+                v.extend_from_slice(hop.as_bytes());
+                v.extend_from_slice(b", ");
+            }
+        }
+        forward::forwarded_element(
+            &mut v,
+            &f.client,
+            f.asked.as_ref().map(HeaderValue::as_bytes),
+        );
+        if let Ok(v) = HeaderValue::from_bytes(&v) {
+            h.insert(header::FORWARDED, v);
+        }
     }
     if let (false, Some(asked)) = (h.contains_key(header::HOST), &f.asked) {
         h.insert(header::HOST, asked.clone());

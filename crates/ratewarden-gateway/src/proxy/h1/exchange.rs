@@ -306,10 +306,18 @@ impl Conn {
             .any(|n| n.contains(&to.client.peer.ip()));
         let (mut kept, mut asked) = ([false; 3], None);
         let mut chain: SmallVec<[&[u8]; 2]> = SmallVec::new();
+        let forwarded = to.live.config.forwarded;
+        let mut forwarded_chain: SmallVec<[&[u8]; 2]> = SmallVec::new();
         for (name, value) in &self.fields {
             let (name, value) = (&input[name.clone()], &input[value.clone()]);
             if name.eq_ignore_ascii_case(b"x-forwarded-for") {
                 chain.push(value);
+            } else if forwarded && name.eq_ignore_ascii_case(b"forwarded") {
+                // A trusted proxy's elements go on, ours after them; a
+                // client's are replaced.
+                if trusted {
+                    forwarded_chain.push(value);
+                }
             } else if name.eq_ignore_ascii_case(b"x-request-id") {
                 // Ours goes instead (the client's, when it was valid).
             } else if let Some(i) = x_forwarded_index(name) {
@@ -358,6 +366,15 @@ impl Conn {
             if let (false, Some(v)) = (kept[i], v) {
                 push_field(out, X_FORWARDED[i].as_bytes(), v);
             }
+        }
+        if forwarded {
+            out.extend_from_slice(b"forwarded: ");
+            for hop in &forwarded_chain {
+                out.extend_from_slice(hop);
+                out.extend_from_slice(b", ");
+            }
+            crate::proxy::forward::forwarded_element(out, &to.client, asked);
+            out.extend_from_slice(b"\r\n");
         }
         out.extend_from_slice(b"x-forwarded-for: ");
         push_forwarded_for(out, chain, to.client.peer.ip());
