@@ -258,7 +258,7 @@ async fn the_tls_listener_tells_the_upstream_https() {
     let (c, k) = (put(&dir, "s.pem", &cert), put(&dir, "s.key", &key));
     let up = Upstream::start().await;
     let yaml = format!(
-        "tls: {{cert: {}, key: {}}}\nrules: []\n",
+        "tls: {{cert: {}, key: {}}}\npreserve_host: true\nrequest_headers: {{set: {{X-Env: tls}}}}\nrules: []\n",
         c.display(),
         k.display()
     );
@@ -289,6 +289,9 @@ async fn the_tls_listener_tells_the_upstream_https() {
     assert_eq!(field(&body, "x-forwarded-proto"), ["https"], "{body}");
     assert_eq!(field(&body, "x-forwarded-port"), [port.as_str()], "{body}");
     assert_eq!(field(&body, "x-forwarded-host"), ["localhost"], "{body}");
+    // `preserve_host` and `request_headers` behind the TLS listener too.
+    assert_eq!(field(&body, "host"), ["localhost"], "{body}");
+    assert_eq!(field(&body, "x-env"), ["tls"], "{body}");
     // h2: hyper's path.
     let s = connect(gw.listen, "localhost", client_config(&ca, &[b"h2"], None))
         .await
