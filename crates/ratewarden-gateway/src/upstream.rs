@@ -370,20 +370,53 @@ pub struct ClientBody {
     inner: Incoming,
     timeout: Duration,
     timer: Option<Pin<Box<Sleep>>>,
-    fault: Arc<AtomicU8>,
+    fault: Arc<BodyFaults>,
     /// `client_max_body_size` (0: none), and the data bytes so far.
     max: u64,
     seen: u64,
 }
 
-/// `ClientBody::fault` values.
-pub(crate) const BODY_BROKE: u8 = 1;
-pub(crate) const BODY_STALLED: u8 = 2;
-pub(crate) const BODY_TOO_LARGE: u8 = 3;
+/// What went wrong with a client's body on its way upstream: the client's
+/// doing, answered as such (400, 408, 413), not as the upstream's (502).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFault {
+    /// Malformed, or cut short.
+    Broke,
+    /// Stalled longer than `client_body_timeout`.
+    Stalled,
+    /// Grew past `client_max_body_size`.
+    TooLarge,
+}
+
+/// A [`ClientBody`]'s fault, shared with the exchange that reads the body
+/// (the body is moved into hyper's client): set once, read after.
+#[derive(Debug, Default)]
+pub struct BodyFaults(AtomicU8);
+
+impl BodyFaults {
+    fn set(&self, f: BodyFault) {
+        let v = match f {
+            BodyFault::Broke => 1,
+            BodyFault::Stalled => 2,
+            BodyFault::TooLarge => 3,
+        };
+        self.0.store(v, Ordering::Relaxed);
+    }
+
+    /// The fault, if the body had one.
+    pub fn get(&self) -> Option<BodyFault> {
+        match self.0.load(Ordering::Relaxed) {
+            1 => Some(BodyFault::Broke),
+            2 => Some(BodyFault::Stalled),
+            3 => Some(BodyFault::TooLarge),
+            _ => None,
+        }
+    }
+}
 
 impl ClientBody {
-    pub(crate) fn new(inner: Incoming, timeout: Duration, max: u64) -> (Self, Arc<AtomicU8>) {
-        let fault = Arc::new(AtomicU8::new(0));
+    pub(crate) fn new(inner: Incoming, timeout: Duration, max: u64) -> (Self, Arc<BodyFaults>) {
+        let fault = Arc::new(BodyFaults::default());
         let body = Self {
             inner,
             timeout,
@@ -407,7 +440,7 @@ impl http_body::Body for ClientBody {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Err(e))) => {
-                this.fault.store(BODY_BROKE, Ordering::Relaxed);
+                this.fault.set(BodyFault::Broke);
                 Poll::Ready(Some(Err(e.into())))
             }
             Poll::Ready(frame) => {
@@ -417,7 +450,7 @@ impl http_body::Body for ClientBody {
                     if this.max != 0 && this.seen > this.max {
                         // Streamed past `client_max_body_size`: the
                         // exchange fails, and the client is told 413.
-                        this.fault.store(BODY_TOO_LARGE, Ordering::Relaxed);
+                        this.fault.set(BodyFault::TooLarge);
                         return Poll::Ready(Some(Err("the request body is too large".into())));
                     }
                 }
@@ -430,7 +463,7 @@ impl http_body::Body for ClientBody {
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
                 match timer.as_mut().poll(cx) {
                     Poll::Ready(()) => {
-                        this.fault.store(BODY_STALLED, Ordering::Relaxed);
+                        this.fault.set(BodyFault::Stalled);
                         Poll::Ready(Some(Err("the request body stalled".into())))
                     }
                     Poll::Pending => Poll::Pending,

@@ -442,6 +442,26 @@ impl<'p> Matched<'p> {
     }
 }
 
+/// Why ops already built did not go through: stage 3's only refusals (a
+/// request's identity and `allow`/`deny` are stage 1's, which ops built
+/// elsewhere, Envoy's descriptors, never pass).
+#[derive(Debug)]
+pub enum OpsRefusal {
+    /// Over a limit, with the decision.
+    Limited(Decision),
+    /// The store could not decide.
+    Unavailable(StoreError),
+}
+
+impl From<OpsRefusal> for Refusal {
+    fn from(r: OpsRefusal) -> Self {
+        match r {
+            OpsRefusal::Limited(d) => Refusal::Limited(d),
+            OpsRefusal::Unavailable(e) => Refusal::Unavailable(e),
+        }
+    }
+}
+
 /// Stage 3 on ops already built, for every front end (the proxy's matched
 /// rules, Envoy's descriptors): one store call for all of them,
 /// all-or-nothing, of `weight` (an op's own weight wins); the decision and,
@@ -452,15 +472,15 @@ pub async fn decide_ops<S: Store>(
     ops: &[Op<'_>],
     weight: u64,
     mode: Mode,
-) -> Result<(Decision, Option<Pending>), Refusal> {
+) -> Result<(Decision, Option<Pending>), OpsRefusal> {
     let verdicts = limiter
         .store()
         .decide(ops, weight, mode)
         .await
-        .map_err(Refusal::Unavailable)?;
+        .map_err(OpsRefusal::Unavailable)?;
     let d = ratewarden::assemble(ops, &verdicts);
     if !d.allowed {
-        return Err(Refusal::Limited(d));
+        return Err(OpsRefusal::Limited(d));
     }
     let pending = match mode {
         Mode::Apply => ratewarden::pending(ops, &verdicts, weight),

@@ -5,7 +5,6 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -25,9 +24,7 @@ use crate::proxy::forward::{
 };
 use crate::request_id::{self, RequestId};
 use crate::route::Outcome;
-use crate::upstream::{
-    BODY_BROKE, BODY_STALLED, BODY_TOO_LARGE, ClientBody, SendFailed, UpstreamError,
-};
+use crate::upstream::{BodyFault, BodyFaults, ClientBody, SendFailed, UpstreamError};
 use ratewarden_tower::admission::{Facts, Held, Identity};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -330,7 +327,7 @@ impl Gateway {
         &self,
         req: Request<ClientBody>,
         to: &Upstreamed<'_>,
-        fault: &AtomicU8,
+        fault: &BodyFaults,
     ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         // Origin form (`/path?query`) on the upstream connection, under the
@@ -387,7 +384,7 @@ impl Gateway {
             self.metrics.upstream_time(started.elapsed());
             group.counts.upstream_time(started.elapsed());
             let label = &server.label;
-            return match (res, fault.load(Ordering::Relaxed)) {
+            return match (res, fault.get()) {
                 (Ok(resp), _) => {
                     group.record(chosen.index, Outcome::Answered);
                     let (mut parts, body) = resp.into_parts();
@@ -398,9 +395,9 @@ impl Gateway {
                     parts.extensions.insert(crate::metrics::FromUpstream);
                     Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync())
                 }
-                (Err(_), BODY_BROKE) => Edge::BadBody.answer(),
-                (Err(_), BODY_STALLED) => Edge::BodyTimeout.answer(),
-                (Err(_), BODY_TOO_LARGE) => Edge::TooLarge(to.max_body).answer(),
+                (Err(_), Some(BodyFault::Broke)) => Edge::BadBody.answer(),
+                (Err(_), Some(BodyFault::Stalled)) => Edge::BodyTimeout.answer(),
+                (Err(_), Some(BodyFault::TooLarge)) => Edge::TooLarge(to.max_body).answer(),
                 (
                     Err(SendFailed {
                         error: UpstreamError::Timeout(t),

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use ratewarden::{Mode, Op, Rule};
-use ratewarden_tower::admission::{Refusal, decide_ops};
+use ratewarden_tower::admission::{OpsRefusal, decide_ops};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -617,13 +617,8 @@ async fn decided(
         return Ok(None);
     }
     match decide_ops(limiter, ops, 1, mode).await {
-        Ok((d, _)) | Err(Refusal::Limited(d)) => Ok(Some(d)),
-        Err(Refusal::Unavailable(e)) => Err(e),
-        // Identity and allow/deny are the proxy's; a descriptor call has
-        // neither.
-        Err(other) => Err(ratewarden::StoreError::Protocol(
-            other.problem(http::StatusCode::TOO_MANY_REQUESTS),
-        )),
+        Ok((d, _)) | Err(OpsRefusal::Limited(d)) => Ok(Some(d)),
+        Err(OpsRefusal::Unavailable(e)) => Err(e),
     }
 }
 
