@@ -1049,7 +1049,7 @@ async fn ban(gw: &Gateway, live: &Live, body: BanBody) -> Response<Body> {
 }
 
 /// `DELETE /v1/bans/{rule}/{key}`: lifts a ban, and forgets the key's
-/// count with it (as `DELETE /v1/keys/...`).
+/// count with it: `DELETE /v1/keys/...`, and the ban no longer listed.
 async fn lift(
     gw: &Gateway,
     live: &Live,
@@ -1057,23 +1057,12 @@ async fn lift(
     key: &str,
     identity: Option<&str>,
 ) -> Response<Body> {
-    let matched = match live.config.policy.named(rule, key, identity) {
-        Ok(m) => m,
-        Err(e) => return named_error(e),
-    };
-    let ops = matched.ops();
-    let op = ops[0];
-    match live.limiter.store().clear(op).await {
-        Ok(existed) => {
-            gw.metrics.unban(rule, op.key);
-            tracing::info!(rule, key = op.key, "ban lifted by the admin API");
-            json_response(
-                StatusCode::OK,
-                &json!({"rule": rule, "key": op.key, "lifted": existed}),
-            )
-        }
-        Err(e) => unavailable(e),
+    let r = keys(live, Method::DELETE, rule, key, identity).await;
+    if r.status() == StatusCode::OK {
+        gw.metrics.unban(rule, key);
+        tracing::info!(rule, key, "ban lifted by the admin API");
     }
+    r
 }
 
 async fn keys(

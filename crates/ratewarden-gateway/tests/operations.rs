@@ -685,7 +685,7 @@ async fn a_manual_ban_is_kept_in_the_store_listed_and_lifted() {
     let listed = send(admin, "GET", "/v1/bans", &[], "").await.body;
     assert!(listed.contains("\"key\":\"127.0.0.1\""), "{listed}");
     let r = send(admin, "DELETE", "/v1/bans/login/127.0.0.1", &[], "").await;
-    assert!(r.body.contains("\"lifted\":true"), "{}", r.body);
+    assert!(r.body.contains("\"cleared\":true"), "{}", r.body);
     assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
     // A bad duration, an unknown rule.
     let r = send(admin, "POST", "/v1/bans", &[], &ban.replace("1h", "1x")).await;
@@ -727,7 +727,7 @@ async fn a_manual_ban_is_kept_in_the_store_listed_and_lifted() {
         "",
     )
     .await;
-    assert!(r.body.contains("\"lifted\":true"), "{}", r.body);
+    assert!(r.body.contains("\"cleared\":true"), "{}", r.body);
     assert_eq!(
         send(a.listen, "GET", "/", &[], "").await.status,
         200,
