@@ -678,15 +678,6 @@ fn store_spec(
     };
     let tls = match &s.tls {
         None => Some(None),
-        Some(t) if s.sentinel.is_some() => {
-            d.error(
-                "store.tls",
-                Some(&t.referenced),
-                "`store.tls` (a CA or a client certificate) is not supported with `sentinel` yet: \
-                 `rediss://` sentinels and masters are verified against the system's roots",
-            );
-            None
-        }
         Some(t) => {
             let tls_url = s
                 .url

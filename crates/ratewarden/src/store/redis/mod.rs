@@ -603,16 +603,19 @@ impl RedisStore {
         }
     }
 
-    /// A client for the master the sentinels name now (each sentinel
-    /// asked in turn; the library confirms the node's `ROLE`).
+    /// A client for the master the sentinels name now: each sentinel asked
+    /// in turn (`SENTINEL get-master-addr-by-name`), the first answer
+    /// taken; [`connect`](Self::connect) confirms the node's `ROLE`. A
+    /// `rediss://` sentinel list means TLS to the sentinels and to the
+    /// master, with `tls`'s certificates where given.
     async fn sentinel_master(&self) -> Result<redis::Client, StoreError> {
-        let sc = self
-            .inner
-            .config
+        let c = &self.inner.config;
+        let sc = c
             .sentinel
             .as_ref()
             .ok_or_else(|| StoreError::Config("no sentinel section".into()))?;
-        let mut nodes = Vec::with_capacity(sc.nodes.len());
+        let tls = sc.nodes.iter().any(|n| n.starts_with("rediss://"));
+        let mut last = String::from("no sentinel answered");
         for n in &sc.nodes {
             let mut info = redis::IntoConnectionInfo::into_connection_info(n.as_str())
                 .map_err(|e| StoreError::Config(e.to_string()))?;
@@ -620,24 +623,57 @@ impl RedisStore {
                 let settings = info.redis_settings().clone().set_password(pw);
                 info = info.set_redis_settings(settings);
             }
-            nodes.push(info);
+            let asked = async {
+                let mut con = self
+                    .client_for(info)
+                    .map_err(|e| e.to_string())?
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&sc.master)
+                    .query_async::<Option<(String, u16)>>(&mut con)
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            match tokio::time::timeout(c.timeout.max(CONNECT_TIMEOUT), asked).await {
+                Ok(Ok(Some((host, port)))) => {
+                    let scheme = if tls { "rediss" } else { "redis" };
+                    let host = if host.contains(':') {
+                        format!("[{host}]")
+                    } else {
+                        host
+                    };
+                    let mut master = redis::IntoConnectionInfo::into_connection_info(format!(
+                        "{scheme}://{host}:{port}/0"
+                    ))
+                    .map_err(StoreError::unavailable_from)?;
+                    if let Some(pw) = &sc.password {
+                        let settings = master.redis_settings().clone().set_password(pw);
+                        master = master.set_redis_settings(settings);
+                    }
+                    return self
+                        .client_for(master)
+                        .map_err(StoreError::unavailable_from);
+                }
+                Ok(Ok(None)) => {
+                    last = format!("{} does not know master `{}`", redact(n), sc.master);
+                }
+                Ok(Err(e)) => last = format!("{}: {e}", redact(n)),
+                Err(_) => last = format!("{}: no answer", redact(n)),
+            }
         }
-        let tls = sc.nodes.iter().any(|n| n.starts_with("rediss://"));
-        let mut sentinel =
-            redis::sentinel::Sentinel::build(nodes).map_err(StoreError::unavailable_from)?;
-        let mut settings = redis::RedisConnectionInfo::default();
-        if let Some(pw) = &sc.password {
-            settings = settings.set_password(pw);
+        Err(StoreError::unavailable(last))
+    }
+
+    /// A client for `info`, with the configured certificates for TLS.
+    fn client_for(&self, info: redis::ConnectionInfo) -> redis::RedisResult<redis::Client> {
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.inner.config.tls {
+            return redis::Client::build_with_tls(info, tls.certificates());
         }
-        let mut node = redis::sentinel::SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(settings);
-        if tls {
-            node = node.set_tls_mode(redis::TlsMode::Secure);
-        }
-        sentinel
-            .async_master_for(&sc.master, Some(&node))
-            .await
-            .map_err(StoreError::unavailable_from)
+        redis::Client::open(info)
     }
 
     /// Gateways that announced themselves in the store within
