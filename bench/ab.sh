@@ -13,6 +13,7 @@
 # wrk completed). When wrk saturates CPU 1 (the rejecting path), only the CPU
 # per request tells the builds apart. Means per build at the end. Everything on
 # 127.0.0.1, bounded by D, stopped at the end. Needs nginx and wrk (see gateway.sh).
+# LOG=info: the gateway logs as it would in production (default off).
 # BUDGET=0.5: the proxy also limited to half of CPU 0 (see gateway.sh), so
 # that it, not wrk, limits the run.
 set -euo pipefail
@@ -31,7 +32,7 @@ for _ in $(seq "$ROUNDS"); do
     if [ $side = A ]; then bin=$A; conf=$CONF; else bin=$B; conf=$CONF_B; fi
     label=$bin
     [ "$A" = "$B" ] && label="$side:$bin"
-    RUST_LOG=off $UNDER_TEST taskset -c 0 "$bin" serve -c "$conf" --listen 127.0.0.1:$RW --upstream http://127.0.0.1:$UP --workers 1 > /dev/null &
+    RUST_LOG=${LOG:-off} $UNDER_TEST taskset -c 0 "$bin" serve -c "$conf" --listen 127.0.0.1:$RW --upstream http://127.0.0.1:$UP --workers 1 > /dev/null &
     P=$!
     wait_port "$RW"
     t0=$(awk '{print $14 + $15}' /proc/$P/stat)

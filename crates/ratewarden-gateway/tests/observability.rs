@@ -521,3 +521,37 @@ async fn responses_are_counted_by_route_source_and_class() {
     }
     gw.shutdown().await;
 }
+
+/// A flood of refusals is not a flood of log lines: a key's first refusal
+/// is logged whole, the rest of its period only counted (and summarised
+/// once the period ends); the metrics still count every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_refusals_logs_each_keys_first() {
+    let dir = scratch_dir("rw-refusal-log");
+    let file = dir.join("ratewarden.yaml");
+    std::fs::write(
+        &file,
+        "log: {format: json}\nidentity: {from: header, header: X-User}\nrules:\n  - {name: one, limit: 1, window: 1h}\n",
+    )
+    .unwrap();
+    let bin = spawn_binary(&file, "echo", &[], None);
+    for _ in 0..30 {
+        send(bin.listen, "GET", "/", &[("x-user", "alice")], "").await;
+    }
+    // bob's refusal comes after all of alice's on the one worker thread.
+    for _ in 0..2 {
+        send(bin.listen, "GET", "/", &[("x-user", "bob")], "").await;
+    }
+    bin.wait_for_line(|l| l.contains("\"rejected\"") && l.contains("\"bob\""));
+    let lines = bin.lines.lock().unwrap().clone();
+    let alice = lines
+        .iter()
+        .filter(|l| l.contains("\"rejected\"") && l.contains("\"alice\""))
+        .count();
+    assert_eq!(alice, 1, "one line for alice's 29 refusals");
+    let m = send(bin.admin, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        m.contains("ratewarden_requests_total{rule=\"one\",decision=\"rejected\"} 30"),
+        "{m}"
+    );
+}
