@@ -278,7 +278,16 @@ async fn shutdown_lets_in_flight_requests_finish() {
     let gw = gateway("rules: []\n", &up.url(), None).await;
     let addr = gw.listen;
     let slow = tokio::spawn(async move { send(addr, "GET", "/slow", &[], "").await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // In flight once the upstream has it (it holds /slow for 3 s): waited
+    // for, not assumed after a fixed sleep.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while up.hits() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     gw.shutdown().await;
     let r = slow.await.unwrap();
     assert_eq!(r.status, 200, "the request in flight finished");
