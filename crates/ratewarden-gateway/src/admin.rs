@@ -182,24 +182,10 @@ fn header_map<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Header
 /// never ready. The body says which, as JSON.
 async fn readyz(store: &crate::store::AnyStore) -> Response<Body> {
     // Ask the store now: the last decision's outcome may be old, and a
-    // gateway with no traffic must still find out.
-    let pinged = store.ping().await;
+    // gateway with no traffic must still find out. The ping tells the
+    // store's health (`Fallback::ping`), which says whether it is ready.
+    let _ = store.ping().await;
     let (ready, health, error) = store.health();
-    let (ready, health, error) = match (&pinged, health) {
-        // An idle gateway learns of an outage from the ping.
-        (Err(e), ratewarden::Health::Up) => {
-            let down = e.is_transient();
-            let ready = down && store.on_error() != "deny";
-            let h = if down {
-                ratewarden::Health::Down
-            } else {
-                ratewarden::Health::Broken
-            };
-            (ready, h, Some(e.to_string()))
-        }
-        (Ok(()), ratewarden::Health::Down) => (true, ratewarden::Health::Up, None),
-        _ => (ready, health, error),
-    };
     let body = serde_json::json!({
         "ready": ready,
         "store": {

@@ -122,11 +122,12 @@ async fn a_script_error_is_not_an_outage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_leaves_local_and_allow_ready_and_deny_not() {
     let mut server = RedisServer::start();
+    let url = server.url();
     let r = rule("ready", 100);
     let op = [Op::new(&r, "k")];
     let mk = |policy| {
         Fallback::new(
-            RedisStore::new(config(&server.url(), Duration::from_millis(500))).unwrap(),
+            RedisStore::new(config(&url, Duration::from_millis(500))).unwrap(),
             policy,
             MemoryStore::default(),
         )
@@ -142,6 +143,20 @@ async fn an_outage_leaves_local_and_allow_ready_and_deny_not() {
     }
     assert!(stores[0].ready() && stores[1].ready());
     assert!(!stores[2].ready());
+    // An idle store learns of the outage from a readiness ping, and of its
+    // end from the next.
+    let idle = mk(OnError::Deny);
+    assert!(idle.ping().await.is_err());
+    assert_eq!(idle.health().0, Health::Down);
+    assert!(!idle.ready());
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while idle.ping().await.is_err() {
+        assert!(Instant::now() < deadline, "no answer after the restart");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(idle.health().0, Health::Up);
+    assert!(idle.ready());
 }
 
 /// Killed and restarted on the same port under traffic: decisions are

@@ -433,7 +433,8 @@ impl MemoryStore {
         let mut shard = lock(cell);
         self.update(&mut shard, &cell.mirror, h, now, |state| {
             state.hold_ban(until);
-            op.rule.idle_at(state).max(until)
+            // (Past the ban's end: `idle_at` counts the marks.)
+            op.rule.idle_at(state)
         });
     }
 

@@ -336,9 +336,10 @@ impl<P: Store> Fallback<P> {
         }
     }
 
-    /// The primary failed a call: the first failure of an outage, or a
-    /// change between down and broken, says so.
-    fn failed(&self, e: &StoreError) {
+    /// The primary failed a call (`decisions`: 1 for a decision, 0 for a
+    /// readiness ping): the first failure of an outage, or a change between
+    /// down and broken, says so.
+    fn failed(&self, e: &StoreError, decisions: u64) {
         use std::sync::atomic::Ordering;
         let health = if e.is_transient() {
             Health::Down
@@ -347,7 +348,7 @@ impl<P: Store> Fallback<P> {
         };
         let mut outage = self.outage.since.lock();
         if let Some(o) = outage.as_mut() {
-            o.decisions += 1;
+            o.decisions += decisions;
             if o.health == health {
                 return;
             }
@@ -356,7 +357,7 @@ impl<P: Store> Fallback<P> {
         } else {
             *outage = Some(OutageState {
                 since: std::time::Instant::now(),
-                decisions: 1,
+                decisions,
                 health,
                 error: e.to_string(),
             });
@@ -559,7 +560,7 @@ impl<P: Store> Store for Fallback<P> {
                 }
             }
             Err(e) => {
-                self.failed(&e);
+                self.failed(&e, 1);
                 match self.policy {
                     OnError::Local => Ok(self.decide_locally(ops, weight, mode)),
                     OnError::Allow => Ok(Self::allow_all(ops)),
@@ -614,8 +615,17 @@ impl<P: Store> Store for Fallback<P> {
         Ok(self.primary.clear(op).await? || local)
     }
 
+    /// The primary's ping, which also tells [`Fallback::health`]: an idle
+    /// gateway learns of an outage (or of its end) from its readiness
+    /// probe. A late answer says nothing of it, as for a decision.
     async fn ping(&self) -> Result<(), StoreError> {
-        self.primary.ping().await
+        let r = self.primary.ping().await;
+        match &r {
+            Ok(()) => self.answered(),
+            Err(StoreError::Late(_)) => {}
+            Err(e) => self.failed(e, 0),
+        }
+        r
     }
 
     /// On the primary, and held locally too (it then outlasts an outage

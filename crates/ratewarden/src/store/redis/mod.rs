@@ -294,9 +294,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// attempt, not waited on for ever.
 const SILENCE: Duration = Duration::from_secs(3);
 
-use crate::store::StoreError as E;
 /// The kinds of [`StoreError`], as counted.
-const KINDS: [&str; 5] = E::KINDS;
+const KINDS: [&str; 5] = StoreError::KINDS;
 
 /// How often a gateway announces itself in the store.
 const ANNOUNCE_EVERY: Duration = Duration::from_secs(1);
@@ -390,10 +389,6 @@ pub fn classify(e: redis::RedisError) -> StoreError {
         }
         _ => StoreError::Server(e.to_string()),
     }
-}
-
-fn redis_error(e: redis::RedisError) -> StoreError {
-    classify(e)
 }
 
 /// Checks that `url` is a Redis URL this build can connect to, without
@@ -525,11 +520,7 @@ impl RedisStore {
     /// The standalone server's client, with the configured certificates.
     fn client(&self) -> redis::RedisResult<redis::Client> {
         let url = self.inner.config.url.as_deref().unwrap_or_default();
-        #[cfg(feature = "tls")]
-        if let Some(tls) = &self.inner.config.tls {
-            return redis::Client::build_with_tls(url, tls.certificates());
-        }
-        redis::Client::open(url)
+        self.client_for(redis::IntoConnectionInfo::into_connection_info(url)?)
     }
 
     async fn connect(&self) -> Result<Vec<Conn>, StoreError> {
@@ -567,7 +558,7 @@ impl RedisStore {
                 // of its promotion, or one demoted since: confirm.
                 let role: redis::Value = query(&mut conns[0], &redis::cmd("ROLE"))
                     .await
-                    .map_err(redis_error)?;
+                    .map_err(classify)?;
                 let is_master = match &role {
                     redis::Value::Array(v) => matches!(
                         v.first(),
@@ -864,7 +855,7 @@ impl RedisStore {
                         self.inner.functions.store(2, Ordering::Relaxed);
                         tracing::info!(redis = %self.target(), "redis has no Functions (FCALL): the script goes by EVALSHA");
                     }
-                    other => return other.map_err(redis_error),
+                    other => return other.map_err(classify),
                 }
             }
             let mut inv = self.inner.script.prepare_invoke();
@@ -878,7 +869,7 @@ impl RedisStore {
                 Conn::Single(mut c) => inv.invoke_async(&mut c).await,
                 Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
             }
-            .map_err(redis_error)
+            .map_err(classify)
         })
         .await
     }
@@ -980,17 +971,12 @@ impl RedisStore {
             Err(_) if self.pick().is_none() => Err(StoreError::unavailable(format!(
                 "not connected within {timeout:?}"
             ))),
-            // The probe of an outage already under way, unanswered: the
-            // outage goes on (a cluster client's probe during a failover
-            // waits on the dead node's slots).
-            Err(_) if admit == Admit::Probe => Err(StoreError::unavailable(format!(
-                "probe: no answer within {timeout:?}"
-            ))),
             Err(_) => Err(StoreError::Late(format!("no answer within {timeout:?}"))),
         };
         // A late answer in an outage (a probe, or a call while calls are
         // failing for want of the server) is part of that outage: the
-        // server is going or gone, not busy. Such a call may have been
+        // server is going or gone, not busy (a cluster client's probe during
+        // a failover waits on the dead node's slots). Such a call may have been
         // applied just before it went: the README's outage bound counts
         // the calls in flight then.
         let res = match res {
@@ -1100,7 +1086,7 @@ impl RedisStore {
                             .arg("SLOTS")
                             .query_async::<redis::Value>(&mut c)
                             .await
-                            .map_err(redis_error)
+                            .map_err(classify)
                     })
                     .await?;
                 masters(&slots)?.into_iter().map(Some).collect()
@@ -1141,7 +1127,7 @@ impl RedisStore {
                                 return Err(StoreError::Protocol("no cluster node".into()));
                             }
                         }
-                        .map_err(redis_error)
+                        .map_err(classify)
                     })
                     .await?;
                 for name in &names {
@@ -1304,7 +1290,7 @@ impl Store for RedisStore {
                 Conn::Single(mut c) => cmd.query_async(&mut c).await,
                 Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
             }
-            .map_err(redis_error)?;
+            .map_err(classify)?;
             Ok(n > 0)
         })
         .await
@@ -1328,7 +1314,7 @@ impl Store for RedisStore {
                     Conn::Single(mut c) => redis::cmd("PING").query_async(&mut c).await,
                     Conn::Cluster(mut c) => redis::cmd("PING").query_async(&mut c).await,
                 }
-                .map_err(redis_error)
+                .map_err(classify)
             })
             .await?;
         if pong == "PONG" {
