@@ -128,6 +128,14 @@ pub struct Config {
     pub rls: Option<crate::config::rls::RlsSpec>,
 }
 
+impl Config {
+    /// Whether `peer` is one of `identity.trusted_proxies`: its
+    /// `X-Forwarded-*` and `Forwarded` fields are believed.
+    pub fn trusts(&self, peer: std::net::IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|n| n.contains(&peer))
+    }
+}
+
 /// A route: which requests, and where they go.
 #[derive(Debug, Clone)]
 pub struct RouteSpec {

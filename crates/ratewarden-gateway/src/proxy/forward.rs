@@ -249,18 +249,6 @@ pub struct Client {
     pub port: u16,
 }
 
-impl Client {
-    /// A cleartext client on `peer` (tests, and front ends without a
-    /// listener of their own).
-    pub fn plain(peer: std::net::SocketAddr) -> Self {
-        Self {
-            peer,
-            tls: false,
-            port: 0,
-        }
-    }
-}
-
 /// The `X-Forwarded-*` fields the gateway sets on every forwarded request
 /// besides `X-Forwarded-For`: the Host the client asked for, its scheme and
 /// the port it connected to. What a client sent under these names is

@@ -3,7 +3,6 @@
 //! fields sent upstream and the failure answers are [`super::forward`]'s,
 //! as on the HTTP/1.1 path.
 
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -267,7 +266,7 @@ impl Gateway {
                 let fwd = Forwarding {
                     client,
                     rfc7239: live.config.forwarded,
-                    trusted: trusted(&live, peer),
+                    trusted: live.config.trusts(peer.ip()),
                     asked,
                 };
                 forwarding_fields(&mut headers, &fwd, rid);
@@ -296,7 +295,7 @@ impl Gateway {
                     forwarding: Forwarding {
                         client,
                         rfc7239: live.config.forwarded,
-                        trusted: trusted(&live, peer),
+                        trusted: live.config.trusts(peer.ip()),
                         asked: asked_host(&parts),
                     },
                     timeout: live.config.upstream_timeout,
@@ -472,14 +471,6 @@ fn asked_host(parts: &Parts) -> Option<HeaderValue> {
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     })
-}
-
-/// Whether `peer` is one of `identity.trusted_proxies`.
-fn trusted(live: &crate::gateway::Live, peer: SocketAddr) -> bool {
-    live.config
-        .trusted_proxies
-        .iter()
-        .any(|n| n.contains(&peer.ip()))
 }
 
 /// What the forwarding fields of one request are made from.

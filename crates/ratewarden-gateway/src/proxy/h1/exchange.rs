@@ -298,12 +298,7 @@ impl Conn {
         if let Some(h) = host {
             push_field(out, b"host", h.as_bytes());
         }
-        let trusted = to
-            .live
-            .config
-            .trusted_proxies
-            .iter()
-            .any(|n| n.contains(&to.client.peer.ip()));
+        let trusted = to.live.config.trusts(to.client.peer.ip());
         let (mut kept, mut asked) = ([false; 3], None);
         let mut chain: SmallVec<[&[u8]; 2]> = SmallVec::new();
         let forwarded = to.live.config.forwarded;
