@@ -215,8 +215,8 @@ impl Gateway {
                 "denied by `deny:`"
             ),
             Err(Refusal::Unavailable(e)) => {
-                // A late answer (any on_error but allow), or an outage or
-                // a broken store under on_error: deny. Counted by kind in
+                // A late answer, an outage or a broken store, under
+                // on_error: deny (the only policy that answers 503). Counted by kind in
                 // ratewarden_store_errors_total; a late answer's own WARN
                 // line is rate-limited by the store, so this one is DEBUG.
                 match e {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{RedisServer, Sentinel};
 use ratewarden::algorithm::Kind;
+use ratewarden::clock::Micros;
 use ratewarden::store::redis::SentinelConfig;
 use ratewarden::{
     Fallback, Health, MemoryStore, Mode, OnError, Op, RedisConfig, RedisStore, Rule, Store,
@@ -35,9 +36,10 @@ fn rule(name: &str, limit: u64) -> Rule {
 }
 
 /// A server paused past the timeout answers late: the call is `Late`, the
-/// request is refused under `local` (not decided locally, where it could
-/// be admitted twice), the breaker stays closed, and the next call goes to
-/// Redis again.
+/// request is refused under `local` as over a limit, to be asked again in a
+/// second (not decided locally, where it could be admitted twice; not a
+/// 5xx, which only `deny` answers), the breaker stays closed, and the next
+/// call goes to Redis again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_answer_is_refused_not_taken_for_an_outage() {
     let server = RedisServer::start();
@@ -53,11 +55,11 @@ async fn a_late_answer_is_refused_not_taken_for_an_outage() {
     // only slow.
     server.cli(&["client", "pause", "600", "all"]);
     for _ in 0..5 {
-        match store.decide(&op, 1, Mode::Apply).await {
-            Err(StoreError::Late(_)) => {}
-            other => panic!("a late answer must be refused as late, got {other:?}"),
-        }
+        let v = store.decide(&op, 1, Mode::Apply).await.unwrap();
+        assert!(!v[0].allowed(), "a late answer is refused");
+        assert_eq!(v[0].check.retry_after, Micros::from_secs(1), "{v:?}");
     }
+    assert_eq!(store.primary().errors_by_kind()[1], ("late", 5));
     assert!(!store.primary().circuit_open(), "late is not down");
     assert_eq!(store.health().0, Health::Up);
     assert!(store.ready());

@@ -287,7 +287,8 @@ impl Health {
 /// request multiplied by `min(gateways, limit)`: see
 /// [`Fallback::decide`]), and bans this gateway has seen hold there too.
 /// A late answer ([`StoreError::Late`]) may have been applied: the request
-/// is refused (admitted under `Allow`), never decided locally, so it
+/// is refused (as over a limit under `Local`, 429 with a retry in a second;
+/// 503 under `Deny`; admitted under `Allow`), never decided locally, so it
 /// cannot be admitted twice. A permanent error follows the policy too,
 /// and is logged at ERROR once per change.
 #[derive(Debug, Clone)]
@@ -386,10 +387,12 @@ impl<P: Store> Fallback<P> {
         let mut logged = self.outage.late_logged.lock();
         if logged.is_none_or(|t| t.elapsed() >= LATE_LOG_EVERY) {
             *logged = Some(std::time::Instant::now());
-            let what = if self.policy == OnError::Allow {
-                "admitted (on_error: allow)"
-            } else {
-                "refused with 503: the store may have applied it, so deciding it locally could admit it twice"
+            let what = match self.policy {
+                OnError::Allow => "admitted (on_error: allow)",
+                OnError::Local => {
+                    "refused (429, Retry-After 1 s): the store may have applied it, so deciding it locally could admit it twice"
+                }
+                OnError::Deny => "refused with 503 (on_error: deny)",
             };
             tracing::warn!(error = %e, late_total = n, "store answer late: the request was {what}");
         }
@@ -512,6 +515,20 @@ impl<P: Store> Fallback<P> {
             .collect()
     }
 
+    /// Every op refusing, to be asked again in a second: a late answer
+    /// under `local` (the store may have applied the call, so it cannot be
+    /// decided here without risking a second admission).
+    fn refuse_all(ops: &[Op<'_>]) -> Vec<Verdict> {
+        let second = crate::clock::Micros::from_secs(1);
+        ops.iter()
+            .map(|_| Verdict {
+                check: crate::algorithm::Check::deny(0, second, second),
+                reason: Some(crate::rule::Reason::Limit),
+                lease: None,
+            })
+            .collect()
+    }
+
     /// Bans the primary reported, held in the local store too, so that
     /// they outlast an outage that begins before they end.
     fn hold_bans(&self, ops: &[Op<'_>], verdicts: &[Verdict]) {
@@ -556,7 +573,10 @@ impl<P: Store> Store for Fallback<P> {
                 self.late(&e);
                 match self.policy {
                     OnError::Allow => Ok(Self::allow_all(ops)),
-                    OnError::Local | OnError::Deny => Err(e),
+                    // Refused as over a limit, not a 5xx: under `local` the
+                    // limiter's failure is never a 5xx (SPEC §5).
+                    OnError::Local => Ok(Self::refuse_all(ops)),
+                    OnError::Deny => Err(e),
                 }
             }
             Err(e) => {
