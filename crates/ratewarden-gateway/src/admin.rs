@@ -12,6 +12,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use ratewarden::{Decision, Mode, Op, Store};
 use ratewarden_tower::admission::{Facts, Identity, Matched, NamedError, Refusal};
+use ratewarden_tower::view::{Fields, RequestView};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -161,17 +162,63 @@ fn percent_decode(s: &str) -> String {
 
 /// Header fields given as pairs, the invalid ones left out (as a proxied
 /// request would not carry them).
-fn header_map<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> HeaderMap {
-    let mut map = HeaderMap::new();
-    for (k, v) in pairs {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(k.as_bytes()),
-            HeaderValue::from_str(v),
-        ) {
-            map.append(n, v);
+/// A request an admin caller describes (`/v1/check`, `/v1/explain`), held
+/// so that [`Described::view`] gives the one request view of it, as the
+/// proxy would build it.
+struct Described {
+    method: Method,
+    /// The target as given (a query included).
+    target: String,
+    /// The path as a rule would see it on the proxy.
+    path: String,
+    headers: HeaderMap,
+    peer: Option<std::net::IpAddr>,
+}
+
+impl Described {
+    /// A bad method or path is answered (the `Err`).
+    fn new<'a>(
+        method: &str,
+        target: &str,
+        headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<Self, Box<Response<Body>>> {
+        let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
+            return Err(Box::new(problem_response(
+                StatusCode::BAD_REQUEST,
+                "bad `method`",
+            )));
+        };
+        let path = match rule_path(&method, target) {
+            Ok(p) => p.into_owned(),
+            Err(e) => return Err(Box::new(e.answer())),
+        };
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(k.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
+                map.append(n, v);
+            }
+        }
+        Ok(Self {
+            method,
+            target: target.to_owned(),
+            path,
+            headers: map,
+            peer,
+        })
+    }
+
+    fn view(&self) -> RequestView<'_> {
+        RequestView {
+            target: &self.target,
+            fields: Fields::Map(&self.headers),
+            peer: self.peer,
+            ..RequestView::bare(&self.method, &self.path)
         }
     }
-    map
 }
 
 /// `/readyz`: ready when requests are answered as `on_error` says. A
@@ -408,28 +455,22 @@ async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Response<Body> {
     }
     let policy = &live.config.policy;
     let matched: Matched<'_>;
-    let facts_store;
+    let described;
     match (&body.request, &body.rule, &body.key) {
         (Some(r), None, None) => {
-            let Ok(method) = Method::from_bytes(r.method.to_ascii_uppercase().as_bytes()) else {
-                return problem_response(StatusCode::BAD_REQUEST, "bad `method`");
+            let headers = r.headers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            described = match Described::new(&r.method, &r.path, headers, r.peer) {
+                Ok(d) => d,
+                Err(answer) => return *answer,
             };
-            let path = match rule_path(&method, &r.path) {
-                Ok(p) => p.into_owned(),
-                Err(e) => return e.answer(),
-            };
-            let headers = header_map(r.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-            facts_store = (method, path, headers);
+            let request = described.view();
             let facts = Facts {
-                method: &facts_store.0,
-                path: &facts_store.1,
-                headers: &facts_store.2,
-                peer: r.peer,
+                request,
                 identity: match &r.identity {
                     Some(id) => Identity::Given(Some(id)),
                     None => Identity::Resolve,
                 },
-                route: Some(live.router.route_name(&facts_store.0, &facts_store.1)),
+                route: Some(live.router.route_name(&request)),
             };
             let who = match policy.identify(&facts) {
                 Ok(w) => w,
@@ -571,35 +612,29 @@ async fn report(live: &Live, body: ReportBody) -> Response<Body> {
 
 async fn explain(live: &Live, q: &[(String, String)]) -> Response<Body> {
     let policy = &live.config.policy;
-    let Ok(method) = Method::from_bytes(
-        param(q, "method")
-            .unwrap_or("GET")
-            .to_ascii_uppercase()
-            .as_bytes(),
-    ) else {
-        return problem_response(StatusCode::BAD_REQUEST, "bad `method`");
-    };
-    // The path as a rule would see it on the proxy.
-    let path = match rule_path(&method, param(q, "path").unwrap_or("/")) {
-        Ok(p) => p.into_owned(),
-        Err(e) => return e.answer(),
-    };
-    let headers = header_map(
-        q.iter()
-            .filter_map(|(k, v)| Some((k.strip_prefix("header:")?, v.as_str()))),
-    );
+    let headers = q
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("header:")?, v.as_str())));
     let peer = param(q, "peer").and_then(|p| p.parse().ok());
+    let described = match Described::new(
+        param(q, "method").unwrap_or("GET"),
+        param(q, "path").unwrap_or("/"),
+        headers,
+        peer,
+    ) {
+        Ok(d) => d,
+        Err(answer) => return *answer,
+    };
+    let request = described.view();
+    let (method, path) = (&described.method, &described.path);
     let given = param(q, "identity");
     let facts = Facts {
-        method: &method,
-        path: &path,
-        headers: &headers,
-        peer,
+        request,
         identity: match given {
             Some(id) => Identity::Given(Some(id)),
             None => Identity::Resolve,
         },
-        route: Some(live.router.route_name(&method, &path)),
+        route: Some(live.router.route_name(&request)),
     };
     let head = |identity: &str, would: bool| json!({"method": method.as_str(), "path": path, "identity": identity, "would_allow": would});
     let who = match policy.identify(&facts) {

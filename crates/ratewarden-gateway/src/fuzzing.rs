@@ -187,7 +187,7 @@ pub fn forwarded(data: &[u8]) {
         ],
         ipv6_prefix: 48,
     };
-    let ip = c.resolve(peer, &headers);
+    let ip = c.resolve(peer, ratewarden_tower::view::Fields::Map(&headers));
     if ip != peer {
         let text: String = headers
             .values()

@@ -8,14 +8,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use http::header::HeaderMap;
-use http::{Response, StatusCode};
-use ratewarden::{Decision, HeaderStyle, Limiter, Mode, Reason};
+use http::StatusCode;
+use ratewarden::{Decision, Limiter, Mode, Reason};
 use ratewarden_tower::admission::{Admitted, Facts, Refusal};
-use ratewarden_tower::insert_headers;
 
 pub use crate::answer::Body;
-use crate::answer::problem_body;
 use crate::config::Config;
 use crate::metrics::{Metrics, RuleCounts};
 use crate::route::Router;
@@ -30,10 +27,6 @@ pub struct Live {
     pub limiter: Arc<Limiter<AnyStore>>,
     /// The routes and their upstream servers (with their pools).
     pub router: Router,
-    /// Deciding a request may read its headers (identity or key from a
-    /// header, forwarding headers): the HTTP/1.1 path builds a `HeaderMap`
-    /// only then.
-    pub reads_headers: bool,
     /// Each rule's decision counts, by rule id.
     counts: Vec<(u64, Arc<RuleCounts>)>,
 }
@@ -45,7 +38,6 @@ impl Live {
         router: Router,
         metrics: &Metrics,
     ) -> Self {
-        let reads_headers = config.policy.reads_headers();
         let counts = config
             .policy
             .rules
@@ -56,7 +48,6 @@ impl Live {
             config,
             limiter,
             router,
-            reads_headers,
             counts,
         }
     }
@@ -89,26 +80,6 @@ pub enum GatewayError {
     /// The access log could not be opened.
     #[error("access log: {0}")]
     AccessLog(#[source] std::io::Error),
-}
-
-/// Adds `decision`'s rate-limit headers (none when no rule matched).
-pub(crate) fn add_rate_headers(
-    decision: Option<&Decision>,
-    headers: &mut HeaderMap,
-    style: HeaderStyle,
-) {
-    if let Some(d) = decision {
-        insert_headers(headers, d.header_fields(style));
-    }
-}
-
-/// The answer to a refusal: the decision's rejection for
-/// [`Refusal::Limited`], a problem body for the others.
-pub(crate) fn refusal_answer(refusal: &Refusal, config: &Config) -> Response<Body> {
-    match refusal {
-        Refusal::Limited(d) => crate::answer::rejection(d, config.status, config.headers),
-        other => problem_body(other.status(config.status), other.problem(config.status)),
-    }
 }
 
 impl Gateway {
@@ -188,7 +159,7 @@ impl Gateway {
         facts: &Facts<'_>,
         rid: &crate::request_id::RequestId,
     ) -> Result<Admitted<'l>, Refusal> {
-        let request = Some((facts.method, facts.path, rid));
+        let request = Some((facts.request.method, facts.request.path, rid));
         // quanta's clock: std's `Instant` costs a system call's worth here.
         let started = quanta::Instant::now();
         let res = live
@@ -209,8 +180,8 @@ impl Gateway {
             }
             Err(Refusal::Denied(identity)) => tracing::info!(
                 identity,
-                method = %facts.method,
-                path = facts.path,
+                method = %facts.request.method,
+                path = facts.request.path,
                 request_id = %rid,
                 "denied by `deny:`"
             ),

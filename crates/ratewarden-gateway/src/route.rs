@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use http::{Method, Uri};
+use http::Uri;
+use ratewarden_tower::view::RequestView;
 
 use crate::config::{Matcher, RouteSpec, ServerSpec};
 use crate::metrics::{Metrics, ServerCounts};
@@ -71,6 +72,11 @@ pub struct Chosen<'g> {
 }
 
 impl<'g> Chosen<'g> {
+    /// Its group.
+    pub fn group(&self) -> &'g Group {
+        self.group
+    }
+
     /// The server.
     pub fn server(&self) -> &'g Server {
         &self.group.servers[self.index]
@@ -194,12 +200,9 @@ pub const DEFAULT: &str = crate::config::DEFAULT_ROUTE;
 /// router and for `simulate` (which picks routes without servers).
 pub fn chosen<'a>(
     routes: impl IntoIterator<Item = &'a Matcher>,
-    method: &Method,
-    path: &str,
+    request: &RequestView<'_>,
 ) -> Option<usize> {
-    routes
-        .into_iter()
-        .position(|m| m.matches(method, path, None))
+    routes.into_iter().position(|m| m.matches(request, None))
 }
 
 impl Router {
@@ -276,8 +279,8 @@ impl Router {
 
     /// The route for a request: the first whose match takes it, else the
     /// default (`None`: the echo upstream).
-    pub fn route(&self, method: &Method, path: &str) -> Option<(&str, &Arc<Group>)> {
-        match chosen(self.routes.iter().map(|(_, m, _)| m), method, path) {
+    pub fn route(&self, request: &RequestView<'_>) -> Option<(&str, &Arc<Group>)> {
+        match chosen(self.routes.iter().map(|(_, m, _)| m), request) {
             Some(i) => {
                 let (name, _, g) = &self.routes[i];
                 Some((name, g))
@@ -288,8 +291,8 @@ impl Router {
 
     /// The name of the route a request goes to (`default` for the echo
     /// upstream too), for rules that match on it.
-    pub fn route_name(&self, method: &Method, path: &str) -> &str {
-        self.route(method, path).map_or(DEFAULT, |(n, _)| n)
+    pub fn route_name(&self, request: &RequestView<'_>) -> &str {
+        self.route(request).map_or(DEFAULT, |(n, _)| n)
     }
 
     /// Every group.

@@ -196,7 +196,7 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
             timeouts,
             move |req, client| {
                 let gw = gw.clone();
-                async move { gw.handle(req, client).await }
+                async move { crate::proxy::hyper::handle(&gw, req, client).await }
             },
             gateway.clone(),
             true,

@@ -21,12 +21,13 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderName, Method, StatusCode};
+use http::{HeaderName, StatusCode};
 use ratewarden::decision::problem;
 use ratewarden::{Decision, Limiter, Mode, Op, Pending, Store, StoreError};
 use smallvec::SmallVec;
 
 use crate::policy::{IdentitySource, KeyPart, Missing, Policy, PolicyRule};
+use crate::view::{RequestView, text};
 
 /// Longest identity (and header-taken key part) kept, in bytes, cut at a
 /// character boundary: a client cannot grow the store's key names without
@@ -64,18 +65,12 @@ pub enum Identity<'a> {
     Given(Option<&'a str>),
 }
 
-/// What a front end knows of a request.
+/// What a front end knows of a request: the one view of it, and what the
+/// front end adds.
 #[derive(Debug, Clone, Copy)]
 pub struct Facts<'a> {
-    /// The method.
-    pub method: &'a Method,
-    /// The path as a rule sees it: normalised (see [`crate::path`]).
-    pub path: &'a str,
-    /// The header fields (an empty map when the policy reads none; see
-    /// [`Policy::reads_headers`]).
-    pub headers: &'a HeaderMap,
-    /// The peer's address, when known.
-    pub peer: Option<IpAddr>,
+    /// The request.
+    pub request: RequestView<'a>,
     /// Where the identity comes from.
     pub identity: Identity<'a>,
     /// The route the request takes, when the front end has routes (rules
@@ -144,8 +139,8 @@ impl Refusal {
 impl Policy {
     /// Stage 1: who the client is.
     pub fn identify(&self, facts: &Facts<'_>) -> Result<Who, Refusal> {
-        let ip = match (self.identity.client_ip(), facts.peer) {
-            (Some(c), Some(peer)) => Some(c.resolve(peer, facts.headers)),
+        let ip = match (self.identity.client_ip(), facts.request.peer) {
+            (Some(c), Some(peer)) => Some(c.resolve(peer, facts.request.fields)),
             (_, peer) => peer,
         };
         let found: Option<String> = match (facts.identity, &self.identity) {
@@ -154,9 +149,9 @@ impl Policy {
             }
             (Identity::Resolve, IdentitySource::Address(c)) => ip.map(|ip| c.key(ip)),
             (Identity::Resolve, IdentitySource::Header { name, .. }) => facts
-                .headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
+                .request
+                .header(name.as_str())
+                .and_then(text)
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
                 .map(|v| bounded(v).to_owned()),
@@ -235,7 +230,7 @@ impl Policy {
         let mut keyed = SmallVec::<[Keyed; 2]>::new();
         if who.limited {
             for (i, r) in self.rules.iter().enumerate() {
-                if !r.matcher.matches(facts.method, facts.path, facts.route) {
+                if !r.matcher.matches(&facts.request, facts.route) {
                     continue;
                 }
                 let key =
@@ -344,14 +339,14 @@ fn key_of(parts: &[KeyPart], identity: &str, facts: &Facts<'_>) -> String {
         }
         match p {
             KeyPart::Identity => out.push_str(identity),
-            KeyPart::Method => out.push_str(facts.method.as_str()),
-            KeyPart::Path => out.push_str(facts.path),
+            KeyPart::Method => out.push_str(facts.request.method.as_str()),
+            KeyPart::Path => out.push_str(facts.request.path),
             KeyPart::Global => out.push_str("global"),
             KeyPart::Header(h) => {
                 let v = facts
-                    .headers
-                    .get(h)
-                    .and_then(|v| v.to_str().ok())
+                    .request
+                    .header(h.as_str())
+                    .and_then(text)
                     .unwrap_or("");
                 out.push_str(bounded(v));
             }

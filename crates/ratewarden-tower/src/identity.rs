@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use http::HeaderMap;
+use crate::view::{Fields, text};
 use ipnet::IpNet;
 
 /// At most this many hops are read from forwarding headers: a client can send
@@ -49,14 +49,15 @@ impl ClientIp {
     /// ```
     /// use http::HeaderMap;
     /// use ratewarden_tower::identity::ClientIp;
+    /// use ratewarden_tower::view::Fields;
     /// let c = ClientIp { forwarded: true, trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()], ipv6_prefix: 64 };
     /// let mut h = HeaderMap::new();
     /// h.insert("x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.1.1.1".parse().unwrap());
-    /// assert_eq!(c.resolve("10.0.0.2".parse().unwrap(), &h).to_string(), "203.0.113.9");
+    /// assert_eq!(c.resolve("10.0.0.2".parse().unwrap(), Fields::Map(&h)).to_string(), "203.0.113.9");
     /// // The same header from an untrusted peer is ignored.
-    /// assert_eq!(c.resolve("198.51.100.7".parse().unwrap(), &h).to_string(), "198.51.100.7");
+    /// assert_eq!(c.resolve("198.51.100.7".parse().unwrap(), Fields::Map(&h)).to_string(), "198.51.100.7");
     /// ```
-    pub fn resolve(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    pub fn resolve(&self, peer: IpAddr, headers: Fields<'_>) -> IpAddr {
         if !self.forwarded || !self.trusted(peer) {
             return peer;
         }
@@ -142,11 +143,11 @@ fn v4_key(ip: Ipv4Addr) -> String {
 /// left to right; `None` for a hop that is not an address (`unknown`, an
 /// obfuscated identifier, garbage). Empty when the headers are absent,
 /// too long, or not text.
-fn forwarded_hops(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let joined = |name: &str| -> Option<String> {
+fn forwarded_hops(headers: Fields<'_>) -> Vec<Option<IpAddr>> {
+    let joined = |name: &'static str| -> Option<String> {
         let mut out = String::new();
         for v in headers.get_all(name) {
-            let v = v.to_str().ok()?;
+            let v = text(v)?;
             if !out.is_empty() {
                 out.push(',');
             }
@@ -195,6 +196,7 @@ fn parse_node(s: &str) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
 
     #[test]
     fn ipv4_keys_match_the_standard_formatting() {
@@ -236,7 +238,7 @@ mod tests {
             "forwarded",
             r#"for=192.0.2.60;proto=http, for="[2001:db8:cafe::17]:4711", for=10.0.0.5"#,
         )]);
-        let ip = behind_proxy().resolve("127.0.0.1".parse().unwrap(), &h);
+        let ip = behind_proxy().resolve("127.0.0.1".parse().unwrap(), Fields::Map(&h));
         assert_eq!(ip, "2001:db8:cafe::17".parse::<IpAddr>().unwrap());
     }
 
@@ -246,14 +248,17 @@ mod tests {
         let peer: IpAddr = "127.0.0.1".parse().unwrap();
         // Garbage right behind the proxy: the proxy itself is the answer.
         let h = headers(&[("x-forwarded-for", "1.2.3.4, not-an-ip")]);
-        assert_eq!(c.resolve(peer, &h), peer);
+        assert_eq!(c.resolve(peer, Fields::Map(&h)), peer);
         let huge = "9.9.9.9,".repeat(2_000);
         let h = headers(&[("x-forwarded-for", huge.as_str())]);
-        assert_eq!(c.resolve(peer, &h), peer);
+        assert_eq!(c.resolve(peer, Fields::Map(&h)), peer);
         // Many trusted hops: at most MAX_HOPS are walked.
         let chain = vec!["10.0.0.1"; 100].join(",");
         let h = headers(&[("x-forwarded-for", &format!("5.5.5.5,{chain}"))]);
-        assert_eq!(c.resolve(peer, &h), "10.0.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            c.resolve(peer, Fields::Map(&h)),
+            "10.0.0.1".parse::<IpAddr>().unwrap()
+        );
     }
 
     #[test]
@@ -263,7 +268,7 @@ mod tests {
             ("x-forwarded-for", "203.0.113.2:8080"),
         ]);
         assert_eq!(
-            behind_proxy().resolve("10.2.2.2".parse().unwrap(), &h),
+            behind_proxy().resolve("10.2.2.2".parse().unwrap(), Fields::Map(&h)),
             "203.0.113.2".parse::<IpAddr>().unwrap()
         );
     }

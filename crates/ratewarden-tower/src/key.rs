@@ -11,16 +11,12 @@ use crate::identity::ClientIp;
 
 /// Longest key taken from a header or extension; longer values are cut, so
 /// a client cannot grow the store's key names without bound.
-pub const MAX_KEY_BYTES: usize = 256;
+pub const MAX_KEY_BYTES: usize = crate::admission::MAX_IDENTITY_BYTES;
 
+/// `s` cut to [`MAX_KEY_BYTES`] (see [`crate::admission::bounded`]).
 fn bounded(mut s: String) -> String {
-    if s.len() > MAX_KEY_BYTES {
-        let mut end = MAX_KEY_BYTES;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
+    let n = crate::admission::bounded(&s).len();
+    s.truncate(n);
     s
 }
 
@@ -99,7 +95,9 @@ impl KeyExtractor for PeerIp {
             .get::<PeerAddr>()
             .map(|p| p.0)
             .or_else(|| parts.extensions.get::<SocketAddr>().copied())?;
-        let ip = self.0.resolve(peer.ip(), &parts.headers);
+        let ip = self
+            .0
+            .resolve(peer.ip(), crate::view::Fields::Map(&parts.headers));
         Some(self.0.key(ip))
     }
 }

@@ -32,6 +32,7 @@ pub mod identity;
 pub mod key;
 pub mod path;
 pub mod policy;
+pub mod view;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -411,11 +412,16 @@ where
                 }
             };
             let facts = Facts {
+                request: view::RequestView {
+                    method: &parts.method,
+                    path: &path,
+                    target: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+                    authority: parts.uri.authority().map(|a| a.as_str()),
+                    fields: view::Fields::Map(&parts.headers),
+                    peer: peer_ip(&parts),
+                    sni: None,
+                },
                 route: None,
-                method: &parts.method,
-                path: &path,
-                headers: &parts.headers,
-                peer: peer_ip(&parts),
                 identity: Identity::Given(given.as_deref()),
             };
             let mut admitted = match shared

@@ -11,6 +11,7 @@ use ratewarden::Rule;
 use regex::Regex;
 
 use crate::identity::ClientIp;
+use crate::view::RequestView;
 
 /// Everything that decides whether a request goes on.
 #[derive(Debug, Clone)]
@@ -146,20 +147,21 @@ impl Matcher {
         }
     }
 
-    /// Whether a request with this method, (normalised) path and route
-    /// matches.
+    /// Whether `request`, on `route`, matches.
     ///
     /// ```
     /// use http::Method;
     /// use ratewarden_tower::policy::{Matcher, PathMatch};
+    /// use ratewarden_tower::view::RequestView;
     /// let m = Matcher { methods: vec![], path: PathMatch::Prefix("/api/".into()), case_insensitive: true, route: None };
-    /// assert!(m.matches(&Method::GET, "/API/items", None));
-    /// assert!(!m.matches(&Method::GET, "/apix", None));
+    /// assert!(m.matches(&RequestView::bare(&Method::GET, "/API/items"), None));
+    /// assert!(!m.matches(&RequestView::bare(&Method::GET, "/apix"), None));
     /// let on = Matcher { route: Some("admin".into()), ..Matcher::any() };
-    /// assert!(on.matches(&Method::GET, "/x", Some("admin")));
-    /// assert!(!on.matches(&Method::GET, "/x", Some("api")));
+    /// assert!(on.matches(&RequestView::bare(&Method::GET, "/x"), Some("admin")));
+    /// assert!(!on.matches(&RequestView::bare(&Method::GET, "/x"), Some("api")));
     /// ```
-    pub fn matches(&self, method: &Method, path: &str, route: Option<&str>) -> bool {
+    pub fn matches(&self, request: &RequestView<'_>, route: Option<&str>) -> bool {
+        let (method, path) = (request.method, request.path);
         if !(self.methods.is_empty() || self.methods.contains(method)) {
             return false;
         }
@@ -291,18 +293,6 @@ impl Policy {
     /// The rule named `name`.
     pub fn rule(&self, name: &str) -> Option<&PolicyRule> {
         self.rules.iter().find(|r| r.rule.name() == name)
-    }
-
-    /// Whether deciding a request may read its headers (identity or keys
-    /// from headers, forwarding headers): an HTTP/1 front end can then skip
-    /// building a header map.
-    pub fn reads_headers(&self) -> bool {
-        matches!(self.identity, IdentitySource::Header { .. })
-            || self.identity.client_ip().is_some_and(|c| c.forwarded)
-            || self
-                .rules
-                .iter()
-                .any(|r| r.key.iter().any(|k| matches!(k, KeyPart::Header(_))))
     }
 }
 

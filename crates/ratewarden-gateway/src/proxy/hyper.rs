@@ -5,7 +5,7 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -16,15 +16,16 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use crate::answer::{Body, respond};
-use crate::gateway::{Gateway, add_rate_headers, refusal_answer};
+use crate::gateway::Gateway;
+use crate::proxy::failover::{Failover, unsent_why};
+use crate::proxy::flow::{Decided, Flow, Line, add_rate_headers, refusal_answer};
 use crate::proxy::forward::{
-    self, Edge, UpstreamFailure, check_host, drops_length, is_hop_by_hop, push_forwarded_for,
-    tls_cause, tls_failure, upstream_failed,
+    self, Edge, check_host, drops_length, is_hop_by_hop, push_forwarded_for, tls_cause,
 };
 use crate::request_id::{self, RequestId};
-use crate::route::Outcome;
 use crate::upstream::{BodyFault, BodyFaults, ClientBody, SendFailed, UpstreamError};
-use ratewarden_tower::admission::{Facts, Held, Identity};
+use ratewarden_tower::admission::Held;
+use ratewarden_tower::view::{Fields, RequestView};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
@@ -103,323 +104,235 @@ pub(crate) fn edge_check(parts: &Parts) -> Result<(), Edge> {
     }
 }
 
-/// What the access log says of an answer besides its status.
-#[derive(Default)]
-struct Seen {
-    identity: Option<String>,
-    /// The refusing rule's key.
-    key: Option<String>,
-    rule: Option<String>,
-    /// The route's answer counts, once a route is chosen.
-    route: Option<std::sync::Arc<crate::metrics::RouteCounts>>,
+/// Handles one request on hyper's path, through the one flow
+/// ([`crate::proxy::flow`]): the answer carries the request's id; the access log
+/// gets a line.
+pub async fn handle(
+    gw: &Gateway,
+    req: Request<Incoming>,
+    client: forward::Client,
+) -> Response<Body> {
+    let live = gw.live();
+    let given = req.headers().get(request_id::HEADER);
+    let mut flow = Flow::start(gw, &live, given.map(HeaderValue::as_bytes));
+    // What the log's line needs of the request, kept before hyper's parts
+    // go to the upstream.
+    let line = flow.logged().then(|| {
+        let header = |n: HeaderName| req.headers().get(n).map(|v| v.as_bytes().to_vec());
+        (
+            req.method().clone(),
+            req.uri()
+                .path_and_query()
+                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+            version_name(req.version()),
+            header(header::REFERER),
+            header(header::USER_AGENT),
+        )
+    });
+    let mut resp = answer(&mut flow, req, client).await;
+    flow.note.status = resp.status().as_u16();
+    flow.note.bytes = http_body::Body::size_hint(resp.body()).exact();
+    flow.note.from_upstream = resp
+        .extensions()
+        .get::<crate::metrics::FromUpstream>()
+        .is_some();
+    if let Ok(v) = HeaderValue::from_bytes(flow.rid.as_bytes()) {
+        resp.headers_mut().insert(request_id::HEADER, v);
+    }
+    let line = line.as_ref();
+    flow.finish(|| {
+        let (method, target, version, referer, user_agent) = line.expect("kept when logged");
+        Line {
+            peer: client.peer.ip(),
+            method: method.as_str(),
+            target: target.as_bytes(),
+            version,
+            referer: referer.as_deref(),
+            user_agent: user_agent.as_deref(),
+        }
+    });
+    resp
 }
 
-impl Gateway {
-    /// Handles one request on hyper's path: the answer carries the
-    /// request's id; the access log gets a line.
-    pub async fn handle(&self, req: Request<Incoming>, client: forward::Client) -> Response<Body> {
-        let peer = client.peer;
-        let arrival = crate::access::arrived();
-        let rid = RequestId::keep_or_make(
-            req.headers()
-                .get(request_id::HEADER)
-                .map(HeaderValue::as_bytes),
-            arrival,
-        );
-        let arrived = self.access.as_ref().map(|_| {
-            let header = |n: HeaderName| req.headers().get(n).map(|v| v.as_bytes().to_vec());
-            (
-                arrival,
-                req.method().clone(),
-                req.uri()
-                    .path_and_query()
-                    .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
-                version_name(req.version()),
-                header(header::REFERER),
-                header(header::USER_AGENT),
-            )
-        });
-        let mut seen = Seen::default();
-        let mut resp = self.answer(req, client, &rid, &mut seen).await;
-        let from_upstream = resp
-            .extensions()
-            .get::<crate::metrics::FromUpstream>()
-            .is_some();
-        match &seen.route {
-            Some(c) => c.response(resp.status().as_u16(), from_upstream),
-            None => self
-                .metrics
-                .route(crate::metrics::NO_ROUTE)
-                .response(resp.status().as_u16(), false),
-        }
-        if let Ok(v) = HeaderValue::from_bytes(rid.as_bytes()) {
-            resp.headers_mut().insert(request_id::HEADER, v);
-        }
-        if let (Some(log), Some((arrived, method, target, version, referer, user_agent))) =
-            (&self.access, arrived)
-        {
-            let (time, duration) = crate::access::since(arrived);
-            log.log(&crate::access::Record {
-                time,
-                peer: peer.ip(),
-                method: method.as_str(),
-                target: target.as_bytes(),
-                version,
-                status: resp.status().as_u16(),
-                bytes: http_body::Body::size_hint(resp.body()).exact(),
-                duration,
-                request_id: &rid,
-                identity: seen.identity.as_deref(),
-                key: seen.key.as_deref(),
-                rule: seen.rule.as_deref(),
-                referer: referer.as_deref(),
-                user_agent: user_agent.as_deref(),
-            });
-        }
-        resp
+/// The answer to one request on hyper's path: the flow's phases, with
+/// hyper's parts as the request and its bodies as the wire.
+async fn answer(
+    flow: &mut Flow<'_>,
+    req: Request<Incoming>,
+    client: forward::Client,
+) -> Response<Body> {
+    let peer = client.peer;
+    let live = flow.live;
+    let (mut parts, body) = req.into_parts();
+    if let Err(e) = edge_check(&parts) {
+        return e.answer();
     }
-
-    async fn answer(
-        &self,
-        req: Request<Incoming>,
-        client: forward::Client,
-        rid: &RequestId,
-        seen: &mut Seen,
-    ) -> Response<Body> {
-        let peer = client.peer;
-        let live = self.live();
-        let (mut parts, body) = req.into_parts();
-        if let Err(e) = edge_check(&parts) {
-            return e.answer();
-        }
-        // A declared length over `client_max_body_size` is refused before
-        // any rule counts the request (nginx: before it is proxied).
-        let max = live.config.client_max_body_size;
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-        if max != 0 && declared.is_some_and(|n| n > max) {
-            return Edge::TooLarge(max).answer();
-        }
-        if !live.config.underscores_in_headers {
-            strip_underscores(&mut parts.headers);
-        }
-        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let path = match forward::rule_path(&parts.method, target) {
-            Ok(p) => p.into_owned(),
-            Err(e) => return e.answer(),
-        };
-        let route = live.router.route(&parts.method, &path);
-        seen.route = Some(match route {
-            Some((_, g)) => g.counts.clone(),
-            // The echo upstream's answers count under the default route.
-            None => self.metrics.route(crate::route::DEFAULT),
-        });
-        let facts = Facts {
-            method: &parts.method,
-            path: &path,
-            headers: &parts.headers,
-            peer: Some(peer.ip()),
-            identity: Identity::Resolve,
-            route: Some(route.map_or(crate::route::DEFAULT, |(n, _)| n)),
-        };
-        let mut admitted = match self.admit(&live, &facts, rid).await {
-            Ok(a) => a,
-            Err(refusal) => {
-                if let ratewarden_tower::admission::Refusal::Limited(d) = &refusal
-                    && let Some(by) = d.rules.iter().find(|r| !r.allowed())
-                    && self.access.is_some()
-                {
-                    seen.key = Some(by.key.clone());
-                    seen.rule = Some(by.rule.name().to_owned());
-                    // The client's identity, apart from the rule's key.
-                    seen.identity = live
-                        .config
-                        .policy
-                        .identify(&facts)
-                        .ok()
-                        .filter(|w| w.limited)
-                        .map(|w| w.identity);
-                }
-                return refusal_answer(&refusal, &live.config);
-            }
-        };
-        if admitted.who().limited {
-            seen.identity = Some(admitted.who().identity.clone());
-        }
-        // Leases are held until the answer's body is dropped (sent whole,
-        // or the client gone).
-        let mut held = Held::take(&mut admitted, &live.limiter);
-        let mut resp = match route.map(|(_, g)| g) {
-            None => echo(&parts, &admitted.who().identity),
-            Some(group) if super::tunnel::asked(&parts).is_some() => {
-                let protocol = super::tunnel::asked(&parts).expect("just checked");
-                let on = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
-                let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-                let target = match forward::upstream_target(sent, live.config.upstream_path) {
-                    Ok(t) => t.into_owned(),
-                    Err(e) => return e.answer(),
-                };
-                let asked = asked_host(&parts);
-                let mut headers = super::tunnel::request_fields(std::mem::take(&mut parts.headers));
-                let fwd = Forwarding {
-                    client,
-                    rfc7239: live.config.forwarded,
-                    trusted: live.config.trusts(peer.ip()),
-                    asked,
-                };
-                forwarding_fields(&mut headers, &fwd, rid);
-                let t = super::tunnel::Tunnel {
-                    group,
-                    client: &admitted.who().identity,
-                    target,
-                    headers,
-                    protocol,
-                    method: parts.method.clone(),
-                    timeout: live.config.upstream_timeout,
-                    idle: live.config.client_idle_timeout,
-                    held: held.take(),
-                };
-                super::tunnel::open(t, on).await
-            }
-            Some(group) => {
-                let (body, fault) = ClientBody::new(
-                    body,
-                    live.config.client_body_timeout,
-                    live.config.client_max_body_size,
-                );
-                let to = Upstreamed {
-                    group,
-                    client: &admitted.who().identity,
-                    forwarding: Forwarding {
-                        client,
-                        rfc7239: live.config.forwarded,
-                        trusted: live.config.trusts(peer.ip()),
-                        asked: asked_host(&parts),
-                    },
-                    timeout: live.config.upstream_timeout,
-                    max_body: live.config.client_max_body_size,
-                    how: live.config.upstream_path,
-                    rid,
-                };
-                self.forward(Request::from_parts(parts, body), &to, &fault)
-                    .await
-            }
-        };
-        self.settle(&live, &admitted, resp.status().as_u16()).await;
-        add_rate_headers(
-            admitted.decision.as_ref(),
-            resp.headers_mut(),
-            live.config.headers,
-        );
-        if let Some(held) = held {
-            resp = resp.map(|body| body.with_held(held));
-        }
-        resp
+    // A declared length over `client_max_body_size` is refused before
+    // any rule counts the request (nginx: before it is proxied).
+    let max = live.config.client_max_body_size;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if max != 0 && declared.is_some_and(|n| n > max) {
+        return Edge::TooLarge(max).answer();
     }
-
-    /// Forwards an admitted request to a server of the route and its
-    /// answer back; a server that could not be connected to got nothing,
-    /// and the next one is tried.
-    async fn forward(
-        &self,
-        req: Request<ClientBody>,
-        to: &Upstreamed<'_>,
-        fault: &BodyFaults,
-    ) -> Response<Body> {
-        let (mut parts, body) = req.into_parts();
-        // Origin form (`/path?query`) on the upstream connection, under the
-        // server's path prefix if it has one.
-        let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let target = match forward::upstream_target(sent, to.how) {
-            Ok(t) => t.into_owned(),
-            Err(e) => return e.answer(),
-        };
-        parts.version = Version::HTTP_11;
-        strip_hop_by_hop(&mut parts.headers);
-        forwarding_fields(&mut parts.headers, &to.forwarding, to.rid);
-        let group = to.group;
-        let mut req = Request::from_parts(parts, body);
-        let mut tried: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
-        // Why the last server tried could not be used, and which (none yet).
-        let mut last: Option<(std::borrow::Cow<'static, str>, String, &str)> = None;
-        let started = Instant::now();
-        loop {
-            let Some(chosen) = group.choose(to.client, &tried) else {
-                self.metrics.upstream_time(started.elapsed());
-                group.counts.upstream_time(started.elapsed());
-                let (why, error, at) = last.unwrap_or_else(|| {
-                    (
-                        "no upstream server is up".into(),
-                        format!("every server of route {} is ejected", group.route),
-                        &group.route,
-                    )
-                });
-                return upstream_failed(at, UpstreamFailure::Broken { why, error });
+    if !live.config.underscores_in_headers {
+        strip_underscores(&mut parts.headers);
+    }
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let path = match flow.rule_path(&parts.method, target) {
+        Ok(p) => p.into_owned(),
+        Err(e) => return e.answer(),
+    };
+    let request = RequestView {
+        method: &parts.method,
+        path: &path,
+        target,
+        authority: parts.uri.authority().map(|a| a.as_str()),
+        fields: Fields::Map(&parts.headers),
+        peer: Some(peer.ip()),
+        sni: None,
+    };
+    let route = flow.route(&request);
+    let (admitted, mut held) = match flow.decide(request, route.map(|(n, _)| n)).await {
+        Decided::Refused(refusal) => return refusal_answer(&refusal, &live.config),
+        Decided::Admitted(a, held) => (a, held),
+    };
+    let forwarding = Forwarding {
+        client,
+        rfc7239: live.config.forwarded,
+        trusted: live.config.trusts(peer.ip()),
+        asked: asked_host(&parts),
+    };
+    let mut resp = match route.map(|(_, g)| g) {
+        None => echo(&parts, &admitted.who().identity),
+        Some(group) if super::tunnel::asked(&parts).is_some() => {
+            let protocol = super::tunnel::asked(&parts).expect("just checked");
+            let on = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+            let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            let target = match forward::upstream_target(sent, live.config.upstream_path) {
+                Ok(t) => t.into_owned(),
+                Err(e) => return e.answer(),
             };
-            let server = chosen.server();
-            if let Err(refused) = aim(&mut req, server, &target, group) {
-                return *refused;
-            }
-            let res = server.pool.send(req, to.timeout).await;
-            let res = match res {
-                Err(SendFailed {
-                    error: e @ (UpstreamError::Connect { .. } | UpstreamError::Tls { .. }),
-                    unsent: Some(back),
-                }) => {
-                    group.record(chosen.index, Outcome::Failed);
-                    tried.push(chosen.index);
-                    let why = match &e {
-                        UpstreamError::Tls { source, .. } => tls_failure(source),
-                        _ => "could not connect".into(),
-                    };
-                    last = Some((why, e.to_string(), &server.label));
-                    req = back;
-                    continue;
-                }
-                other => other,
+            let mut headers = super::tunnel::request_fields(std::mem::take(&mut parts.headers));
+            forwarding_fields(&mut headers, &forwarding, &flow.rid);
+            let t = super::tunnel::Tunnel {
+                attempts: Failover::new(group, flow.metrics(), &admitted.who().identity),
+                target,
+                headers,
+                protocol,
+                method: parts.method.clone(),
+                timeout: live.config.upstream_timeout,
+                idle: live.config.client_idle_timeout,
+                held: held.take(),
             };
-            self.metrics.upstream_time(started.elapsed());
-            group.counts.upstream_time(started.elapsed());
-            let label = &server.label;
-            return match (res, fault.get()) {
-                (Ok(resp), _) => {
-                    group.record(chosen.index, Outcome::Answered);
-                    let (mut parts, body) = resp.into_parts();
-                    if drops_length(parts.headers.contains_key(header::TRANSFER_ENCODING)) {
-                        parts.headers.remove(header::CONTENT_LENGTH);
-                    }
-                    strip_hop_by_hop(&mut parts.headers);
-                    parts.extensions.insert(crate::metrics::FromUpstream);
-                    Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync())
-                }
-                (Err(_), Some(BodyFault::Broke)) => Edge::BadBody.answer(),
-                (Err(_), Some(BodyFault::Stalled)) => Edge::BodyTimeout.answer(),
-                (Err(_), Some(BodyFault::TooLarge)) => Edge::TooLarge(to.max_body).answer(),
-                (
-                    Err(SendFailed {
-                        error: UpstreamError::Timeout(t),
-                        ..
-                    }),
-                    _,
-                ) => {
-                    group.record(chosen.index, Outcome::TimedOut);
-                    upstream_failed(label, UpstreamFailure::Timeout(t))
-                }
-                (Err(SendFailed { error: e, .. }), _) => {
-                    group.record(chosen.index, Outcome::Failed);
-                    let why = match &e {
-                        UpstreamError::Connect { .. } => "could not connect".into(),
-                        UpstreamError::Tls { source, .. } => tls_failure(source),
-                        other => tls_cause(other)
-                            .unwrap_or_else(|| "the exchange broke before an answer".into()),
-                    };
-                    let error = e.to_string();
-                    upstream_failed(label, UpstreamFailure::Broken { why, error })
-                }
-            };
+            super::tunnel::open(t, on).await
         }
+        Some(group) => {
+            let (body, fault) = ClientBody::new(
+                body,
+                live.config.client_body_timeout,
+                live.config.client_max_body_size,
+            );
+            let to = Upstreamed {
+                group,
+                client: &admitted.who().identity,
+                forwarding,
+                timeout: live.config.upstream_timeout,
+                max_body: live.config.client_max_body_size,
+                how: live.config.upstream_path,
+            };
+            forward(flow, Request::from_parts(parts, body), &to, &fault).await
+        }
+    };
+    flow.settle(&admitted, resp.status().as_u16()).await;
+    add_rate_headers(
+        admitted.decision.as_ref(),
+        resp.headers_mut(),
+        live.config.headers,
+    );
+    if let Some(held) = held {
+        resp = resp.map(|body| body.with_held(held));
+    }
+    resp
+}
+
+/// Forwards an admitted request to a server of the route, and its answer
+/// back (failing over as [`Failover`] says).
+async fn forward(
+    flow: &Flow<'_>,
+    req: Request<ClientBody>,
+    to: &Upstreamed<'_>,
+    fault: &BodyFaults,
+) -> Response<Body> {
+    let (mut parts, body) = req.into_parts();
+    // Origin form (`/path?query`) on the upstream connection, under the
+    // server's path prefix if it has one.
+    let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let target = match forward::upstream_target(sent, to.how) {
+        Ok(t) => t.into_owned(),
+        Err(e) => return e.answer(),
+    };
+    parts.version = Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    forwarding_fields(&mut parts.headers, &to.forwarding, &flow.rid);
+    let mut req = Request::from_parts(parts, body);
+    let mut attempts = Failover::new(to.group, flow.metrics(), to.client);
+    loop {
+        let chosen = match attempts.next() {
+            Ok(c) => c,
+            Err(answer) => return *answer,
+        };
+        let server = chosen.server();
+        if let Err(refused) = aim(&mut req, server, &target, to.group) {
+            return *refused;
+        }
+        let res = match server.pool.send(req, to.timeout).await {
+            Err(SendFailed {
+                error: e @ (UpstreamError::Connect { .. } | UpstreamError::Tls { .. }),
+                unsent: Some(back),
+            }) => {
+                attempts.unsent(&chosen, &e);
+                req = back;
+                continue;
+            }
+            other => other,
+        };
+        let fault = fault.get();
+        return match res {
+            Ok(resp) => {
+                attempts.answered(&chosen);
+                let (mut parts, body) = resp.into_parts();
+                if drops_length(parts.headers.contains_key(header::TRANSFER_ENCODING)) {
+                    parts.headers.remove(header::CONTENT_LENGTH);
+                }
+                strip_hop_by_hop(&mut parts.headers);
+                parts.extensions.insert(crate::metrics::FromUpstream);
+                Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync())
+            }
+            // The client's body failed, not the server.
+            Err(_) if fault.is_some() => {
+                attempts.done();
+                match fault {
+                    Some(BodyFault::Broke) => Edge::BadBody.answer(),
+                    Some(BodyFault::Stalled) => Edge::BodyTimeout.answer(),
+                    _ => Edge::TooLarge(to.max_body).answer(),
+                }
+            }
+            Err(SendFailed {
+                error: UpstreamError::Timeout(t),
+                ..
+            }) => attempts.timed_out(&chosen, t),
+            Err(SendFailed { error: e, .. }) => {
+                let why = match &e {
+                    UpstreamError::Connect { .. } | UpstreamError::Tls { .. } => unsent_why(&e),
+                    other => tls_cause(other)
+                        .unwrap_or_else(|| "the exchange broke before an answer".into()),
+                };
+                attempts.broke(&chosen, why, e.to_string())
+            }
+        };
     }
 }
 
@@ -549,7 +462,6 @@ struct Upstreamed<'a> {
     /// `client_max_body_size`, for its 413.
     max_body: u64,
     how: crate::config::UpstreamPath,
-    rid: &'a RequestId,
 }
 
 /// A response body holding a request's `concurrency` leases until its

@@ -1,7 +1,11 @@
-//! Forwarding admitted requests: the gateway's own HTTP/1.1 path ([`h1`])
-//! for plain HTTP/1.1, hyper ([`hyper`]) for everything else, and what the
-//! two must do alike ([`forward`]); `Upgrade` requests become tunnels.
+//! The proxy: one request flow ([`flow`]) and the wires that feed it. The
+//! gateway's own HTTP/1.1 path ([`h1`]) serves plain HTTP/1.1, hyper
+//! ([`hyper`]) everything else, and `Upgrade` requests become tunnels; all
+//! three take their phases from [`flow`], their upstream attempts from
+//! `failover`, and what the two HTTP paths must do alike from [`forward`].
 
+mod failover;
+pub(crate) mod flow;
 pub mod forward;
 pub mod h1;
 pub mod hyper;

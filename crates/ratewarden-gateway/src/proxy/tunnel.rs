@@ -16,9 +16,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::answer::Body;
-use crate::proxy::forward::{UpstreamFailure, tls_failure, upstream_failed};
-use crate::route::{Group, Outcome};
-use crate::upstream::UpstreamError;
+use crate::proxy::failover::Failover;
 use ratewarden_tower::admission::Held;
 
 /// The protocol a request asks to switch to: an HTTP/1.1 request with
@@ -42,9 +40,8 @@ pub(crate) fn asked(parts: &Parts) -> Option<HeaderValue> {
 
 /// What a tunnelled request needs.
 pub(crate) struct Tunnel<'a> {
-    pub(crate) group: &'a Group,
-    /// The identity, for `balance: hash`.
-    pub(crate) client: &'a str,
+    /// The attempts on the route's servers.
+    pub(crate) attempts: Failover<'a>,
     /// The target after the server's prefix.
     pub(crate) target: String,
     /// The request's fields to send (hop-by-hop ones already gone,
@@ -61,43 +58,24 @@ pub(crate) struct Tunnel<'a> {
 /// Opens the tunnel for a request whose upgrade is `on`: the server's
 /// answer (101, or what it said instead) goes back to the client.
 pub(crate) async fn open(mut t: Tunnel<'_>, on: Option<OnUpgrade>) -> Response<Body> {
-    let mut tried: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
-    let mut last: (std::borrow::Cow<'static, str>, String) = (
-        "no upstream server is up".into(),
-        format!("every server of route {} is ejected", t.group.route),
-    );
     loop {
-        let Some(chosen) = t.group.choose(t.client, &tried) else {
-            return upstream_failed(
-                &t.group.route,
-                UpstreamFailure::Broken {
-                    why: last.0,
-                    error: last.1,
-                },
-            );
+        let chosen = match t.attempts.next() {
+            Ok(c) => c,
+            Err(answer) => return *answer,
         };
         let server = chosen.server();
         let io = match tokio::time::timeout(t.timeout, server.pool.connect_stream()).await {
             Ok(Ok(io)) => io,
             Ok(Err(e)) => {
-                t.group.record(chosen.index, Outcome::Failed);
-                tried.push(chosen.index);
-                last.0 = match &e {
-                    UpstreamError::Tls { source, .. } => tls_failure(source),
-                    _ => "could not connect".into(),
-                };
-                last.1 = e.to_string();
+                t.attempts.unsent(&chosen, &e);
                 continue;
             }
-            Err(_) => {
-                t.group.record(chosen.index, Outcome::TimedOut);
-                return upstream_failed(&server.label, UpstreamFailure::Timeout(t.timeout));
-            }
+            Err(_) => return t.attempts.timed_out(&chosen, t.timeout),
         };
         let mut req = http::Request::new(Empty::<bytes::Bytes>::new());
         *req.method_mut() = t.method.clone();
         *req.headers_mut() = std::mem::take(&mut t.headers);
-        if let Err(refused) = super::hyper::aim(&mut req, server, &t.target, t.group) {
+        if let Err(refused) = super::hyper::aim(&mut req, server, &t.target, chosen.group()) {
             return *refused;
         }
         req.headers_mut()
@@ -116,21 +94,12 @@ pub(crate) async fn open(mut t: Tunnel<'_>, on: Option<OnUpgrade>) -> Response<B
         let mut resp = match exchanged {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
-                t.group.record(chosen.index, Outcome::Failed);
-                return upstream_failed(
-                    &server.label,
-                    UpstreamFailure::Broken {
-                        why: "the exchange broke before an answer".into(),
-                        error: e.to_string(),
-                    },
-                );
+                let why = "the exchange broke before an answer".into();
+                return t.attempts.broke(&chosen, why, e.to_string());
             }
-            Err(_) => {
-                t.group.record(chosen.index, Outcome::TimedOut);
-                return upstream_failed(&server.label, UpstreamFailure::Timeout(t.timeout));
-            }
+            Err(_) => return t.attempts.timed_out(&chosen, t.timeout),
         };
-        t.group.record(chosen.index, Outcome::Answered);
+        t.attempts.answered(&chosen);
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
             // No tunnel: the server's answer, as any other.
             let (mut parts, body) = resp.into_parts();

@@ -8,12 +8,13 @@
 use std::future::Future as _;
 use std::time::Duration;
 
-use http::{HeaderMap, Method, StatusCode};
+use http::{Method, StatusCode};
 use ratewarden::MemoryStore;
 use ratewarden::clock::{ManualClock, Micros};
 use ratewarden::{Limiter, Mode};
 use ratewarden_tower::admission::{Facts, Identity, Refusal, Who};
 use ratewarden_tower::policy::Policy;
+use ratewarden_tower::view::RequestView;
 
 use super::traffic::Traffic;
 use crate::config::RouteSpec;
@@ -193,7 +194,9 @@ pub fn replay(
 struct Prepared<'a> {
     policy: &'a Policy,
     traffic: &'a Traffic,
-    requests: Vec<(Method, String, Option<&'a str>)>,
+    /// Each distinct request: method, target as given, path as a rule
+    /// sees it, route.
+    requests: Vec<(Method, &'a str, String, Option<&'a str>)>,
     peers: Vec<Option<std::net::IpAddr>>,
     /// Stage 1 depends on the client alone here (no headers): asked once
     /// per client, as the proxy would ask it per request. `Err` for a
@@ -202,7 +205,6 @@ struct Prepared<'a> {
     /// Which part of a split replay a client falls in: by its identity as
     /// the rules see it (two addresses of one IPv6 /64 are one client).
     hash: Vec<u64>,
-    headers: HeaderMap,
     /// Each rule's id, by position: a decision's rules found among them
     /// (a scan of a few integers; hashing the name cost more).
     ids: Vec<u64>,
@@ -214,21 +216,24 @@ impl<'a> Prepared<'a> {
         routes: &'a [RouteSpec],
         traffic: &'a Traffic,
     ) -> Result<Self, String> {
-        let requests: Vec<(Method, String, Option<&str>)> = traffic
+        let requests: Vec<(Method, &str, String, Option<&str>)> = traffic
             .requests
             .iter()
             .map(|(m, p)| {
                 let path = crate::proxy::forward::rule_path(m, p)
                     .map_err(|e| format!("path `{p}` is refused at the edge: {e:?}"))?
                     .into_owned();
-                let route = crate::route::chosen(routes.iter().map(|r| &r.matcher), m, &path)
+                let view = RequestView {
+                    target: p,
+                    ..RequestView::bare(m, &path)
+                };
+                let route = crate::route::chosen(routes.iter().map(|r| &r.matcher), &view)
                     .map_or(crate::route::DEFAULT, |i| routes[i].name.as_str());
-                Ok((m.clone(), path, Some(route)))
+                Ok((m.clone(), p.as_str(), path, Some(route)))
             })
             .collect::<Result<_, String>>()?;
         let peers: Vec<Option<std::net::IpAddr>> =
             traffic.identities.iter().map(|i| i.parse().ok()).collect();
-        let headers = HeaderMap::new();
         let who: Vec<Result<Who, ()>> = traffic
             .identities
             .iter()
@@ -236,10 +241,10 @@ impl<'a> Prepared<'a> {
             .map(|(id, peer)| {
                 policy
                     .identify(&Facts {
-                        method: &Method::GET,
-                        path: "/",
-                        headers: &headers,
-                        peer: *peer,
+                        request: RequestView {
+                            peer: *peer,
+                            ..RequestView::bare(&Method::GET, "/")
+                        },
                         identity: Identity::Given(Some(id)),
                         route: None,
                     })
@@ -263,7 +268,6 @@ impl<'a> Prepared<'a> {
             peers,
             who,
             hash,
-            headers,
             ids,
         })
     }
@@ -329,12 +333,13 @@ impl<'a> Prepared<'a> {
                 run.refused_otherwise += 1;
                 continue;
             };
-            let (method, path, route) = &self.requests[e.request as usize];
+            let (method, target, path, route) = &self.requests[e.request as usize];
             let facts = Facts {
-                method,
-                path,
-                headers: &self.headers,
-                peer: self.peers[client],
+                request: RequestView {
+                    target,
+                    peer: self.peers[client],
+                    ..RequestView::bare(method, path)
+                },
                 identity: Identity::Given(Some(&traffic.identities[client])),
                 route: *route,
             };

@@ -5,7 +5,6 @@ use std::io;
 use std::ops::Range;
 use std::pin::{Pin, pin};
 use std::task::Poll;
-use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use http::{Method, StatusCode};
@@ -20,13 +19,12 @@ use super::write::{http_date, push_field, status_line, write_answer};
 use smallvec::SmallVec;
 
 use super::request::BodyLen;
-use crate::gateway::{Gateway, Live, add_rate_headers};
+use crate::proxy::failover::Failover;
+use crate::proxy::flow::{Flow, add_rate_headers};
 use crate::proxy::forward::{
-    UpstreamFailure, X_FORWARDED, dropped_request_field, drops_length, is_hop_by_hop,
-    push_forwarded_for, tls_cause, tls_failure, upstream_failed, x_forwarded_index,
-    x_forwarded_values,
+    X_FORWARDED, dropped_request_field, drops_length, is_hop_by_hop, push_forwarded_for, tls_cause,
+    x_forwarded_index, x_forwarded_values,
 };
-use crate::route::Outcome;
 use crate::stream::UpstreamIo;
 use crate::upstream::{Pool, UpstreamError};
 use ratewarden_tower::admission::{Admitted, Held};
@@ -47,17 +45,16 @@ pub(crate) async fn within<F: Future>(timer: &mut Pin<Box<Sleep>>, fut: F) -> Op
 pub(crate) enum Failed {
     /// No head within `upstream_timeout`: 504.
     Timeout,
-    /// Could not connect (nothing was sent): another server may be tried;
-    /// else 502, saying `.0` (and logging `.1`).
-    Connect(std::borrow::Cow<'static, str>, String),
+    /// Could not connect (nothing was sent): another server may be tried.
+    Connect(UpstreamError),
     /// The exchange broke: 502, saying `.0` (and logging `.1`).
     Broken(std::borrow::Cow<'static, str>, String),
 }
 
 /// Everything one exchange with the upstream needs besides the buffers.
 pub(crate) struct Forward<'a> {
-    pub(crate) gw: &'a Gateway,
-    pub(crate) live: &'a Live,
+    /// The request's flow (its configuration, id and settling).
+    pub(crate) flow: &'a Flow<'a>,
     /// The route's servers.
     pub(crate) group: &'a crate::route::Group,
     /// The target sent after `prefix` when it is not the client's as it
@@ -69,8 +66,6 @@ pub(crate) struct Forward<'a> {
     /// The request's `concurrency` leases, if any (given back when its
     /// answer ends, or when the connection's task is dropped).
     pub(crate) held: Option<Held>,
-    /// Its id, sent upstream and back.
-    pub(crate) rid: &'a crate::request_id::RequestId,
 }
 
 /// How an exchange ended, for the access log.
@@ -102,34 +97,18 @@ impl Conn {
         answering: crate::idle::Answering,
     ) -> io::Result<Answered> {
         let head = to.head;
-        let group = to.group;
-        let timeout = to.live.config.upstream_timeout;
-        let started = Instant::now();
+        let live = to.flow.live;
+        let timeout = live.config.upstream_timeout;
         // One deadline for every attempt. (Taken out of `self` while the
         // attempts also write the request into `self.out`.)
         let mut slot = self.timer.take();
         let timer = super::arm(&mut slot, timeout);
-        // A server that could not be connected to got nothing: the next
-        // one is tried, until none is left.
-        let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
         let client = to.admitted.who().identity.as_str();
-        // Why the last server tried could not be used (none yet).
-        let mut last: Option<(std::borrow::Cow<'static, str>, String, &str)> = None;
-        // The server a failure is logged against, when none answers.
-        let mut failed_at = None;
+        let mut attempts = Failover::new(to.group, to.flow.metrics(), client);
         let answered = loop {
-            let Some(chosen) = group.choose(client, &tried) else {
-                let (why, error) = match last {
-                    Some((why, error, label)) => {
-                        failed_at = Some(label);
-                        (why, error)
-                    }
-                    None => (
-                        "no upstream server is up".into(),
-                        format!("every server of route {} is ejected", group.route),
-                    ),
-                };
-                break Err((Failed::Broken(why, error), None));
+            let chosen = match attempts.next() {
+                Ok(c) => c,
+                Err(answer) => break Err(*answer),
             };
             let server = chosen.server();
             self.request_head(&to, server);
@@ -144,53 +123,27 @@ impl Conn {
             .await;
             match answered {
                 Ok(a) => {
-                    group.record(chosen.index, Outcome::Answered);
+                    attempts.answered(&chosen);
                     break Ok((a, chosen));
                 }
-                Err(Failed::Connect(why, e)) => {
-                    group.record(chosen.index, Outcome::Failed);
-                    tried.push(chosen.index);
-                    last = Some((why, format!("{}: {e}", server.label), &server.label));
-                }
-                Err(f @ Failed::Timeout) => {
-                    group.record(chosen.index, Outcome::TimedOut);
-                    break Err((f, Some(chosen)));
-                }
-                Err(f) => {
-                    group.record(chosen.index, Outcome::Failed);
-                    break Err((f, Some(chosen)));
-                }
+                Err(Failed::Connect(e)) => attempts.unsent(&chosen, &e),
+                Err(Failed::Timeout) => break Err(attempts.timed_out(&chosen, timeout)),
+                Err(Failed::Broken(why, error)) => break Err(attempts.broke(&chosen, why, error)),
             }
         };
         self.timer = slot;
-        to.gw.metrics.upstream_time(started.elapsed());
-        to.group.counts.upstream_time(started.elapsed());
         let ((mut up, resp), chosen) = match answered {
             Ok(a) => a,
-            Err((failed, chosen)) => {
-                let failure = match failed {
-                    Failed::Timeout => UpstreamFailure::Timeout(timeout),
-                    Failed::Broken(why, error) | Failed::Connect(why, error) => {
-                        UpstreamFailure::Broken { why, error }
-                    }
-                };
-                let at = match (&chosen, failed_at) {
-                    (Some(c), _) => c.server().label.clone(),
-                    (None, Some(label)) => label.to_owned(),
-                    (None, None) => group.route.clone(),
-                };
-                let mut answer = upstream_failed(&at, failure);
-                if let Ok(v) = http::HeaderValue::from_bytes(to.rid.as_bytes()) {
+            Err(mut answer) => {
+                if let Ok(v) = http::HeaderValue::from_bytes(to.flow.rid.as_bytes()) {
                     answer.headers_mut().insert(crate::request_id::HEADER, v);
                 }
                 let status = answer.status().as_u16();
-                to.gw
-                    .settle(to.live, to.admitted, answer.status().as_u16())
-                    .await;
+                to.flow.settle(to.admitted, status).await;
                 add_rate_headers(
                     to.admitted.decision.as_ref(),
                     answer.headers_mut(),
-                    to.live.config.headers,
+                    live.config.headers,
                 );
                 ended(&mut to.held).await;
                 write_answer(io, &mut self.out, answer, head.close).await?;
@@ -202,7 +155,7 @@ impl Conn {
                 });
             }
         };
-        to.gw.settle(to.live, to.admitted, resp.status).await;
+        to.flow.settle(to.admitted, resp.status).await;
         let bytes = match resp.framing {
             Framing::Empty => Some(0),
             Framing::Length(n) => Some(n),
@@ -276,7 +229,8 @@ impl Conn {
     /// body: as read, or decoded from chunks and sent with its length.
     pub(crate) fn request_head(&mut self, to: &Forward<'_>, server: &crate::route::Server) {
         let (input, out, head) = (&self.input, &mut self.out, to.head);
-        let keep_underscores = to.live.config.underscores_in_headers;
+        let live = to.flow.live;
+        let keep_underscores = live.config.underscores_in_headers;
         out.clear();
         out.extend_from_slice(head.method.as_str().as_bytes());
         out.push(b' ');
@@ -298,10 +252,10 @@ impl Conn {
         if let Some(h) = host {
             push_field(out, b"host", h.as_bytes());
         }
-        let trusted = to.live.config.trusts(to.client.peer.ip());
+        let trusted = live.config.trusts(to.client.peer.ip());
         let (mut kept, mut asked) = ([false; 3], None);
         let mut chain: SmallVec<[&[u8]; 2]> = SmallVec::new();
-        let forwarded = to.live.config.forwarded;
+        let forwarded = live.config.forwarded;
         let mut forwarded_chain: SmallVec<[&[u8]; 2]> = SmallVec::new();
         for (name, value) in &self.fields {
             let (name, value) = (&input[name.clone()], &input[value.clone()]);
@@ -354,7 +308,7 @@ impl Conn {
                 itoa::Buffer::new().format(n).as_bytes(),
             );
         }
-        push_field(out, b"x-request-id", to.rid.as_bytes());
+        push_field(out, b"x-request-id", to.flow.rid.as_bytes());
         let mut port = itoa::Buffer::new();
         let ours = x_forwarded_values(&to.client, asked, &mut port);
         for (i, v) in ours.into_iter().enumerate() {
@@ -387,7 +341,7 @@ impl Conn {
         out.clear();
         let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);
         status_line(out, status, Some(&up[resp.reason.clone()]));
-        rate.render(to.admitted.decision.as_ref(), to.live.config.headers);
+        rate.render(to.admitted.decision.as_ref(), to.flow.live.config.headers);
         for (name, value) in &self.up_fields {
             let name_bytes = &up[name.clone()];
             let dropped = is_hop_by_hop(name_bytes)
@@ -412,7 +366,7 @@ impl Conn {
         if close {
             push_field(out, b"connection", b"close");
         }
-        push_field(out, b"x-request-id", to.rid.as_bytes());
+        push_field(out, b"x-request-id", to.flow.rid.as_bytes());
         out.extend_from_slice(&rate.lines);
         out.extend_from_slice(b"\r\n");
     }
@@ -442,13 +396,7 @@ pub(crate) async fn exchange_head(
             // Boxed: connecting is rare and its future large.
             None => match within(timer, Box::pin(pool.connect_stream())).await {
                 None => return Err(Failed::Timeout),
-                Some(Err(e)) => {
-                    let why = match &e {
-                        UpstreamError::Tls { source, .. } => tls_failure(source),
-                        _ => "could not connect".into(),
-                    };
-                    return Err(Failed::Connect(why, e.to_string()));
-                }
+                Some(Err(e)) => return Err(Failed::Connect(e)),
                 Some(Ok(s)) => s,
             },
         };

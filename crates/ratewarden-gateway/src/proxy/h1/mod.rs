@@ -32,7 +32,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use http::header::HeaderMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Sleep;
@@ -46,17 +45,19 @@ pub(crate) mod response;
 mod write;
 
 use crate::config::Upstream;
-use crate::gateway::{Gateway, refusal_answer};
+use crate::gateway::Gateway;
 use crate::idle::Watched;
+use crate::proxy::flow::{Decided, Flow, Line, refusal_answer};
 use crate::proxy::forward::{self, Edge};
 use crate::request_id::RequestId;
 use crate::stream::ClientIo;
-use ratewarden_tower::admission::{Facts, Held, Identity, Refusal};
+use ratewarden_tower::admission::Refusal;
+use ratewarden_tower::view::{Fields, RequestView};
 
 use chunked::{Chunks, valid_trailers};
 use exchange::{Forward, within};
 use reject_cache::write_rejection;
-use request::{BodyLen, Head, Parsed, header_map, parse_request};
+use request::{BodyLen, Head, Parsed, parse_request};
 pub use request::{MAX_BODY, MAX_HEAD};
 use write::{RateFields, write_answer};
 
@@ -287,7 +288,9 @@ where
 }
 
 /// Serves requests until the connection ends (`None`) or goes to hyper
-/// (`Some`, with the bytes already read).
+/// (`Some`, with the bytes already read). Each request goes through the
+/// one flow ([`crate::proxy::flow`]); this is its HTTP/1.1 wire: reading heads
+/// and bodies, and writing what the flow decides.
 async fn serve(
     gw: &Gateway,
     io: &mut Watched<ClientIo>,
@@ -296,9 +299,6 @@ async fn serve(
 ) -> io::Result<Option<BytesMut>> {
     let peer = client.peer;
     let mut c = Conn::default();
-    // The access log's identity and refusing key, kept across requests (no
-    // allocation each).
-    let (mut identity, mut rule_key) = (String::new(), String::new());
     let mut stopping = pin!(async move {
         let _ = stop.wait_for(|s| *s).await;
     });
@@ -320,141 +320,100 @@ async fn serve(
         if live.config.upstream == Upstream::Echo && !live.router.has_routes() {
             return Ok(Some(c.input));
         }
-        let arrival = crate::access::arrived();
-        let arrived = gw.access.is_some().then_some(arrival);
-        let rid = RequestId::keep_or_make(field(&c.input, &c.fields, b"x-request-id"), arrival);
+        let mut flow = Flow::start(gw, &live, field(&c.input, &c.fields, b"x-request-id"));
         let answering = io.activity().answering();
         // The target is visible ASCII (`parse_request` checked it).
         let target = std::str::from_utf8(&c.input[head.target.clone()]).unwrap_or("/");
-        let mut logged = Logged::default();
-        let mut to_hyper = false;
-        // The route's answer counts once it is chosen, and whether the
-        // answer was the upstream's.
-        let mut counts: Option<&crate::metrics::RouteCounts> = None;
-        let mut from_upstream = false;
-        let keep = match forward::rule_path(&head.method, target) {
+        let keep = match flow.rule_path(&head.method, target) {
             Err(e) => {
-                logged.status = e.status().as_u16();
-                write_answer(io, &mut c.out, with_id(e.answer(), &rid), head.close).await?;
+                write_answer(io, &mut c.out, with_id(e.answer(), &flow.rid), head.close).await?;
                 drop(answering);
                 !head.close
             }
-            Ok(path) => 'arm: {
-                let Some((route, group)) = live.router.route(&head.method, &path) else {
-                    // A request for the echo upstream (no route took it):
-                    // hyper's, once `path` lets go of the input.
-                    to_hyper = true;
-                    break 'arm false;
-                };
-                counts = Some(&group.counts);
-                let headers = if live.reads_headers {
-                    header_map(&c.input, &c.fields, live.config.underscores_in_headers)
-                } else {
-                    HeaderMap::new()
-                };
-                let facts = Facts {
+            Ok(path) => {
+                let request = RequestView {
                     method: &head.method,
                     path: &path,
-                    headers: &headers,
-                    peer: Some(peer.ip()),
-                    identity: Identity::Resolve,
-                    route: Some(route),
-                };
-                let admitted = gw.admit(&live, &facts, &rid).await;
-                // The client's identity for the access log of a refusal (the
-                // refusing rule's key is logged apart, as `key`); asked again
-                // only then, and only with a log.
-                let refused_who = (arrived.is_some()
-                    && matches!(admitted, Err(Refusal::Limited(_))))
-                .then(|| live.config.policy.identify(&facts).ok())
-                .flatten();
-                drop(path);
-                // Only what goes upstream needs its target rewritten.
-                let rewritten = match &admitted {
-                    Err(_) => Ok(None),
-                    Ok(_) => match forward::upstream_target(target, live.config.upstream_path) {
-                        Ok(std::borrow::Cow::Owned(t)) => Ok(Some(t)),
-                        Ok(std::borrow::Cow::Borrowed(_)) => Ok(None),
-                        Err(e) => Err(e),
+                    target,
+                    authority: None,
+                    fields: Fields::Raw {
+                        head: &c.input[..head.len],
+                        spans: &c.fields,
+                        underscores: live.config.underscores_in_headers,
                     },
+                    peer: Some(peer.ip()),
+                    sni: None,
                 };
-                match (admitted, rewritten) {
-                    (Err(Refusal::Limited(d)), _) => {
+                let Some((route, group)) = flow.route(&request) else {
+                    // A request for the echo upstream (no route took it):
+                    // hyper's.
+                    return Ok(Some(c.input));
+                };
+                let decided = flow.decide(request, Some(route)).await;
+                // Only what goes upstream needs its target rewritten.
+                let rewritten = match &decided {
+                    Decided::Refused(_) => Ok(None),
+                    Decided::Admitted(..) => {
+                        match forward::upstream_target(target, live.config.upstream_path) {
+                            Ok(std::borrow::Cow::Owned(t)) => Ok(Some(t)),
+                            Ok(std::borrow::Cow::Borrowed(_)) => Ok(None),
+                            Err(e) => Err(e),
+                        }
+                    }
+                };
+                match (decided, rewritten) {
+                    (Decided::Refused(Refusal::Limited(d)), _) => {
                         let how = (live.config.status, live.config.headers);
-                        let body =
-                            write_rejection(&mut c.out, &mut c.rate, &d, how, head.close, &rid);
+                        let body = write_rejection(
+                            &mut c.out,
+                            &mut c.rate,
+                            &d,
+                            how,
+                            head.close,
+                            &flow.rid,
+                        );
                         io.write_all(&c.out).await?;
                         io.flush().await?;
                         drop(answering);
-                        logged.status = live.config.status.as_u16();
-                        if arrived.is_some() {
-                            logged = Logged::refused(
-                                live.config.status.as_u16(),
-                                body,
-                                &d,
-                                &mut rule_key,
-                            );
-                            if let Some(w) = refused_who.filter(|w| w.limited) {
-                                identity.clear();
-                                identity.push_str(&w.identity);
-                                logged.identity = true;
-                            }
-                        }
+                        flow.note.status = live.config.status.as_u16();
+                        flow.note.bytes = Some(body as u64);
                         !head.close
                     }
-                    (Err(refusal), _) => {
+                    (Decided::Refused(refusal), _) => {
                         let answer = refusal_answer(&refusal, &live.config);
-                        logged.status = answer.status().as_u16();
-                        write_answer(io, &mut c.out, with_id(answer, &rid), head.close).await?;
+                        flow.note.status = answer.status().as_u16();
+                        write_answer(io, &mut c.out, with_id(answer, &flow.rid), head.close)
+                            .await?;
                         drop(answering);
                         !head.close
                     }
-                    (Ok(_), Err(e)) => {
-                        logged.status = e.status().as_u16();
-                        write_answer(io, &mut c.out, with_id(e.answer(), &rid), head.close).await?;
+                    (Decided::Admitted(..), Err(e)) => {
+                        flow.note.status = e.status().as_u16();
+                        write_answer(io, &mut c.out, with_id(e.answer(), &flow.rid), head.close)
+                            .await?;
                         drop(answering);
                         !head.close
                     }
-                    (Ok(mut admitted), Ok(rewritten)) => {
-                        // Leases are held for the exchange; if the client goes
-                        // away meanwhile, dropping the guard gives them back.
-                        let held = Held::take(&mut admitted, &live.limiter);
-                        if arrived.is_some() && admitted.who().limited {
-                            identity.clear();
-                            identity.push_str(&admitted.who().identity);
-                            logged.identity = true;
-                        }
+                    (Decided::Admitted(admitted, held), Ok(rewritten)) => {
                         let to = Forward {
-                            gw,
-                            live: &live,
+                            flow: &flow,
                             group,
                             rewritten: rewritten.as_deref(),
                             client,
                             head: &head,
                             admitted: &admitted,
                             held,
-                            rid: &rid,
                         };
                         let answered = c.exchange(io, to, answering).await?;
-                        (logged.status, logged.bytes) = (answered.status, answered.bytes);
-                        from_upstream = answered.from_upstream;
+                        let n = &mut flow.note;
+                        (n.status, n.bytes) = (answered.status, answered.bytes);
+                        n.from_upstream = answered.from_upstream;
                         answered.keep
                     }
                 }
             }
         };
-        if to_hyper {
-            return Ok(Some(c.input));
-        }
-        match counts {
-            Some(counts) => counts.response(logged.status, from_upstream),
-            None => gw
-                .metrics
-                .route(crate::metrics::NO_ROUTE)
-                .response(logged.status, false),
-        }
-        if let (Some(log), Some(arrived)) = (&gw.access, arrived) {
-            let (time, duration) = crate::access::since(arrived);
+        flow.finish(|| {
             let (mut referer, mut user_agent) = (None, None);
             // One pass over the fields for both; the length first.
             for (n, v) in &c.fields {
@@ -468,61 +427,21 @@ async fn serve(
                     *slot = Some(&c.input[v.clone()]);
                 }
             }
-            // (Read again: the exchange needed the connection's buffers.)
-            let target = &c.input[head.target.clone()];
-            log.log(&crate::access::Record {
-                time,
+            Line {
                 peer: peer.ip(),
                 method: head.method.as_str(),
-                target,
+                // (Read again: the exchange needed the connection's buffers.)
+                target: &c.input[head.target.clone()],
                 version: "HTTP/1.1",
-                status: logged.status,
-                bytes: logged.bytes,
-                duration,
-                request_id: &rid,
-                identity: logged.identity.then_some(identity.as_str()),
-                key: logged.key.then_some(rule_key.as_str()),
-                rule: logged.rule.as_ref().map(ratewarden::Rule::name),
                 referer,
                 user_agent,
-            });
-        }
+            }
+        });
         c.input.advance(whole);
         if !keep {
             return Ok(None);
         }
         c.trim();
-    }
-}
-
-/// What the access log says of an answer, gathered as it is written.
-#[derive(Default)]
-struct Logged {
-    status: u16,
-    bytes: Option<u64>,
-    /// Whether the connection's identity buffer holds this request's.
-    identity: bool,
-    /// Whether the connection's key buffer holds the refusing rule's key.
-    key: bool,
-    rule: Option<ratewarden::Rule>,
-}
-
-impl Logged {
-    /// A rejection of `body` bytes: the rule that refused, and its key
-    /// (into `key`).
-    fn refused(status: u16, body: usize, d: &ratewarden::Decision, key: &mut String) -> Self {
-        let by = d.rules.iter().find(|r| !r.allowed());
-        if let Some(r) = by {
-            key.clear();
-            key.push_str(&r.key);
-        }
-        Self {
-            status,
-            bytes: Some(body as u64),
-            identity: false,
-            key: by.is_some(),
-            rule: by.map(|r| r.rule.clone()),
-        }
     }
 }
 

@@ -4,9 +4,8 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use http::Method;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::proxy::forward::{Edge, check_host, dropped_request_field};
+use crate::proxy::forward::{Edge, check_host};
 
 /// Longest request head this path reads; longer ones go to hyper (which
 /// answers 431 past its own limit).
@@ -162,30 +161,6 @@ pub(crate) fn decimal(v: &[u8]) -> Option<u64> {
     Some(v.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
 }
 
-/// The request's header fields as a `HeaderMap`, for configs whose identity,
-/// forwarding or keys read headers. Fields that are not valid header names
-/// or values are left out, as hyper would refuse the request, and so are
-/// those the edge drops (see [`dropped_request_field`]).
-pub(crate) fn header_map(
-    buf: &[u8],
-    fields: &[(Range<usize>, Range<usize>)],
-    keep_underscores: bool,
-) -> HeaderMap {
-    let mut map = HeaderMap::with_capacity(fields.len());
-    for (name, value) in fields {
-        if dropped_request_field(&buf[name.clone()], keep_underscores) {
-            continue;
-        }
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(&buf[name.clone()]),
-            HeaderValue::from_bytes(&buf[value.clone()]),
-        ) {
-            map.append(n, v);
-        }
-    }
-    map
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,12 +250,13 @@ mod tests {
             parse_request(text, &mut fields),
             Parsed::Complete(_)
         ));
-        let dropped = header_map(text, &fields, false);
-        assert_eq!(dropped.get("x-user-id").unwrap(), "8");
-        assert!(dropped.get("x_user_id").is_none());
-        assert_eq!(
-            header_map(text, &fields, true).get("x_user_id").unwrap(),
-            "7"
-        );
+        let seen = |underscores| ratewarden_tower::view::Fields::Raw {
+            head: text,
+            spans: &fields,
+            underscores,
+        };
+        assert_eq!(seen(false).get("x-user-id"), Some(&b"8"[..]));
+        assert_eq!(seen(false).get("x_user_id"), None);
+        assert_eq!(seen(true).get("x_user_id"), Some(&b"7"[..]));
     }
 }
