@@ -4,7 +4,8 @@
 A module *uses* another when a file of it names `crate::other` (or `use
 crate::{.., other, ..}`) outside its `#[cfg(test)]` items and comments. A cycle is a
 strongly connected set of two or more modules. Prints each cycle and exits 1
-when there is any; 0 and "0 cycles" otherwise.
+when there is any; 0 and "0 cycles" otherwise. `--graph` prints what each
+top-level module uses.
 """
 import os
 import re
@@ -115,6 +116,13 @@ def sccs(graph):
 
 
 def main():
+    if "--graph" in sys.argv:
+        for crate in sorted(os.listdir(ROOT)):
+            src = os.path.join(ROOT, crate, "src")
+            if os.path.isdir(src):
+                for m, deps in sorted(crate_graph(src).items()):
+                    print(f"{crate}: {m} -> {' '.join(sorted(deps)) or '(nothing)'}")
+        return 0
     bad = 0
     for crate in sorted(os.listdir(ROOT)):
         src = os.path.join(ROOT, crate, "src")

@@ -15,6 +15,7 @@ use std::ops::Range;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use ratewarden_tower::identity::ClientIp;
 use ratewarden_tower::path;
+use ratewarden_tower::view::{Fields, RequestView};
 
 use crate::proxy::forward::{self, Edge};
 use crate::proxy::h1::chunked::{Chunks, valid_trailers};
@@ -101,6 +102,68 @@ pub fn h1_request(data: &[u8]) {
         Err(e) => Err(e),
     };
     assert_eq!(whole, pieces);
+}
+
+/// The one request view over a request head: the HTTP/1.1 path's view (the
+/// bytes it read) and hyper's (a `HeaderMap` of the same fields) answer
+/// every header alike; the host, query and cookie readers never panic,
+/// and the host is lower case, without a port or a trailing dot.
+pub fn request_view(data: &[u8]) {
+    let mut spans = vec![];
+    let head = match parse_request(data, &mut spans) {
+        Parsed::Complete(h) => h,
+        _ => return,
+    };
+    let target = std::str::from_utf8(&data[head.target.clone()]).expect("checked ASCII");
+    let mut map = HeaderMap::new();
+    for (n, v) in &spans {
+        let name = HeaderName::from_bytes(&data[n.clone()]).expect("httparse checked the name");
+        let value = HeaderValue::from_bytes(&data[v.clone()]).expect("httparse checked the value");
+        map.append(name, value);
+    }
+    let raw = RequestView {
+        target,
+        fields: Fields::Raw {
+            head: &data[..head.len],
+            spans: &spans,
+            underscores: true,
+        },
+        ..RequestView::bare(&head.method, "/")
+    };
+    let mapped = RequestView {
+        fields: Fields::Map(&map),
+        ..raw
+    };
+    let names: Vec<String> = spans
+        .iter()
+        .map(|(n, _)| String::from_utf8_lossy(&data[n.clone()]).to_ascii_uppercase())
+        .chain(["host", "cookie", "x-absent"].map(String::from))
+        .collect();
+    for name in &names {
+        let a: Vec<&[u8]> = raw.headers(name).collect();
+        let b: Vec<&[u8]> = mapped.headers(name).collect();
+        assert_eq!(a, b, "{name}");
+    }
+    let host = raw.host();
+    assert_eq!(host, mapped.host());
+    if let Some(h) = host {
+        assert!(!h.is_empty() && !h.ends_with('.'), "{h:?}");
+        assert!(!h.bytes().any(|b| b.is_ascii_uppercase()), "{h:?}");
+        assert!(h.starts_with('[') || !h.contains(':'), "{h:?}");
+    }
+    for pair in raw.query().unwrap_or("").split('&') {
+        let name = pair.split('=').next().unwrap_or("");
+        // Each name given as sent finds at least its own occurrence when
+        // it has no escapes.
+        let found = raw.query_values(name).count();
+        if !name.contains('%') && !pair.is_empty() {
+            assert!(found >= 1, "{pair:?}");
+        }
+    }
+    for name in ["sid", "session", ""] {
+        let _ = (raw.cookie(name), mapped.cookie(name));
+        assert_eq!(raw.cookie(name), mapped.cookie(name));
+    }
 }
 
 /// Upstream response heads and the chunk scanner of the relay.
@@ -340,7 +403,7 @@ pub fn rls_request(data: &[u8]) {
     };
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     use prost::Message as _;
-    let ours = crate::rls::wire::decode(data);
+    let ours = crate::front::rls::wire::decode(data);
     let theirs = RateLimitRequest::decode(data);
     match (&ours, &theirs) {
         (Ok(r), Ok(b)) => {

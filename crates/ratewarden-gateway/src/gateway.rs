@@ -14,9 +14,9 @@ use ratewarden_tower::admission::{Admitted, Facts, Refusal};
 
 pub use crate::answer::Body;
 use crate::config::Config;
-use crate::metrics::{Metrics, RuleCounts};
-use crate::route::Router;
+use crate::observe::metrics::{Metrics, RuleCounts};
 use crate::store::AnyStore;
+use crate::upstream::route::Router;
 
 /// The configuration in force and the limiter it runs on; swapped whole on reload.
 pub struct Live {
@@ -29,6 +29,12 @@ pub struct Live {
     pub router: Router,
     /// Each rule's decision counts, by rule id.
     counts: Vec<(u64, Arc<RuleCounts>)>,
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Live").finish_non_exhaustive()
+    }
 }
 
 impl Live {
@@ -68,7 +74,13 @@ pub struct Gateway {
     /// Metrics, exported by the admin API.
     pub metrics: Metrics,
     /// The access log, when `access_log:` asks for one (opened at start).
-    pub access: Option<crate::access::AccessLog>,
+    pub access: Option<crate::observe::access::AccessLog>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").finish_non_exhaustive()
+    }
 }
 
 /// Why the gateway could not be built.
@@ -99,9 +111,9 @@ impl Gateway {
             &metrics,
         );
         let access = match &config.access_log {
-            Some(spec) => {
-                Some(crate::access::AccessLog::start(spec).map_err(GatewayError::AccessLog)?)
-            }
+            Some(spec) => Some(
+                crate::observe::access::AccessLog::start(spec).map_err(GatewayError::AccessLog)?,
+            ),
             None => None,
         };
         let live = Live::new(config, Arc::new(Limiter::new(store)), router, &metrics);
@@ -157,7 +169,7 @@ impl Gateway {
         &self,
         live: &'l Live,
         facts: &Facts<'_>,
-        rid: &crate::request_id::RequestId,
+        rid: &crate::observe::request_id::RequestId,
     ) -> Result<Admitted<'l>, Refusal> {
         let request = Some((facts.request.method, facts.request.path, rid));
         // quanta's clock: std's `Instant` costs a system call's worth here.
@@ -216,7 +228,7 @@ impl Gateway {
         &self,
         live: &Live,
         d: &Decision,
-        request: Option<(&http::Method, &str, &crate::request_id::RequestId)>,
+        request: Option<(&http::Method, &str, &crate::observe::request_id::RequestId)>,
     ) {
         for r in &d.rules {
             if let Some(c) = live.counts(r.rule.id()) {

@@ -1,24 +1,32 @@
 //! The `ratewarden` gateway: a reverse proxy that rate-limits HTTP requests
 //! before they reach the upstream, configured by one YAML file, with an admin
 //! API that also answers decisions for applications in other languages.
+//!
+//! The folders are the architecture (ARCHITECTURE.md draws it), each using
+//! only what is below it:
+//!
+//! - [`server`]: the listeners, reload and signals (the top);
+//! - [`front`]: the front ends beside the proxy (the admin API, `/ui`,
+//!   Envoy's rate limit service);
+//! - [`proxy`]: the one request flow and the wires that feed it;
+//! - [`gateway`]: the live configuration and what each decision records;
+//! - [`upstream`]: routes, their groups of servers, and the pools;
+//! - [`wire`]: client and upstream connections, idle watchdog;
+//! - [`observe`]: metrics, the access log, request ids;
+//! - [`config`]: plain specs, a leaf (with [`tls`], which it loads through);
+//! - [`simulate`]: `ratewarden simulate`, on the same admission path.
 
-pub mod access;
-pub mod admin;
 pub mod answer;
 pub mod config;
+pub mod front;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gateway;
-pub mod idle;
-pub mod metrics;
+pub mod observe;
 pub mod proxy;
-pub mod request_id;
-pub mod rls;
-pub mod route;
 pub mod server;
 pub mod simulate;
 pub mod store;
-pub mod stream;
 pub mod tls;
-pub mod ui;
 pub mod upstream;
+pub mod wire;

@@ -17,9 +17,9 @@ use tokio::task::JoinHandle;
 
 use crate::config::{self, Config, Overrides};
 use crate::gateway::Gateway;
-use crate::idle::{Activity, Watched, run_until_idle};
 use crate::proxy;
-use crate::stream::ClientIo;
+use crate::wire::idle::{Activity, Watched, run_until_idle};
+use crate::wire::stream::ClientIo;
 
 /// A client connection being served, to its end.
 type BoxFuture = std::pin::Pin<
@@ -46,7 +46,14 @@ pub struct Source {
     pub clock: Option<Arc<dyn ratewarden::clock::Clock>>,
 }
 
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source").finish_non_exhaustive()
+    }
+}
+
 /// A running gateway.
+#[derive(Debug)]
 pub struct Running {
     /// The proxy's bound address (port 0 resolved).
     pub listen: SocketAddr,
@@ -181,7 +188,7 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     let (stop, stopped) = watch::channel(false);
     let mut tasks = vec![];
     if let Some(l) = rls_listener {
-        tasks.push(tokio::spawn(crate::rls::serve(
+        tasks.push(tokio::spawn(crate::front::rls::serve(
             l,
             gateway.clone(),
             stopped.clone(),
@@ -212,7 +219,7 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
             timeouts,
             move |req, _peer| {
                 let gw = gw.clone();
-                async move { crate::admin::handle(&gw, req).await }
+                async move { crate::front::admin::handle(&gw, req).await }
             },
             gateway.clone(),
             false,
@@ -271,7 +278,7 @@ impl Tls {
 /// The client timeouts a listener applies, read at start.
 #[derive(Clone, Copy)]
 struct Timeouts {
-    /// `client_idle_timeout` (see [`crate::idle`]).
+    /// `client_idle_timeout` (see [`crate::wire::idle`]).
     idle: Duration,
     /// `client_header_timeout`, for the heads hyper reads (the HTTP/1.1
     /// path bounds its own).
@@ -279,7 +286,7 @@ struct Timeouts {
 }
 
 /// Accepts connections (HTTP/1 and HTTP/2) until told to stop, then drains;
-/// closes connections idle for `timeouts.idle` (see [`crate::idle`]). With
+/// closes connections idle for `timeouts.idle` (see [`crate::wire::idle`]). With
 /// `proxy`, HTTP/1 connections start on the gateway's own HTTP/1.1 path
 /// ([`crate::proxy`]) and go over to hyper and `handler` for what that path
 /// does not take. With `tls`, each connection's handshake comes first, in
@@ -488,7 +495,11 @@ fn tls_fingerprint(config: &Config) -> u64 {
     for f in &config.tls_files {
         std::fs::read(f).ok().hash(&mut h);
     }
-    for f in config.rls.iter().flat_map(crate::rls::RlsSpec::files) {
+    for f in config
+        .rls
+        .iter()
+        .flat_map(crate::front::rls::RlsSpec::files)
+    {
         f.hash(&mut h);
         std::fs::read(&f).ok().hash(&mut h);
     }

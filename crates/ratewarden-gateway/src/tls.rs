@@ -68,6 +68,7 @@ impl PartialEq for ClientTls {
 }
 
 /// A certificate chain and its key, as files.
+#[derive(Debug)]
 pub struct Pair<'a> {
     /// PEM: the leaf first, then intermediates.
     pub cert: &'a Path,

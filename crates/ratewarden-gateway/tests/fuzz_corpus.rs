@@ -63,3 +63,8 @@ fn differential() {
 fn rls_request() {
     corpus("rls_request", ratewarden_gateway::fuzzing::rls_request);
 }
+
+#[test]
+fn request_view() {
+    corpus("request_view", ratewarden_gateway::fuzzing::request_view);
+}

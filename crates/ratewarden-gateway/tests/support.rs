@@ -1,6 +1,11 @@
 //! An upstream to proxy to, a gateway started in-process, and a client.
 
-#![allow(dead_code, missing_docs)]
+#![allow(
+    dead_code,
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations
+)]
 
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader};

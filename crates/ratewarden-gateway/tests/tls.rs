@@ -321,8 +321,8 @@ async fn the_tls_listener_tells_the_upstream_https() {
 
 #[tokio::test]
 async fn tls_connections_are_served_by_the_http1_path_not_handed_to_hyper() {
-    use ratewarden_gateway::idle::{Activity, Watched};
-    use ratewarden_gateway::stream::ClientIo;
+    use ratewarden_gateway::wire::idle::{Activity, Watched};
+    use ratewarden_gateway::wire::stream::ClientIo;
 
     let dir = scratch_dir("rw-tls");
     let ca = Ca::new("test ca");

@@ -56,6 +56,7 @@ impl KeyExtractor for Header {
 
 /// A value an earlier layer put in the request's extensions (e.g. the user
 /// id an authentication layer resolved), by its `Display`.
+#[derive(Debug)]
 pub struct Extension<T>(PhantomData<fn() -> T>);
 
 impl<T> Extension<T> {

@@ -62,6 +62,7 @@ pub type Body<B> = Either<Guarded<B>, Full<Bytes>>;
 /// frame is handed on (before the client can have it, so a client that
 /// sends its next request at once finds its slot free), or when it is
 /// abandoned.
+#[derive(Debug)]
 pub struct Guarded<B> {
     inner: B,
     held: Option<Held>,
@@ -130,6 +131,13 @@ pub struct RateLimitLayerBuilder<S, K> {
     shared: Shared<S, K>,
 }
 
+impl<S, K> std::fmt::Debug for RateLimitLayerBuilder<S, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S, K> RateLimitLayerBuilder<S, K> {
     /// Which rate-limit headers to send (default: legacy and IETF).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
@@ -166,6 +174,12 @@ impl<S, K> RateLimitLayerBuilder<S, K> {
 /// A tower layer that rate-limits requests. Cheap to clone.
 pub struct RateLimitLayer<S, K> {
     shared: Arc<Shared<S, K>>,
+}
+
+impl<S, K> std::fmt::Debug for RateLimitLayer<S, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitLayer").finish_non_exhaustive()
+    }
 }
 
 impl<S, K> Clone for RateLimitLayer<S, K> {
@@ -214,6 +228,12 @@ pub struct RateLimit<S, K, I> {
     inner: I,
 }
 
+impl<S, K, I> std::fmt::Debug for RateLimit<S, K, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimit").finish_non_exhaustive()
+    }
+}
+
 impl<S, K, I: Clone> Clone for RateLimit<S, K, I> {
     fn clone(&self) -> Self {
         Self {
@@ -229,6 +249,12 @@ type BoxedResponse<B, E> = Pin<Box<dyn Future<Output = Result<Response<Body<B>>,
 /// delay mode), call the inner service, settle `count: failures` rules.
 pub struct ResponseFuture<B, E> {
     fut: BoxedResponse<B, E>,
+}
+
+impl<B, E> std::fmt::Debug for ResponseFuture<B, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
 }
 
 impl<B, E> Future for ResponseFuture<B, E> {

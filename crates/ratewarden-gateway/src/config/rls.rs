@@ -14,7 +14,7 @@
 //! `unit`), and `distribution` (leased slices on Redis, as a rule's).
 //!
 //! Here in `config` (plain data, built from the files), so that the
-//! service (`crate::rls`) uses it and config uses nothing of the service.
+//! service (`crate::front::rls`) uses it and config uses nothing of the service.
 
 /// Looked up per call with request-given keys, built from the config
 /// only (nothing a request sends is inserted): a fast hash, seeded.
@@ -263,6 +263,7 @@ pub struct Domains {
 }
 
 /// What a request descriptor's entries reached.
+#[derive(Debug)]
 pub enum Found<'a> {
     /// No limit applies.
     None,

@@ -17,10 +17,10 @@ use http::Response;
 use smallvec::SmallVec;
 
 use crate::answer::Body;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 use crate::proxy::forward::{UpstreamFailure, tls_failure, upstream_failed};
-use crate::route::{Chosen, Group, Outcome};
-use crate::upstream::UpstreamError;
+use crate::upstream::pool::UpstreamError;
+use crate::upstream::route::{Chosen, Group, Outcome};
 
 /// One request's attempts on a route's group of servers.
 pub(crate) struct Failover<'g> {

@@ -33,10 +33,10 @@ use ratewarden_tower::view::RequestView;
 use crate::answer::{Body, problem_body};
 use crate::config::Config;
 use crate::gateway::{Gateway, Live};
-use crate::metrics::RouteCounts;
+use crate::observe::metrics::RouteCounts;
+use crate::observe::request_id::RequestId;
 use crate::proxy::forward::{self, Edge};
-use crate::request_id::RequestId;
-use crate::route::Group;
+use crate::upstream::route::Group;
 
 /// One request's passage: what the phases learnt, for the ones after.
 pub(crate) struct Flow<'l> {
@@ -104,7 +104,7 @@ impl<'l> Flow<'l> {
     /// Phase 1: a request arrives under `live`, carrying `X-Request-Id`
     /// `given` (kept when valid).
     pub(crate) fn start(gw: &'l Gateway, live: &'l Live, given: Option<&[u8]>) -> Self {
-        let arrival = crate::access::arrived();
+        let arrival = crate::observe::access::arrived();
         Self {
             gw,
             live,
@@ -116,7 +116,7 @@ impl<'l> Flow<'l> {
     }
 
     /// The gateway's metrics.
-    pub(crate) fn metrics(&self) -> &'l crate::metrics::Metrics {
+    pub(crate) fn metrics(&self) -> &'l crate::observe::metrics::Metrics {
         &self.gw.metrics
     }
 
@@ -158,7 +158,7 @@ impl<'l> Flow<'l> {
         let facts = Facts {
             request,
             identity: Identity::Resolve,
-            route: Some(route.unwrap_or(crate::route::DEFAULT)),
+            route: Some(route.unwrap_or(crate::upstream::route::DEFAULT)),
         };
         match self.gw.admit(self.live, &facts, &self.rid).await {
             Ok(mut admitted) => {
@@ -211,18 +211,18 @@ impl<'l> Flow<'l> {
             Counted::Echo => self
                 .gw
                 .metrics
-                .route(crate::route::DEFAULT)
+                .route(crate::upstream::route::DEFAULT)
                 .response(n.status, n.from_upstream),
             Counted::None => self
                 .gw
                 .metrics
-                .route(crate::metrics::NO_ROUTE)
+                .route(crate::observe::metrics::NO_ROUTE)
                 .response(n.status, false),
         }
         let Some(log) = &self.gw.access else { return };
         let line = line();
-        let (time, duration) = crate::access::since(self.arrival);
-        log.log(&crate::access::Record {
+        let (time, duration) = crate::observe::access::since(self.arrival);
+        log.log(&crate::observe::access::Record {
             time,
             peer: line.peer,
             method: line.method,

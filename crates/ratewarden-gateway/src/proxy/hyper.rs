@@ -17,13 +17,13 @@ use hyper::body::Incoming;
 
 use crate::answer::{Body, respond};
 use crate::gateway::Gateway;
+use crate::observe::request_id::{self, RequestId};
 use crate::proxy::failover::{Failover, unsent_why};
 use crate::proxy::flow::{Decided, Flow, Line, add_rate_headers, refusal_answer};
 use crate::proxy::forward::{
     self, Edge, check_host, drops_length, is_hop_by_hop, push_forwarded_for, tls_cause,
 };
-use crate::request_id::{self, RequestId};
-use crate::upstream::{BodyFault, BodyFaults, ClientBody, SendFailed, UpstreamError};
+use crate::upstream::pool::{BodyFault, BodyFaults, ClientBody, SendFailed, UpstreamError};
 use ratewarden_tower::admission::Held;
 use ratewarden_tower::view::{Fields, RequestView};
 
@@ -134,7 +134,7 @@ pub async fn handle(
     flow.note.bytes = http_body::Body::size_hint(resp.body()).exact();
     flow.note.from_upstream = resp
         .extensions()
-        .get::<crate::metrics::FromUpstream>()
+        .get::<crate::observe::metrics::FromUpstream>()
         .is_some();
     if let Ok(v) = HeaderValue::from_bytes(flow.rid.as_bytes()) {
         resp.headers_mut().insert(request_id::HEADER, v);
@@ -308,7 +308,9 @@ async fn forward(
                     parts.headers.remove(header::CONTENT_LENGTH);
                 }
                 strip_hop_by_hop(&mut parts.headers);
-                parts.extensions.insert(crate::metrics::FromUpstream);
+                parts
+                    .extensions
+                    .insert(crate::observe::metrics::FromUpstream);
                 Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync())
             }
             // The client's body failed, not the server.
@@ -342,9 +344,9 @@ async fn forward(
 /// `Err`).
 pub(super) fn aim<B>(
     req: &mut Request<B>,
-    server: &crate::route::Server,
+    server: &crate::upstream::route::Server,
     target: &str,
-    group: &crate::route::Group,
+    group: &crate::upstream::route::Group,
 ) -> Result<(), Box<Response<Body>>> {
     *req.uri_mut() = match format!("{}{target}", server.prefix).parse::<Uri>() {
         Ok(u) => u,
@@ -454,7 +456,7 @@ fn forwarding_fields(h: &mut HeaderMap, f: &Forwarding, rid: &RequestId) {
 
 /// Where and how an admitted request goes upstream.
 struct Upstreamed<'a> {
-    group: &'a crate::route::Group,
+    group: &'a crate::upstream::route::Group,
     /// The identity, for `balance: hash`.
     client: &'a str,
     forwarding: Forwarding,
@@ -536,6 +538,7 @@ fn echo(req: &Parts, identity: &str) -> Response<Body> {
         req.method, req.uri
     );
     let mut r = respond(StatusCode::OK, "text/plain; charset=utf-8", text);
-    r.extensions_mut().insert(crate::metrics::FromUpstream);
+    r.extensions_mut()
+        .insert(crate::observe::metrics::FromUpstream);
     r
 }

@@ -104,7 +104,9 @@ pub(crate) async fn open(mut t: Tunnel<'_>, on: Option<OnUpgrade>) -> Response<B
             // No tunnel: the server's answer, as any other.
             let (mut parts, body) = resp.into_parts();
             super::hyper::strip_hop_by_hop(&mut parts.headers);
-            parts.extensions.insert(crate::metrics::FromUpstream);
+            parts
+                .extensions
+                .insert(crate::observe::metrics::FromUpstream);
             return Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync());
         }
         let up = hyper::upgrade::on(&mut resp);
@@ -114,7 +116,9 @@ pub(crate) async fn open(mut t: Tunnel<'_>, on: Option<OnUpgrade>) -> Response<B
         // The 101's fields as the server sent them (its Upgrade and
         // Connection included: they are what switches the client too).
         *answer.headers_mut() = parts.headers;
-        answer.extensions_mut().insert(crate::metrics::FromUpstream);
+        answer
+            .extensions_mut()
+            .insert(crate::observe::metrics::FromUpstream);
         let (held, idle) = (t.held.take(), t.idle);
         tokio::spawn(async move {
             let (Some(client), Ok(server)) = (on, up.await) else {

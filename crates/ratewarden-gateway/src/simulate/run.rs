@@ -227,8 +227,9 @@ impl<'a> Prepared<'a> {
                     target: p,
                     ..RequestView::bare(m, &path)
                 };
-                let route = crate::route::chosen(routes.iter().map(|r| &r.matcher), &view)
-                    .map_or(crate::route::DEFAULT, |i| routes[i].name.as_str());
+                let route =
+                    crate::upstream::route::chosen(routes.iter().map(|r| &r.matcher), &view)
+                        .map_or(crate::upstream::route::DEFAULT, |i| routes[i].name.as_str());
                 Ok((m.clone(), p.as_str(), path, Some(route)))
             })
             .collect::<Result<_, String>>()?;

@@ -26,7 +26,7 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 impl Fluid {
-    pub fn new(limit: u64, window: Micros, burst: u64) -> Self {
+    pub(super) fn new(limit: u64, window: Micros, burst: u64) -> Self {
         let g = gcd(window.get(), limit);
         let unit = window.get() / g;
         Self {
@@ -37,7 +37,7 @@ impl Fluid {
     }
 
     /// The level `elapsed` after it was `level`.
-    pub fn drain(&self, level: u64, elapsed: Micros) -> u64 {
+    pub(super) fn drain(&self, level: u64, elapsed: Micros) -> u64 {
         // Capping `elapsed` at the time a full bucket takes to drain keeps the
         // product below capacity + rate: no overflow, here or in Lua.
         let cap = self.capacity.div_ceil(self.rate);
@@ -45,17 +45,17 @@ impl Fluid {
     }
 
     /// The time `units` take to drain, rounded up to the microsecond.
-    pub fn time_for(&self, units: u64) -> Micros {
+    pub(super) fn time_for(&self, units: u64) -> Micros {
         Micros::new(units.div_ceil(self.rate))
     }
 
     /// Units of `cost` tokens.
-    pub fn units(&self, cost: u64) -> u64 {
+    pub(super) fn units(&self, cost: u64) -> u64 {
         cost.saturating_mul(self.unit)
     }
 
     /// Whole tokens in `units`, rounded down.
-    pub fn tokens(&self, units: u64) -> u64 {
+    pub(super) fn tokens(&self, units: u64) -> u64 {
         units / self.unit
     }
 }

@@ -103,6 +103,12 @@ pub struct MemoryStoreBuilder {
     clock: Arc<dyn Clock>,
 }
 
+impl std::fmt::Debug for MemoryStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStoreBuilder").finish_non_exhaustive()
+    }
+}
+
 impl MemoryStoreBuilder {
     /// The most keys held at once (default 1,000,000).
     pub fn max_keys(mut self, n: usize) -> Self {

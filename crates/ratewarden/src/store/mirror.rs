@@ -73,7 +73,7 @@ fn decode(kind: u64, w1: u64, w2: u64) -> Option<State> {
 impl Mirror {
     /// The state of key `h`, if its entry holds it and no write overlapped
     /// the read.
-    pub fn read(&self, h: u64) -> Option<Mirrored> {
+    pub(super) fn read(&self, h: u64) -> Option<Mirrored> {
         let e = &self.entries[slot(h)];
         let seq = e.seq.load(Ordering::Acquire);
         if seq & 1 == 1 {
@@ -104,7 +104,7 @@ impl Mirror {
     /// Records that key `h` now holds `state` until `expires`, or, with
     /// `None` (removed) or a state that cannot be mirrored, forgets it.
     /// Caller holds the shard's write lock.
-    pub fn write(&self, h: u64, state: Option<(&KeyState, Micros)>) {
+    pub(super) fn write(&self, h: u64, state: Option<(&KeyState, Micros)>) {
         let e = &self.entries[slot(h)];
         let words = state.and_then(|(s, exp)| encode(&s.algo).map(|w| (w, s.marks(), exp)));
         match words {
@@ -126,7 +126,7 @@ impl Mirror {
     }
 
     /// Forgets every entry (after a bulk removal). Caller holds the write lock.
-    pub fn clear(&self) {
+    pub(super) fn clear(&self) {
         for e in &self.entries {
             if e.kind.load(Ordering::Relaxed) != 0 {
                 self.store(e, [0; 7]);

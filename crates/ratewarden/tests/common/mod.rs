@@ -1,7 +1,7 @@
 //! Redis servers for tests: each test starts its own `redis-server` on a free
 //! loopback port (never the machine's 6379) and kills it when dropped.
 
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

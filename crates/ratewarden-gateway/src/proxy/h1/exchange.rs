@@ -25,8 +25,8 @@ use crate::proxy::forward::{
     X_FORWARDED, dropped_request_field, drops_length, is_hop_by_hop, push_forwarded_for, tls_cause,
     x_forwarded_index, x_forwarded_values,
 };
-use crate::stream::UpstreamIo;
-use crate::upstream::{Pool, UpstreamError};
+use crate::upstream::pool::{Pool, UpstreamError};
+use crate::wire::stream::UpstreamIo;
 use ratewarden_tower::admission::{Admitted, Held};
 
 /// Bytes read from the upstream at a time while relaying a body.
@@ -56,7 +56,7 @@ pub(crate) struct Forward<'a> {
     /// The request's flow (its configuration, id and settling).
     pub(crate) flow: &'a Flow<'a>,
     /// The route's servers.
-    pub(crate) group: &'a crate::route::Group,
+    pub(crate) group: &'a crate::upstream::route::Group,
     /// The target sent after `prefix` when it is not the client's as it
     /// came (see [`crate::proxy::forward::upstream_target`]).
     pub(crate) rewritten: Option<&'a str>,
@@ -94,7 +94,7 @@ impl Conn {
         &mut self,
         io: &mut S,
         mut to: Forward<'_>,
-        answering: crate::idle::Answering,
+        answering: crate::wire::idle::Answering,
     ) -> io::Result<Answered> {
         let head = to.head;
         let live = to.flow.live;
@@ -136,7 +136,9 @@ impl Conn {
             Ok(a) => a,
             Err(mut answer) => {
                 if let Ok(v) = http::HeaderValue::from_bytes(to.flow.rid.as_bytes()) {
-                    answer.headers_mut().insert(crate::request_id::HEADER, v);
+                    answer
+                        .headers_mut()
+                        .insert(crate::observe::request_id::HEADER, v);
                 }
                 let status = answer.status().as_u16();
                 to.flow.settle(to.admitted, status).await;
@@ -227,7 +229,11 @@ impl Conn {
     /// the peer appended to `X-Forwarded-For`, `X-Forwarded-Host`, `-Proto`
     /// and `-Port` set (kept as sent only from a trusted proxy), then the
     /// body: as read, or decoded from chunks and sent with its length.
-    pub(crate) fn request_head(&mut self, to: &Forward<'_>, server: &crate::route::Server) {
+    pub(crate) fn request_head(
+        &mut self,
+        to: &Forward<'_>,
+        server: &crate::upstream::route::Server,
+    ) {
         let (input, out, head) = (&self.input, &mut self.out, to.head);
         let live = to.flow.live;
         let keep_underscores = live.config.underscores_in_headers;

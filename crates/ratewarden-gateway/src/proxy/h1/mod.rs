@@ -46,11 +46,11 @@ mod write;
 
 use crate::config::Upstream;
 use crate::gateway::Gateway;
-use crate::idle::Watched;
+use crate::observe::request_id::RequestId;
 use crate::proxy::flow::{Decided, Flow, Line, refusal_answer};
 use crate::proxy::forward::{self, Edge};
-use crate::request_id::RequestId;
-use crate::stream::ClientIo;
+use crate::wire::idle::Watched;
+use crate::wire::stream::ClientIo;
 use ratewarden_tower::admission::Refusal;
 use ratewarden_tower::view::{Fields, RequestView};
 
@@ -463,7 +463,9 @@ fn with_id(
     rid: &RequestId,
 ) -> http::Response<crate::gateway::Body> {
     if let Ok(v) = http::HeaderValue::from_bytes(rid.as_bytes()) {
-        answer.headers_mut().insert(crate::request_id::HEADER, v);
+        answer
+            .headers_mut()
+            .insert(crate::observe::request_id::HEADER, v);
     }
     answer
 }

@@ -16,7 +16,7 @@ pub(crate) fn write_rejection(
     d: &ratewarden::Decision,
     (status, style): (StatusCode, ratewarden::HeaderStyle),
     close: bool,
-    rid: &crate::request_id::RequestId,
+    rid: &crate::observe::request_id::RequestId,
 ) -> usize {
     let reused = LAST_REJECTION.with_borrow(|last| {
         if !last.renders_as(d, status, style, close) {
@@ -51,7 +51,12 @@ pub(crate) fn write_rejection(
 
 /// `bytes` (an answer whose head ends at `head_end`, before its blank
 /// line) into `out` with an `x-request-id` field added to the head.
-fn splice_id(out: &mut Vec<u8>, bytes: &[u8], head_end: usize, rid: &crate::request_id::RequestId) {
+fn splice_id(
+    out: &mut Vec<u8>,
+    bytes: &[u8],
+    head_end: usize,
+    rid: &crate::observe::request_id::RequestId,
+) {
     out.extend_from_slice(&bytes[..head_end]);
     push_field(out, b"x-request-id", rid.as_bytes());
     out.extend_from_slice(&bytes[head_end..]);
@@ -153,8 +158,8 @@ impl LastRejection {
 mod tests {
     use super::*;
 
-    fn rid() -> crate::request_id::RequestId {
-        crate::request_id::RequestId::new()
+    fn rid() -> crate::observe::request_id::RequestId {
+        crate::observe::request_id::RequestId::new()
     }
 
     #[test]

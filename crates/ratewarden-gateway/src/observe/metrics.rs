@@ -89,7 +89,7 @@ impl Histogram {
 }
 
 /// One rule's decisions: allowed, rejected, shadow_rejected.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct RuleCounts([AtomicU64; 3]);
 
 impl RuleCounts {
@@ -106,7 +106,7 @@ impl RuleCounts {
 }
 
 /// One upstream server's attempts: answered, failed, timed out.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct ServerCounts([AtomicU64; 3]);
 
 /// How an attempt on a server went (what [`ServerCounts`] counts; routes
@@ -140,6 +140,12 @@ pub struct RouteCounts {
     /// [gateway, upstream] x [1xx, 2xx, 3xx, 4xx, 5xx].
     responses: [[AtomicU64; 5]; 2],
     upstream: Histogram,
+}
+
+impl std::fmt::Debug for RouteCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteCounts").finish_non_exhaustive()
+    }
 }
 
 impl RouteCounts {
@@ -189,6 +195,12 @@ pub struct Metrics {
     hot: Mutex<HashMap<String, HashMap<String, Instant>>>,
     /// Envoy descriptor decisions: (domain, descriptor, code) -> count.
     rls: Mutex<foldhash::HashMap<String, foldhash::HashMap<String, [u64; RLS_CODES.len()]>>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
 }
 
 impl Metrics {

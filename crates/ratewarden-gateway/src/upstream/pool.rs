@@ -25,8 +25,8 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use crate::stream::UpstreamIo;
 use crate::tls::ClientTls;
+use crate::wire::stream::UpstreamIo;
 
 /// Idle connections kept per upstream (more are opened under load, and
 /// closed when they come back to a full pool).
@@ -62,6 +62,7 @@ pub enum UpstreamError {
 
 /// Why [`Pool::send`] failed, and the request when it was not sent (it
 /// can go to another server).
+#[derive(Debug)]
 pub struct SendFailed {
     /// What went wrong.
     pub error: UpstreamError,
@@ -98,6 +99,12 @@ pub struct Pool {
     /// Idle connections of the HTTP/1.1 path ([`crate::proxy`]), which
     /// speaks to the upstream itself.
     streams: Mutex<Vec<UpstreamIo>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").finish_non_exhaustive()
+    }
 }
 
 impl Pool {
@@ -312,6 +319,12 @@ pub struct PooledBody {
     conn: Option<(Link, Arc<Pool>)>,
 }
 
+impl std::fmt::Debug for PooledBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledBody").finish_non_exhaustive()
+    }
+}
+
 impl PooledBody {
     fn new(body: Incoming, conn: Link, pool: Arc<Pool>) -> Self {
         let mut b = Self {
@@ -366,6 +379,7 @@ impl Body for PooledBody {
 /// than `client_body_timeout` between two frames (nginx's per-read
 /// `client_body_timeout`) fails the upstream exchange; `fault` then says
 /// it was the client's doing, which is answered 400 or 408, not 502.
+#[derive(Debug)]
 pub struct ClientBody {
     inner: Incoming,
     timeout: Duration,

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::stream::ClientIo;
+use crate::wire::stream::ClientIo;
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
@@ -31,7 +31,7 @@ pub const IDLE_TIMEOUT: Duration = crate::config::IDLE_TIMEOUT;
 
 /// What one connection has been doing, shared by its I/O, its requests and
 /// its watchdog.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct Activity {
     progress: AtomicBool,
     answering: AtomicUsize,
@@ -53,6 +53,7 @@ impl Activity {
 }
 
 /// Marks a request as being answered while alive.
+#[derive(Debug)]
 pub struct Answering(Arc<Activity>);
 
 impl Drop for Answering {
@@ -64,6 +65,7 @@ impl Drop for Answering {
 /// A stream that records on `activity` every read or write that moved bytes.
 /// It can also be given back bytes already read from it ([`Self::unread`]),
 /// which is how a connection goes from the HTTP/1.1 path to hyper.
+#[derive(Debug)]
 pub struct Watched<S> {
     inner: S,
     activity: Arc<Activity>,
@@ -191,6 +193,7 @@ pub fn run_until_idle<F: Future>(conn: F, activity: Arc<Activity>, idle: Duratio
 }
 
 /// The future of [`run_until_idle`].
+#[derive(Debug)]
 pub struct UntilIdle<F> {
     conn: Pin<Box<F>>,
     timer: Pin<Box<Sleep>>,

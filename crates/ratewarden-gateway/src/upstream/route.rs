@@ -21,12 +21,13 @@ use http::Uri;
 use ratewarden_tower::view::RequestView;
 
 use crate::config::{Matcher, RouteSpec, ServerSpec};
-use crate::metrics::{Metrics, ServerCounts};
-use crate::upstream::Pool;
+use crate::observe::metrics::{Metrics, ServerCounts};
+use crate::upstream::pool::Pool;
 
 pub use crate::config::{Active, Balance, Passive};
 
 /// One upstream server of a group.
+#[derive(Debug)]
 pub struct Server {
     /// Its URL (scheme, host, port, optional path prefix).
     pub url: Uri,
@@ -47,6 +48,7 @@ pub struct Server {
 }
 
 /// A route's servers.
+#[derive(Debug)]
 pub struct Group {
     /// The route's name.
     pub route: String,
@@ -57,7 +59,7 @@ pub struct Group {
     /// Fields set or removed upstream (`request_headers`).
     pub request_headers: crate::config::RequestHeaders,
     /// Its answers and its upstream's time, for the metrics.
-    pub counts: Arc<crate::metrics::RouteCounts>,
+    pub counts: Arc<crate::observe::metrics::RouteCounts>,
     balance: Balance,
     passive: Option<Passive>,
     next: AtomicUsize,
@@ -65,6 +67,7 @@ pub struct Group {
 }
 
 /// A server taken for one request: counted in flight until dropped.
+#[derive(Debug)]
 pub struct Chosen<'g> {
     group: &'g Group,
     /// Its index in the group.
@@ -89,7 +92,7 @@ impl Drop for Chosen<'_> {
     }
 }
 
-pub use crate::metrics::Outcome;
+pub use crate::observe::metrics::Outcome;
 
 impl Group {
     fn now(&self) -> u64 {
@@ -187,6 +190,7 @@ fn rendezvous(client: &str, server: &str) -> u64 {
 }
 
 /// Every route, and the default.
+#[derive(Debug)]
 pub struct Router {
     routes: Vec<(String, Matcher, Arc<Group>)>,
     default: Option<Arc<Group>>,

@@ -22,7 +22,7 @@ use std::time::Duration;
 /// A wall-clock time as the time since the Unix epoch.
 pub type Wall = Duration;
 
-use crate::request_id::RequestId;
+use crate::observe::request_id::RequestId;
 
 /// Bytes waiting in a thread's buffer (and in its spill buffer, while
 /// the writer writes the first), at most; past this, lines are dropped.
@@ -82,7 +82,7 @@ pub fn arrived() -> quanta::Instant {
 /// The wall-clock time a request that arrived at `at` arrived, and how
 /// long it has taken since: a [`Record`]'s `time` and `duration`.
 pub fn since(at: quanta::Instant) -> (Wall, Duration) {
-    (crate::request_id::wall(at), at.elapsed())
+    (crate::observe::request_id::wall(at), at.elapsed())
 }
 
 /// One request thread's pending lines.

@@ -320,7 +320,7 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
             .and_then(|v| v.to_str().ok());
         let ok = given.is_some_and(|v| {
             v.strip_prefix("Bearer ").is_some_and(|t| t == token)
-                || crate::ui::basic_password(v).is_some_and(|p| p == *token)
+                || crate::front::ui::basic_password(v).is_some_and(|p| p == *token)
         });
         if !ok {
             let page = req.uri().path() == "/ui" || req.uri().path().starts_with("/ui/");
@@ -387,9 +387,9 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
         },
         (Method::GET, "/v1/explain") => explain(&live, &query(&req)).await,
         (Method::GET, "/v1/rules") => rules(gw, &live),
-        (Method::GET, "/ui") => page(crate::ui::page(&live), "text/html; charset=utf-8"),
+        (Method::GET, "/ui") => page(crate::front::ui::page(&live), "text/html; charset=utf-8"),
         (Method::GET, "/ui/app.js") => page(
-            crate::ui::SCRIPT.to_owned(),
+            crate::front::ui::SCRIPT.to_owned(),
             "text/javascript; charset=utf-8",
         ),
         (Method::GET, "/v1/bans") => bans(gw, &live, &query(&req)).await,
@@ -769,7 +769,7 @@ fn page(body: String, content_type: &'static str) -> Response<Body> {
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(
         header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(crate::ui::CSP),
+        HeaderValue::from_static(crate::front::ui::CSP),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(

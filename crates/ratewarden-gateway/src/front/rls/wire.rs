@@ -48,7 +48,7 @@ impl<'a> Request<'a> {
 }
 
 /// Why a request does not decode (as prost would refuse it).
-pub type DecodeError = &'static str;
+pub(crate) type DecodeError = &'static str;
 
 /// Wire types, as keys carry them.
 const I64: u8 = 1;
@@ -186,7 +186,7 @@ impl<'a> Reader<'a> {
 }
 
 /// Decodes a `RateLimitRequest`.
-pub fn decode(bytes: &[u8]) -> Result<Request<'_>, DecodeError> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<Request<'_>, DecodeError> {
     let mut req = Request::default();
     Reader { bytes }.fields(DEPTH, |r, number, wire| {
         match number {
@@ -262,7 +262,7 @@ fn descriptor<'a>(req: &mut Request<'a>, body: Reader<'a>, depth: u32) -> Result
 
 /// One descriptor's status.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Status<'a> {
+pub(crate) struct Status<'a> {
     /// `Code` (1 OK, 2 OVER_LIMIT).
     pub code: i32,
     /// `current_limit`: name, requests per unit, unit.
@@ -365,7 +365,12 @@ fn header_len((key, value): (&str, &str)) -> usize {
 /// Appends one gRPC frame (uncompressed, length-prefixed) holding the
 /// `RateLimitResponse` of `overall`, `statuses` and
 /// `response_headers_to_add`.
-pub fn frame(out: &mut Vec<u8>, overall: i32, statuses: &[Status<'_>], headers: &[(&str, &str)]) {
+pub(crate) fn frame(
+    out: &mut Vec<u8>,
+    overall: i32,
+    statuses: &[Status<'_>],
+    headers: &[(&str, &str)],
+) {
     // Each status's length once: it is written before the status.
     let lens: Few<usize, 4> = statuses.iter().map(status_len).collect();
     let len = varint_field(int32(overall))

@@ -15,6 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 /// A client connection.
+#[derive(Debug)]
 pub enum ClientIo {
     /// Cleartext.
     Plain(TcpStream),
@@ -57,6 +58,7 @@ impl ClientIo {
 }
 
 /// An upstream connection.
+#[derive(Debug)]
 pub enum UpstreamIo {
     /// Cleartext.
     Plain(TcpStream),

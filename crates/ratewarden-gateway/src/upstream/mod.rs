@@ -1,0 +1,6 @@
+//! Upstreams: the routes and their groups of servers ([`route`]: balance,
+//! passive ejection, active checks) and each server's connection pool
+//! ([`pool`]).
+
+pub mod pool;
+pub mod route;
