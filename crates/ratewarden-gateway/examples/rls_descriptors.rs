@@ -1,4 +1,4 @@
-//! Writes `src/rls/rls_descriptors.bin`: the descriptors of Envoy's
+//! Writes `src/front/rls/rls_descriptors.bin`: the descriptors of Envoy's
 //! `rls.proto` and every file it imports, taken from envoy-types' own
 //! descriptor set, for server reflection.
 //!
@@ -41,7 +41,10 @@ fn main() {
         })
         .collect();
     let out = prost_types::FileDescriptorSet { file }.encode_to_vec();
-    let to = concat!(env!("CARGO_MANIFEST_DIR"), "/src/rls/rls_descriptors.bin");
+    let to = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/front/rls/rls_descriptors.bin"
+    );
     std::fs::write(to, &out).unwrap_or_else(|e| panic!("{to}: {e}"));
     eprintln!("{to}: {} files, {} bytes", kept.len(), out.len());
 }

@@ -338,32 +338,10 @@ async fn serve<F, Fut>(
                 let _ = stream.set_nodelay(true);
                 let handler = handler.clone();
                 let activity = Arc::new(Activity::default());
-                let requests = activity.clone();
-                let client = crate::proxy::forward::Client {
-                    peer,
-                    tls: tls.is_some(),
-                    port,
-                };
-                let svc = service_fn(move |req| {
-                    let answering = requests.answering();
-                    let fut = handler(req, client);
-                    async move {
-                        let resp = fut.await;
-                        drop(answering);
-                        Ok::<_, Infallible>(resp)
-                    }
-                });
                 // Taken now, not when hyper gets the connection: a shutdown
                 // signalled in between is then still seen (see `watcher`).
                 let watcher = graceful.watcher();
                 let builder = builder.clone();
-                let hyper = move |io: Watched<ClientIo>| {
-                    watcher.watch(
-                        builder
-                            .serve_connection_with_upgrades(TokioIo::new(io), svc)
-                            .into_owned(),
-                    )
-                };
                 let acceptor = tls.as_ref().map(|t| tokio_rustls::TlsAcceptor::from(t.config(&gw)));
                 let (gw, stop) = (gw.clone(), stop.clone());
                 tokio::spawn(async move {
@@ -387,6 +365,30 @@ async fn serve<F, Fut>(
                                 }
                             }
                         }
+                    };
+                    let client = crate::proxy::forward::Client {
+                        peer,
+                        tls: io.is_tls(),
+                        port,
+                        sni: io.sni().map(Arc::from),
+                    };
+                    let requests = activity.clone();
+                    let for_hyper = client.clone();
+                    let svc = service_fn(move |req| {
+                        let answering = requests.answering();
+                        let fut = handler(req, for_hyper.clone());
+                        async move {
+                            let resp = fut.await;
+                            drop(answering);
+                            Ok::<_, Infallible>(resp)
+                        }
+                    });
+                    let hyper = move |io: Watched<ClientIo>| {
+                        watcher.watch(
+                            builder
+                                .serve_connection_with_upgrades(TokioIo::new(io), svc)
+                                .into_owned(),
+                        )
                     };
                     let h2 = io.is_h2();
                     let io = Watched::new(io, activity.clone());

@@ -524,6 +524,7 @@ async fn a_lease_held_by_a_killed_gateway_lapses_after_max_hold() {
     let first = support::binary(&yaml, &up.url());
     let addr = first.listen;
     // A request that stays in flight: the upstream holds it.
+    let sent = Instant::now();
     let held = std::thread::spawn(move || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         std::io::Write::write_all(&mut s, b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").unwrap();
@@ -546,13 +547,23 @@ async fn a_lease_held_by_a_killed_gateway_lapses_after_max_hold() {
     let r = send(second.listen, "GET", "/", &[], "").await;
     assert_eq!(r.status, 429, "the dead gateway's lease still counts");
     up.open();
-    // Past max_hold (Redis's clock; a little margin for the test's own).
-    tokio::time::sleep(
-        (taken + Duration::from_millis(2300)).saturating_duration_since(Instant::now()),
-    )
-    .await;
-    let r = send(second.listen, "GET", "/", &[], "").await;
-    assert_eq!(r.status, 200, "lapsed after max_hold");
+    // The lease lapses by max_hold on Redis's clock: refused until then
+    // (the lease was taken after `sent`), admitted once it has passed.
+    let deadline = taken + Duration::from_secs(10);
+    loop {
+        let r = send(second.listen, "GET", "/", &[], "").await;
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 429);
+        assert!(Instant::now() < deadline, "never lapsed after max_hold");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        sent.elapsed() >= Duration::from_millis(1900),
+        "lapsed before max_hold: {:?}",
+        sent.elapsed()
+    );
 }
 
 /// A leased rule (`distribution: {mode: lease}`) through two gateways on one

@@ -354,6 +354,7 @@ async fn tls_connections_are_served_by_the_http1_path_not_handed_to_hyper() {
             peer,
             tls: true,
             port: addr.port(),
+            sni: None,
         };
         ratewarden_gateway::proxy::serve_connection(
             gw,

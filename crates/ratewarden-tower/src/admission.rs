@@ -468,20 +468,14 @@ pub async fn decide_ops<S: Store>(
     weight: u64,
     mode: Mode,
 ) -> Result<(Decision, Option<Pending>), OpsRefusal> {
-    let verdicts = limiter
-        .store()
+    let a = limiter
         .decide(ops, weight, mode)
         .await
         .map_err(OpsRefusal::Unavailable)?;
-    let d = ratewarden::assemble(ops, &verdicts);
-    if !d.allowed {
-        return Err(OpsRefusal::Limited(d));
+    if !a.decision.allowed {
+        return Err(OpsRefusal::Limited(a.decision));
     }
-    let pending = match mode {
-        Mode::Apply => ratewarden::pending(ops, &verdicts, weight),
-        Mode::Peek => None,
-    };
-    Ok((d, pending))
+    Ok((a.decision, a.pending))
 }
 
 /// A request the policy let through.

@@ -69,7 +69,9 @@ pub struct Guarded<B> {
 }
 
 impl<B> Guarded<B> {
-    fn new(inner: B, held: Option<Held>) -> Self {
+    /// `inner`, holding `held` until its last frame is handed on or it is
+    /// dropped (the gateway's hyper path uses it too).
+    pub fn new(inner: B, held: Option<Held>) -> Self {
         Self { inner, held }
     }
 }

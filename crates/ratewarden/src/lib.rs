@@ -48,9 +48,10 @@ pub mod rule;
 pub mod store;
 
 pub use decision::{Decision, FieldRef, HeaderField, HeaderStyle, RuleDecision};
-pub use limiter::{Admission, Limiter, Pending, assemble, pending};
+pub use limiter::{Admission, Limiter, Pending};
 pub use rule::{
     Counting, Distribution, KeyState, Marks, Penalty, Reason, Rule, RuleError, RuleSpec, Verdict,
+    fnv1a,
 };
 pub use store::memory::MemoryStore;
 #[cfg(feature = "tls")]

@@ -108,19 +108,30 @@ impl<S: Store> Limiter<S> {
 
     /// Decides a request under every rule in `ops` at once, all-or-nothing.
     pub async fn acquire(&self, ops: &[Op<'_>], weight: u64) -> Result<Admission, StoreError> {
-        let verdicts = self.store.decide(ops, weight, Mode::Apply).await?;
-        let decision = assemble(ops, &verdicts);
-        let pending = decision
-            .allowed
-            .then(|| pending(ops, &verdicts, weight))
-            .flatten();
-        Ok(Admission { decision, pending })
+        self.decide(ops, weight, Mode::Apply).await
     }
 
     /// What [`acquire`](Self::acquire) would decide now, recording nothing.
     pub async fn peek(&self, ops: &[Op<'_>], weight: u64) -> Result<Decision, StoreError> {
-        let verdicts = self.store.decide(ops, weight, Mode::Peek).await?;
-        Ok(assemble(ops, &verdicts))
+        Ok(self.decide(ops, weight, Mode::Peek).await?.decision)
+    }
+
+    /// [`acquire`](Self::acquire) in [`Mode::Apply`], [`peek`](Self::peek)
+    /// in [`Mode::Peek`] (which leaves nothing pending): the one way from
+    /// a store's verdicts to a decision.
+    pub async fn decide(
+        &self,
+        ops: &[Op<'_>],
+        weight: u64,
+        mode: Mode,
+    ) -> Result<Admission, StoreError> {
+        let verdicts = self.store.decide(ops, weight, mode).await?;
+        let decision = assemble(ops, &verdicts);
+        let pending = match mode {
+            Mode::Apply if decision.allowed => pending(ops, &verdicts, weight),
+            _ => None,
+        };
+        Ok(Admission { decision, pending })
     }
 
     /// Settles a request's `count: failures` rules: `failure` charges them,
@@ -160,7 +171,7 @@ impl<S: Store> Limiter<S> {
 
 /// What an admitted request leaves to settle: its `count: failures` ops and
 /// the leases its `concurrency` ops took; `None` when there is nothing.
-pub fn pending(ops: &[Op<'_>], verdicts: &[Verdict], weight: u64) -> Option<Pending> {
+pub(crate) fn pending(ops: &[Op<'_>], verdicts: &[Verdict], weight: u64) -> Option<Pending> {
     // Most requests leave nothing pending: say so without building anything.
     if !ops.iter().any(|op| op.rule.counts_failures()) && verdicts.iter().all(|v| v.lease.is_none())
     {
@@ -189,7 +200,7 @@ pub fn pending(ops: &[Op<'_>], verdicts: &[Verdict], weight: u64) -> Option<Pend
 }
 
 /// Builds the decision a store's verdicts amount to.
-pub fn assemble(ops: &[Op<'_>], verdicts: &[Verdict]) -> Decision {
+pub(crate) fn assemble(ops: &[Op<'_>], verdicts: &[Verdict]) -> Decision {
     let allowed = crate::store::admitted(ops, verdicts);
     let delay = if allowed {
         verdicts

@@ -331,27 +331,14 @@ fn json_str(out: &mut Vec<u8>, s: &[u8]) {
 #[cold]
 #[inline(never)]
 fn json_escaped(out: &mut Vec<u8>, s: &[u8]) {
+    let mut text = String::with_capacity(s.len() + 8);
     for chunk in s.utf8_chunks() {
-        for &b in chunk.valid().as_bytes() {
-            match b {
-                b'"' => out.extend_from_slice(b"\\\""),
-                b'\\' => out.extend_from_slice(b"\\\\"),
-                b'\n' => out.extend_from_slice(b"\\n"),
-                b'\r' => out.extend_from_slice(b"\\r"),
-                b'\t' => out.extend_from_slice(b"\\t"),
-                0..0x20 | 0x7f => {
-                    const HEX: &[u8; 16] = b"0123456789abcdef";
-                    out.extend_from_slice(b"\\u00");
-                    out.push(HEX[usize::from(b >> 4)]);
-                    out.push(HEX[usize::from(b & 0xf)]);
-                }
-                _ => out.push(b),
-            }
-        }
+        ratewarden::decision::push_json_escaped(&mut text, chunk.valid());
         if !chunk.invalid().is_empty() {
-            out.extend_from_slice("\u{fffd}".as_bytes());
+            text.push('\u{fffd}');
         }
     }
+    out.extend_from_slice(text.as_bytes());
 }
 
 /// What a thread keeps between its lines: the address of the last line

@@ -237,9 +237,10 @@ pub(crate) fn push_forwarded_for<'a>(
     out.extend_from_slice(ratewarden_tower::identity::ip_text(peer).as_bytes());
 }
 
-/// How a client connection came in: the peer, whether over TLS, and the
-/// listener's port (for `X-Forwarded-Proto` and `-Port`).
-#[derive(Debug, Clone, Copy)]
+/// How a client connection came in: the peer, whether over TLS (and the
+/// server name it asked for), and the listener's port (for
+/// `X-Forwarded-Proto` and `-Port`).
+#[derive(Debug, Clone)]
 pub struct Client {
     /// The peer's address.
     pub peer: std::net::SocketAddr,
@@ -247,6 +248,15 @@ pub struct Client {
     pub tls: bool,
     /// The port the client connected to.
     pub port: u16,
+    /// The server name of the TLS handshake (SNI), when there was one.
+    pub sni: Option<std::sync::Arc<str>>,
+}
+
+impl Client {
+    /// The server name of the TLS handshake, when there was one.
+    pub fn sni(&self) -> Option<&str> {
+        self.sni.as_deref()
+    }
 }
 
 /// The `X-Forwarded-*` fields the gateway sets on every forwarded request
@@ -287,7 +297,7 @@ pub(crate) fn x_forwarded_values<'a>(
 ///
 /// ```
 /// # use ratewarden_gateway::proxy::forward::{Client, forwarded_element};
-/// let c = Client { peer: "[2001:db8::1]:5000".parse().unwrap(), tls: true, port: 443 };
+/// let c = Client { peer: "[2001:db8::1]:5000".parse().unwrap(), tls: true, port: 443, sni: None };
 /// let mut out = vec![];
 /// forwarded_element(&mut out, &c, Some(b"shop.example"));
 /// assert_eq!(out, br#"for="[2001:db8::1]";host="shop.example";proto=https"#);

@@ -3,15 +3,11 @@
 //! fields sent upstream and the failure answers are [`super::forward`]'s,
 //! as on the HTTP/1.1 path.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
-use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
@@ -129,6 +125,7 @@ pub async fn handle(
             header(header::USER_AGENT),
         )
     });
+    let peer = client.peer.ip();
     let mut resp = answer(&mut flow, req, client).await;
     flow.note.status = resp.status().as_u16();
     flow.note.bytes = http_body::Body::size_hint(resp.body()).exact();
@@ -143,7 +140,7 @@ pub async fn handle(
     flow.finish(|| {
         let (method, target, version, referer, user_agent) = line.expect("kept when logged");
         Line {
-            peer: client.peer.ip(),
+            peer,
             method: method.as_str(),
             target: target.as_bytes(),
             version,
@@ -192,7 +189,7 @@ async fn answer(
         authority: parts.uri.authority().map(|a| a.as_str()),
         fields: Fields::Map(&parts.headers),
         peer: Some(peer.ip()),
-        sni: None,
+        sni: client.sni(),
     };
     let route = flow.route(&request);
     let (admitted, mut held) = match flow.decide(request, route.map(|(n, _)| n)).await {
@@ -466,40 +463,6 @@ struct Upstreamed<'a> {
     how: crate::config::UpstreamPath,
 }
 
-/// A response body holding a request's `concurrency` leases until its
-/// last frame is handed on (before the client can have it), or it is
-/// dropped.
-struct Guarded {
-    inner: Body,
-    held: Option<Held>,
-}
-
-impl http_body::Body for Guarded {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) || this.inner.is_end_stream() {
-            // The end: dropping the guard gives the leases back.
-            this.held = None;
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 /// A body that holds `held` until it is dropped.
 trait WithHeld {
     fn with_held(self, held: Held) -> Body;
@@ -511,11 +474,9 @@ impl WithHeld for Body {
             // Nothing to send (never polled): the request has ended.
             return self;
         }
-        Guarded {
-            inner: self,
-            held: Some(held),
-        }
-        .boxed_unsync()
+        // The tower layer's guard: the leases go back as the last frame is
+        // handed on, or when the body is dropped.
+        ratewarden_tower::Guarded::new(self, Some(held)).boxed_unsync()
     }
 }
 

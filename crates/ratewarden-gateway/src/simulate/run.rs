@@ -256,9 +256,7 @@ impl<'a> Prepared<'a> {
             .iter()
             .map(|w| {
                 let id = w.as_ref().map_or("", |w| w.identity.as_str());
-                id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                    (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-                })
+                ratewarden::fnv1a(id.bytes())
             })
             .collect();
         let ids = policy.rules.iter().map(|r| r.rule.id()).collect();

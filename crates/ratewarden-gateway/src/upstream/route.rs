@@ -179,10 +179,7 @@ impl Group {
 
 /// A server's weight for `client` (rendezvous hashing): FNV-1a of both.
 fn rendezvous(client: &str, server: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in client.bytes().chain([0xFF]).chain(server.bytes()) {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-    }
+    let mut h = ratewarden::fnv1a(client.bytes().chain([0xFF]).chain(server.bytes()));
     // A final mix: FNV's low bits are weak for short inputs.
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);

@@ -43,6 +43,14 @@ impl ClientIo {
         }
     }
 
+    /// The server name the client asked for in its TLS handshake (SNI).
+    pub fn sni(&self) -> Option<&str> {
+        match self {
+            ClientIo::Plain(_) => None,
+            ClientIo::Tls(s) => s.get_ref().1.server_name(),
+        }
+    }
+
     /// Whether the client chose HTTP/2 by ALPN.
     pub fn is_h2(&self) -> bool {
         match self {

@@ -51,9 +51,15 @@ pub(super) fn canonical(spec: &RuleSpec) -> String {
     id
 }
 
-/// 64-bit FNV-1a: tiny, and fixed forever.
-pub(super) fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+/// 64-bit FNV-1a of `bytes`: tiny, and fixed forever (rule ids are made
+/// of it); the one copy for every crate of the project.
+///
+/// ```
+/// assert_eq!(ratewarden::fnv1a(*b""), 0xcbf2_9ce4_8422_2325);
+/// assert_eq!(ratewarden::fnv1a(*b"a"), 0xaf63_dc4c_8601_ec8c);
+/// ```
+pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
@@ -84,6 +90,6 @@ mod tests {
             canonical(a.spec()),
             "v1|r|sliding_window_counter|5|60000000|0|-1|-1|-1|0|-1|-1|all|false|1|false"
         );
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(*b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 }

@@ -19,6 +19,7 @@ use crate::clock::Micros;
 
 pub(crate) use eval::finite;
 pub use eval::{KeyState, Marks, Reason, Verdict};
+pub use id::fnv1a;
 pub use spec::{Counting, Distribution, MAX_HOLD, Penalty, RuleBuilder, RuleError, RuleSpec};
 
 /// A validated rule, cheap to clone.

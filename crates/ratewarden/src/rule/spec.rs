@@ -497,7 +497,7 @@ impl Rule {
         }
         // The id names the rule's state: a rule reloaded with the same name and
         // parameters keeps its keys; change a parameter and it starts afresh.
-        let id = fnv1a(canonical(&spec).as_bytes());
+        let id = fnv1a(canonical(&spec).bytes());
         Ok(Self(Arc::new(Compiled {
             params,
             min_interval,

@@ -339,9 +339,7 @@ fn op_key(entries: &[(&str, &str)]) -> String {
         key.push_str(v);
     }
     if key.len() > MAX_KEY {
-        let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
+        let hash = ratewarden::fnv1a(key.bytes());
         let mut cut = KEPT;
         while !key.is_char_boundary(cut) {
             cut -= 1;

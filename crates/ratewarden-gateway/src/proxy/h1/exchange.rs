@@ -60,7 +60,7 @@ pub(crate) struct Forward<'a> {
     /// The target sent after `prefix` when it is not the client's as it
     /// came (see [`crate::proxy::forward::upstream_target`]).
     pub(crate) rewritten: Option<&'a str>,
-    pub(crate) client: crate::proxy::forward::Client,
+    pub(crate) client: &'a crate::proxy::forward::Client,
     pub(crate) head: &'a Head,
     pub(crate) admitted: &'a Admitted<'a>,
     /// The request's `concurrency` leases, if any (given back when its
@@ -316,7 +316,7 @@ impl Conn {
         }
         push_field(out, b"x-request-id", to.flow.rid.as_bytes());
         let mut port = itoa::Buffer::new();
-        let ours = x_forwarded_values(&to.client, asked, &mut port);
+        let ours = x_forwarded_values(to.client, asked, &mut port);
         for (i, v) in ours.into_iter().enumerate() {
             if let (false, Some(v)) = (kept[i], v) {
                 push_field(out, X_FORWARDED[i].as_bytes(), v);
@@ -328,7 +328,7 @@ impl Conn {
                 out.extend_from_slice(hop);
                 out.extend_from_slice(b", ");
             }
-            crate::proxy::forward::forwarded_element(out, &to.client, asked);
+            crate::proxy::forward::forwarded_element(out, to.client, asked);
             out.extend_from_slice(b"\r\n");
         }
         out.extend_from_slice(b"x-forwarded-for: ");

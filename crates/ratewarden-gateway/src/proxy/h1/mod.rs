@@ -342,7 +342,7 @@ async fn serve(
                         underscores: live.config.underscores_in_headers,
                     },
                     peer: Some(peer.ip()),
-                    sni: None,
+                    sni: client.sni(),
                 };
                 let Some((route, group)) = flow.route(&request) else {
                     // A request for the echo upstream (no route took it):
@@ -399,7 +399,7 @@ async fn serve(
                             flow: &flow,
                             group,
                             rewritten: rewritten.as_deref(),
-                            client,
+                            client: &client,
                             head: &head,
                             admitted: &admitted,
                             held,

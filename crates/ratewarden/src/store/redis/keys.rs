@@ -20,17 +20,9 @@ use crate::store::Op;
 /// its zset (`lua/sliding_window_log.lua`).
 const FORMAT: &str = "s4";
 
-/// The state key and the zset key of `op`.
-///
-/// ```
-/// # use std::time::Duration;
-/// # use ratewarden::{Op, Rule};
-/// let rule = Rule::builder("r").limit(1, Duration::from_secs(1)).build().unwrap();
-/// let (k, log) = ratewarden::store::redis::keys::names("rw:", &Op::grouped(&rule, "k", "{a}"));
-/// assert_eq!(k, format!("rw:{{_a_}}:s4:{:016x}:k", rule.id()));
-/// assert_eq!(log, format!("{k}:log"));
-/// ```
-pub fn names(prefix: &str, op: &Op<'_>) -> (String, String) {
+/// The state key and the zset key of `op` (`rw:{_a_}:s4:<id>:k` and
+/// that with `:log`, for group `{a}` and key `k`; see the tests).
+pub(crate) fn names(prefix: &str, op: &Op<'_>) -> (String, String) {
     // The group must not end the hash tag early or leave it empty (an
     // empty `{}` hashes the whole key, and the keys would scatter).
     let group: String = op
@@ -55,7 +47,7 @@ pub fn names(prefix: &str, op: &Op<'_>) -> (String, String) {
 
 /// The name of the hash of `op`'s leased slices ([`crate::store::lease`]):
 /// the zset's name with `:lease` in place of `:log`, so in the same slot.
-pub fn lease_name(prefix: &str, op: &Op<'_>) -> String {
+pub(crate) fn lease_name(prefix: &str, op: &Op<'_>) -> String {
     let (_, log) = names(prefix, op);
     format!("{}:lease", log.strip_suffix(":log").expect("a zset name"))
 }
@@ -72,7 +64,7 @@ fn escaped(key: &str) -> bool {
 
 /// A `SCAN ... MATCH` pattern for every key of the rule with id `rule_id`
 /// (state and zset keys alike), whatever their group.
-pub fn pattern(prefix: &str, rule_id: u64) -> String {
+pub(crate) fn pattern(prefix: &str, rule_id: u64) -> String {
     let mut p = String::with_capacity(prefix.len() + 24);
     // The prefix is the operator's: its glob characters match themselves.
     for c in prefix.chars() {
@@ -89,7 +81,7 @@ pub fn pattern(prefix: &str, rule_id: u64) -> String {
 /// from, if it is one for a rule with id `rule_id`. (A zset name parses
 /// too, as a key ending in `:log`: tell them apart by type, as
 /// [`RedisStore::scan`](super::RedisStore::scan) does.)
-pub fn parse(prefix: &str, rule_id: u64, name: &str) -> Option<(String, String)> {
+pub(crate) fn parse(prefix: &str, rule_id: u64, name: &str) -> Option<(String, String)> {
     let rest = name.strip_prefix(prefix)?.strip_prefix('{')?;
     // A group never holds `}` (`names` replaces it).
     let close = rest.find('}')?;
@@ -105,6 +97,17 @@ pub fn parse(prefix: &str, rule_id: u64, name: &str) -> Option<(String, String)>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_names_of_a_grouped_op() {
+        let rule = crate::Rule::builder("r")
+            .limit(1, std::time::Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let (k, log) = names("rw:", &Op::grouped(&rule, "k", "{a}"));
+        assert_eq!(k, format!("rw:{{_a_}}:s4:{:016x}:k", rule.id()));
+        assert_eq!(log, format!("{k}:log"));
+    }
     use crate::Rule;
     use std::time::Duration;
 

@@ -18,7 +18,8 @@
 //! answers again ([`breaker`]). Errors are counted for the gateway's metrics.
 
 mod breaker;
-pub mod keys;
+pub(crate) mod keys;
+#[doc(hidden)]
 pub mod script;
 
 use std::sync::Arc;

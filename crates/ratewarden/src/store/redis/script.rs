@@ -1,6 +1,7 @@
 //! The script and its contract: assembled at build time from `lua/`, the
 //! ARGV a call sends (see `lua/prelude.lua` for the whole contract), and
-//! the reply read back.
+//! the reply read back. Not a stable API: public (and hidden from the
+//! docs) only for the case table, which runs the script itself.
 
 use crate::algorithm::{Check, NEVER};
 use crate::clock::{Micros, micros};
