@@ -211,7 +211,7 @@ impl Gateway {
                     }
                 }
             }
-            Err(Refusal::NoIdentity(_)) => {}
+            Err(Refusal::NoIdentity(_) | Refusal::MissingPart { .. }) => {}
         }
         let admitted = res?;
         if let Some(d) = &admitted.decision
@@ -441,7 +441,7 @@ pub struct Banner {
 
 /// The banner of `config`.
 pub fn banner(config: &Config) -> Banner {
-    use crate::config::{KeyPart, PathMatch, StoreSpec};
+    use crate::config::StoreSpec;
     use ratewarden::store::redis::redact;
     let store = match &config.store {
         StoreSpec::Memory { max_keys } => format!("memory (up to {max_keys} keys)"),
@@ -477,29 +477,7 @@ pub fn banner(config: &Config) -> Banner {
             } else {
                 format!("{} per {:?}", spec.limit, spec.window)
             };
-            let key: Vec<String> = r
-                .key
-                .iter()
-                .map(|k| match k {
-                    KeyPart::Identity => "identity".to_owned(),
-                    KeyPart::Method => "method".to_owned(),
-                    KeyPart::Path => "path".to_owned(),
-                    KeyPart::Header(h) => format!("header:{h}"),
-                    KeyPart::Global => "global".to_owned(),
-                })
-                .collect();
-            let methods: Vec<&str> = r.matcher.methods.iter().map(|m| m.as_str()).collect();
-            let methods = if methods.is_empty() {
-                String::new()
-            } else {
-                format!("{} ", methods.join(","))
-            };
-            let path = match &r.matcher.path {
-                PathMatch::Any => "every path".to_owned(),
-                PathMatch::Exact(p) => format!("path {p}"),
-                PathMatch::Prefix(p) => format!("paths {p}*"),
-                PathMatch::Regex(re) => format!("paths ~ {re}"),
-            };
+            let key: Vec<String> = r.key.iter().map(ToString::to_string).collect();
             // What changes how it counts or refuses, as the file says it.
             let mut extra = String::new();
             if let ratewarden::Counting::Failures { reset_on_success } = spec.counting {
@@ -518,10 +496,11 @@ pub fn banner(config: &Config) -> Banner {
                 }
             }
             format!(
-                "{}: {} {amount} per [{}], {methods}{path}{extra}{}",
+                "{}: {} {amount} per [{}], {}{extra}{}",
                 spec.name,
                 spec.algorithm,
                 key.join(", "),
+                r.matcher,
                 if spec.shadow { " (shadow)" } else { "" }
             )
         })

@@ -287,3 +287,26 @@ fn system_roots() -> RootCertStore {
     }
     roots
 }
+
+/// The keyed hash of hashed key parts (`{hash: header:X-Api-Key}`):
+/// HMAC-SHA256 under `secret`, its first 128 bits in hex after a `#`
+/// (`#` and 32 hex digits), through the crypto provider the TLS stack is
+/// built with (aws-lc-rs, or ring). A secret is never recovered from it:
+/// guessing one needs the key, and an API key's entropy besides.
+pub fn key_hasher(secret: &[u8]) -> ratewarden_tower::policy::KeyHasher {
+    #[cfg(feature = "aws-lc")]
+    use aws_lc_rs::hmac;
+    #[cfg(all(feature = "ring", not(feature = "aws-lc")))]
+    use ring::hmac;
+    let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
+    ratewarden_tower::policy::KeyHasher::new(move |value: &str| {
+        let tag = hmac::sign(&key, value.as_bytes());
+        let mut out = String::with_capacity(33);
+        out.push('#');
+        for b in &tag.as_ref()[..16] {
+            out.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+            out.push(char::from(b"0123456789abcdef"[usize::from(b & 0xf)]));
+        }
+        out
+    })
+}

@@ -742,6 +742,7 @@ fn the_reference_config_shows_every_key() {
         "access_log: {zzzzqq: 1}",
         "rules: [{name: r, limit: 1, window: 1s, zzzzqq: 1}]",
         "rules: [{name: r, limit: 1, window: 1s, match: {zzzzqq: 1}}]",
+        "rules: [{name: r, limit: 1, window: 1s, match: {headers: [{name: a, zzzzqq: 1}]}}]",
         "rules: [{name: r, limit: 1, window: 1s, distribution: {zzzzqq: 1}}]",
         "routes: [{name: a, upstream: 'http://x:1', zzzzqq: 1}]",
         "rls: {listen: '127.0.0.1:1', zzzzqq: 1}",
@@ -838,4 +839,37 @@ fn validate_prints_the_rules_as_read_and_the_seed_002_translation() {
         "{said}"
     );
     assert!(said.contains("rule comment_write:"), "{said}");
+}
+
+/// Issue 34's match fields and key parts: each mistake at its line and
+/// column, all of them in one run.
+#[test]
+fn new_match_fields_and_key_parts_are_checked_at_their_lines() {
+    let yaml = format!(
+        "{HEAD}  - name: a\n    limit: 5\n    window: 60s\n    match:\n      headers:\n        - {{name: X-Plan, exakt: pro}}\n      hosts: [\"\", \"*.\", \"api.example.com:443\", \"bad host\"]\n      query:\n        - {{name: format, exact: json, prefix: j}}\n        - {{name: debug}}\n    key: ['jwt:sub', 'cookie:']\n    missing: ignore\n  - name: b\n    limit: 5\n    window: 60s\n    match: {{path_regex: '^/orders/(?P<order>[^/]+)$'}}\n    key: ['path:id']\n  - name: c\n    limit: 5\n    window: 60s\n    match: {{path: /x}}\n    key: ['path:id']\n"
+    );
+    let got: Vec<(u64, u64, String, String)> = errors(&yaml)
+        .into_iter()
+        .map(|e| (e.line, e.column, e.key, e.message))
+        .collect();
+    let has = |line: u64, key: &str, words: &str| {
+        assert!(
+            got.iter()
+                .any(|(l, c, k, m)| *l == line && *c > 0 && k == key && m.contains(words)),
+            "line {line} `{key}` saying `{words}` in {got:#?}"
+        )
+    };
+    // An unknown word in a header condition (the loader names the field).
+    has(8, "exakt", "did you mean `exact`?");
+    has(9, "hosts", "an empty host matches nothing");
+    has(9, "hosts", "`*.` alone names no domain");
+    has(9, "hosts", "without their port");
+    has(9, "hosts", "is not a host name");
+    has(11, "query", "takes only one of");
+    has(12, "query", "needs one of");
+    has(24, "key", "the rule has none");
+    has(13, "key", "JWT key parts are not supported yet");
+    has(13, "key", "names nothing after `cookie:`");
+    has(14, "missing", "identity, anonymous, skip or reject");
+    has(19, "key", "captures `path:order`");
 }

@@ -26,8 +26,9 @@ use ratewarden::decision::problem;
 use ratewarden::{Decision, Limiter, Mode, Op, Pending, Store, StoreError};
 use smallvec::SmallVec;
 
-use crate::policy::{IdentitySource, KeyPart, Missing, Policy, PolicyRule};
+use crate::policy::{IdentitySource, KeyPart, Missing, MissingPart, PathMatch, Policy, PolicyRule};
 use crate::view::{RequestView, text};
+use std::borrow::Cow;
 
 /// Longest identity (and header-taken key part) kept, in bytes, cut at a
 /// character boundary: a client cannot grow the store's key names without
@@ -103,6 +104,14 @@ pub enum Refusal {
     NoIdentity(Option<HeaderName>),
     /// The store could not decide and `on_error: deny` says so: 503.
     Unavailable(StoreError),
+    /// A rule with `missing: reject` needs a key part the request lacks:
+    /// 400, naming the rule and the part.
+    MissingPart {
+        /// The rule.
+        rule: String,
+        /// The part, as the config writes it.
+        part: String,
+    },
 }
 
 impl Refusal {
@@ -111,7 +120,7 @@ impl Refusal {
         match self {
             Refusal::Limited(_) => limited,
             Refusal::Denied(_) => StatusCode::FORBIDDEN,
-            Refusal::NoIdentity(_) => StatusCode::BAD_REQUEST,
+            Refusal::NoIdentity(_) | Refusal::MissingPart { .. } => StatusCode::BAD_REQUEST,
             Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -132,6 +141,12 @@ impl Refusal {
             Refusal::Unavailable(e) => {
                 problem(status, Some(&format!("rate limiter unavailable: {e}")))
             }
+            Refusal::MissingPart { rule, part } => problem(
+                status,
+                Some(&format!(
+                    "rule `{rule}` needs `{part}`, which the request does not carry"
+                )),
+            ),
         }
     }
 }
@@ -217,24 +232,39 @@ impl Policy {
     /// it: for a rule keyed by the identity alone, the identity's
     /// treatment (see [`Policy::identify`]); else bounded.
     pub fn given_key(&self, rule: &PolicyRule, key: &str) -> String {
-        if rule.key == [KeyPart::Identity] {
-            self.given_identity(key.trim(), &self.identity)
-        } else {
-            key.to_owned()
+        match rule.key.as_slice() {
+            [KeyPart::Identity] => self.given_identity(key.trim(), &self.identity),
+            // A key of one hashed part is given in clear, and hashed as
+            // the proxy hashes it (a hash given as such is kept).
+            [KeyPart::Hashed(_, h)] if !h.is_hash(key) => h.hash(bounded(key)),
+            _ => key.to_owned(),
         }
     }
 
     /// Stage 2: the rules `facts` falls under, with their keys. None for a
-    /// client that is not limited.
-    pub fn matching(&self, facts: &Facts<'_>, who: Who) -> Matched<'_> {
+    /// client that is not limited. `Err` when a rule with `missing:
+    /// reject` lacks a key part.
+    pub fn matching(&self, facts: &Facts<'_>, who: Who) -> Result<Matched<'_>, Refusal> {
         let mut keyed = SmallVec::<[Keyed; 2]>::new();
         if who.limited {
             for (i, r) in self.rules.iter().enumerate() {
                 if !r.matcher.matches(&facts.request, facts.route) {
                     continue;
                 }
-                let key =
-                    (r.key != [KeyPart::Identity]).then(|| key_of(&r.key, &who.identity, facts));
+                let key = if r.key == [KeyPart::Identity] {
+                    None
+                } else {
+                    match key_of(r, &who.identity, facts) {
+                        Ok(k) => Some(k),
+                        Err(Lacking::Skip) => continue,
+                        Err(Lacking::Reject(part)) => {
+                            return Err(Refusal::MissingPart {
+                                rule: r.rule.name().to_owned(),
+                                part: part.to_string(),
+                            });
+                        }
+                    }
+                };
                 keyed.push(Keyed {
                     rule: i as u32,
                     key,
@@ -245,11 +275,11 @@ impl Policy {
             // decided after the client's own (see the README).
             keyed.sort_by_key(|k| !k.by_identity);
         }
-        Matched {
+        Ok(Matched {
             policy: self,
             who,
             keyed,
-        }
+        })
     }
 
     /// Stages 1 to 3 for one request of `weight`.
@@ -263,7 +293,7 @@ impl Policy {
         let who = self.identify(facts)?;
         // Built in place and decided through `&mut`: an admission moved
         // into and out of nested futures is copied at each step.
-        let mut admitted = Admitted::new(self.matching(facts, who));
+        let mut admitted = Admitted::new(self.matching(facts, who)?);
         admitted.decide(limiter, weight, mode).await?;
         Ok(admitted)
     }
@@ -330,29 +360,95 @@ impl std::fmt::Display for NamedError {
     }
 }
 
-/// A rule's key: its parts joined by `:`.
-fn key_of(parts: &[KeyPart], identity: &str, facts: &Facts<'_>) -> String {
+/// Why a rule's key could not be made.
+enum Lacking<'r> {
+    /// `missing: skip`: the rule does not apply.
+    Skip,
+    /// `missing: reject`: this part is lacking.
+    Reject(&'r KeyPart),
+}
+
+/// A rule's key: its parts joined by `:`, each request-given part bounded
+/// and escaped ([`key_part`]); a part the request lacks as the rule's
+/// [`MissingPart`] says.
+fn key_of<'r>(r: &'r PolicyRule, identity: &str, facts: &Facts<'_>) -> Result<String, Lacking<'r>> {
+    let request = &facts.request;
     let mut out = String::new();
-    for (i, p) in parts.iter().enumerate() {
+    for (i, p) in r.key.iter().enumerate() {
         if i > 0 {
             out.push(':');
         }
-        match p {
-            KeyPart::Identity => out.push_str(identity),
-            KeyPart::Method => out.push_str(facts.request.method.as_str()),
-            KeyPart::Path => out.push_str(facts.request.path),
-            KeyPart::Global => out.push_str("global"),
-            KeyPart::Header(h) => {
-                let v = facts
-                    .request
-                    .header(h.as_str())
-                    .and_then(text)
-                    .unwrap_or("");
-                out.push_str(bounded(v));
+        let (part, hasher) = match p {
+            KeyPart::Hashed(inner, h) => (&**inner, Some(h)),
+            other => (other, None),
+        };
+        let found: Option<Cow<'_, str>> = match part {
+            KeyPart::Identity => {
+                out.push_str(identity);
+                continue;
             }
+            KeyPart::Method => Some(request.method.as_str().into()),
+            KeyPart::Path => Some(request.path.into()),
+            KeyPart::Global => Some("global".into()),
+            KeyPart::Header(h) => request
+                .header(h.as_str())
+                .and_then(text)
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(Cow::Borrowed),
+            KeyPart::Host => request.host(),
+            KeyPart::Query(n) => request.query_values(n).next().filter(|v| !v.is_empty()),
+            KeyPart::Cookie(n) => request
+                .cookie(n)
+                .filter(|v| !v.is_empty())
+                .map(Cow::Borrowed),
+            KeyPart::Capture(n) => match &r.matcher.path {
+                PathMatch::Regex(re) => re
+                    .captures(request.path)
+                    .and_then(|c| c.name(n))
+                    .map(|m| Cow::Borrowed(m.as_str()))
+                    .filter(|v| !v.is_empty()),
+                _ => None,
+            },
+            // (Not nested: the config hashes a plain part.)
+            KeyPart::Hashed(..) => None,
+        };
+        match (found, hasher, r.missing) {
+            // The secret never enters the key: only its hash (bounded
+            // first, as the clear value would have been).
+            (Some(v), Some(h), _) => out.push_str(&h.hash(bounded(&v))),
+            (Some(v), None, _) => key_part(&mut out, &v),
+            (None, _, MissingPart::Identity) => key_part(&mut out, identity),
+            (None, _, MissingPart::Anonymous) => out.push_str("anonymous"),
+            (None, _, MissingPart::Skip) => return Err(Lacking::Skip),
+            (None, _, MissingPart::Reject) => return Err(Lacking::Reject(p)),
         }
     }
-    out
+    Ok(out)
+}
+
+/// Appends a request-given key part to `out`: bounded as identities are,
+/// `%` and `:` escaped (`%25`, `%3A`), so that no part holds the `:` that
+/// joins them and no two splits of a key can be confused.
+///
+/// ```
+/// let mut k = String::from("GET:");
+/// ratewarden_tower::admission::key_part(&mut k, "a:b%c");
+/// assert_eq!(k, "GET:a%3Ab%25c");
+/// ```
+pub fn key_part(out: &mut String, value: &str) {
+    let value = bounded(value);
+    if !value.contains([':', '%']) {
+        out.push_str(value);
+        return;
+    }
+    for c in value.chars() {
+        match c {
+            ':' => out.push_str("%3A"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
 }
 
 /// A matched rule's key and group for one request. Most keys are the

@@ -102,10 +102,85 @@ pub enum KeyPart {
     Method,
     /// The (normalised) path, without query.
     Path,
-    /// A header's value.
+    /// A header's value (the first sent).
     Header(HeaderName),
     /// One key for all clients.
     Global,
+    /// The host the request is for (see [`RequestView::host`]).
+    Host,
+    /// A query parameter's first value, decoded.
+    Query(String),
+    /// A cookie's value.
+    Cookie(String),
+    /// A named capture group of the rule's `path_regex` (`path:NAME`).
+    Capture(String),
+    /// Another part (a credential: an API key in a header, a parameter, a
+    /// cookie), kept only as a keyed hash of its value: the store, the logs,
+    /// the metrics and the admin API never hold the secret.
+    Hashed(Box<KeyPart>, KeyHasher),
+}
+
+/// A keyed hash for [`KeyPart::Hashed`], given by the front end (the
+/// gateway's is HMAC-SHA256 under its `key_secret`, through its crypto
+/// provider; this crate holds no cryptography). Its output must be text
+/// without `:`.
+#[derive(Clone)]
+pub struct KeyHasher(std::sync::Arc<dyn Fn(&str) -> String + Send + Sync>);
+
+impl KeyHasher {
+    /// A hasher calling `f`.
+    pub fn new(f: impl Fn(&str) -> String + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(f))
+    }
+
+    /// The hash of `value`.
+    pub fn hash(&self, value: &str) -> String {
+        (self.0)(value)
+    }
+
+    /// Whether `key` is already a hash this hasher made (the same length
+    /// and first character as the hash of anything).
+    pub fn is_hash(&self, key: &str) -> bool {
+        let sample = self.hash("");
+        let (key, sample) = (key.as_bytes(), sample.as_bytes());
+        key.len() == sample.len()
+            && key.first() == sample.first()
+            && key.iter().skip(1).all(u8::is_ascii_hexdigit)
+    }
+}
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.write_str("KeyHasher")
+    }
+}
+
+/// Two hashed parts are alike when their parts are (the key is the
+/// configuration's one).
+impl PartialEq for KeyHasher {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for KeyHasher {}
+
+/// What a rule does with a request that lacks one of its key's parts (a
+/// header, a parameter, a cookie not sent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingPart {
+    /// The part is the client's identity instead: neither omitting the
+    /// part nor inventing values escapes the limit (Kong's way without a
+    /// consumer).
+    #[default]
+    Identity,
+    /// Every such request shares one bucket per rule (`anonymous`).
+    Anonymous,
+    /// The rule does not apply.
+    Skip,
+    /// The request is refused: 400, naming the part.
+    Reject,
 }
 
 /// Which requests a rule applies to.
@@ -121,6 +196,88 @@ pub struct Matcher {
     /// Only requests on this route (a front end's own notion: the
     /// gateway's routes). `None`: any.
     pub route: Option<String>,
+    /// Only requests for one of these hosts (see [`RequestView::host`]);
+    /// empty: any.
+    pub hosts: Vec<HostPattern>,
+    /// Header conditions, all of which must hold.
+    pub headers: Vec<Condition>,
+    /// Query parameter conditions, all of which must hold.
+    pub query: Vec<Condition>,
+}
+
+/// A `hosts:` entry, lower case, without a trailing dot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    /// This name.
+    Exact(String),
+    /// `*.suffix`: any name ending in `.suffix` (held with its dot), not
+    /// `suffix` itself.
+    Suffix(String),
+}
+
+impl HostPattern {
+    /// Whether `host` (normalised as [`RequestView::host`] gives it)
+    /// matches.
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Exact(h) => host == h,
+            HostPattern::Suffix(s) => host.len() > s.len() && host.ends_with(s.as_str()),
+        }
+    }
+}
+
+/// A condition on a header or a query parameter: `name` and one test,
+/// perhaps inverted.
+#[derive(Debug, Clone)]
+pub struct Condition {
+    /// The header (any case) or the parameter (decoded).
+    pub name: String,
+    /// What its values must be.
+    pub test: Test,
+    /// The condition holds when the test does not.
+    pub invert: bool,
+}
+
+/// What a [`Condition`] asks of the values sent under its name.
+#[derive(Debug, Clone)]
+pub enum Test {
+    /// Some value is exactly this.
+    Exact(String),
+    /// Some value starts with this.
+    Prefix(String),
+    /// Some value matches this (linear-time) regex.
+    Regex(Regex),
+    /// `true`: the name is sent (with any value); `false`: it is not.
+    Present(bool),
+}
+
+impl Test {
+    /// Whether `values` (all those sent under the name) pass.
+    fn passes<'v>(&self, mut values: impl Iterator<Item = std::borrow::Cow<'v, str>>) -> bool {
+        match self {
+            Test::Present(want) => values.next().is_some() == *want,
+            Test::Exact(x) => values.any(|v| v == x.as_str()),
+            Test::Prefix(x) => values.any(|v| v.starts_with(x.as_str())),
+            Test::Regex(r) => values.any(|v| r.is_match(&v)),
+        }
+    }
+}
+
+impl Condition {
+    /// Whether the header condition holds for `request` (a value that is
+    /// not text is seen as its bytes read lossily, so it can still be
+    /// matched and counted by `present`).
+    pub fn holds_for_header(&self, request: &RequestView<'_>) -> bool {
+        let values = request
+            .headers(&self.name)
+            .map(|v| String::from_utf8_lossy(v).trim().to_owned().into());
+        self.test.passes(values) != self.invert
+    }
+
+    /// Whether the query condition holds for `request`.
+    pub fn holds_for_query(&self, request: &RequestView<'_>) -> bool {
+        self.test.passes(request.query_values(&self.name)) != self.invert
+    }
 }
 
 /// A path condition.
@@ -144,6 +301,9 @@ impl Matcher {
             path: PathMatch::Any,
             case_insensitive: false,
             route: None,
+            hosts: vec![],
+            headers: vec![],
+            query: vec![],
         }
     }
 
@@ -153,7 +313,7 @@ impl Matcher {
     /// use http::Method;
     /// use ratewarden_tower::policy::{Matcher, PathMatch};
     /// use ratewarden_tower::view::RequestView;
-    /// let m = Matcher { methods: vec![], path: PathMatch::Prefix("/api/".into()), case_insensitive: true, route: None };
+    /// let m = Matcher { path: PathMatch::Prefix("/api/".into()), case_insensitive: true, ..Matcher::any() };
     /// assert!(m.matches(&RequestView::bare(&Method::GET, "/API/items"), None));
     /// assert!(!m.matches(&RequestView::bare(&Method::GET, "/apix"), None));
     /// let on = Matcher { route: Some("admin".into()), ..Matcher::any() };
@@ -167,6 +327,19 @@ impl Matcher {
         }
         if let Some(r) = &self.route
             && route != Some(r.as_str())
+        {
+            return false;
+        }
+        if !self.hosts.is_empty() {
+            let Some(host) = request.host() else {
+                return false;
+            };
+            if !self.hosts.iter().any(|h| h.matches(&host)) {
+                return false;
+            }
+        }
+        if !self.headers.iter().all(|c| c.holds_for_header(request))
+            || !self.query.iter().all(|c| c.holds_for_query(request))
         {
             return false;
         }
@@ -187,6 +360,76 @@ impl Matcher {
     }
 }
 
+/// How the config writes a key part (`identity`, `header:x-api-key`...).
+impl std::fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyPart::Identity => f.write_str("identity"),
+            KeyPart::Method => f.write_str("method"),
+            KeyPart::Path => f.write_str("path"),
+            KeyPart::Header(h) => write!(f, "header:{h}"),
+            KeyPart::Global => f.write_str("global"),
+            KeyPart::Host => f.write_str("host"),
+            KeyPart::Query(n) => write!(f, "query:{n}"),
+            KeyPart::Cookie(n) => write!(f, "cookie:{n}"),
+            KeyPart::Capture(n) => write!(f, "path:{n}"),
+            KeyPart::Hashed(p, _) => write!(f, "hash({p})"),
+        }
+    }
+}
+
+/// What a matcher takes, in words (the gateway's banner and `/v1/rules`):
+/// `GET,POST paths /v2/* on hosts api.example.com|*.partner.example if
+/// header x-plan = pro and query format = json`. The one place each match
+/// field is described.
+impl std::fmt::Display for Matcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.methods.is_empty() {
+            let methods: Vec<&str> = self.methods.iter().map(Method::as_str).collect();
+            write!(f, "{} ", methods.join(","))?;
+        }
+        match &self.path {
+            PathMatch::Any => f.write_str("every path")?,
+            PathMatch::Exact(p) => write!(f, "path {p}")?,
+            PathMatch::Prefix(p) => write!(f, "paths {p}*")?,
+            PathMatch::Regex(re) => write!(f, "paths ~ {re}")?,
+        }
+        if let Some(r) = &self.route {
+            write!(f, " on route {r}")?;
+        }
+        if !self.hosts.is_empty() {
+            let hosts: Vec<String> = self
+                .hosts
+                .iter()
+                .map(|h| match h {
+                    HostPattern::Exact(n) => n.clone(),
+                    HostPattern::Suffix(s) => format!("*{s}"),
+                })
+                .collect();
+            write!(f, " for hosts {}", hosts.join("|"))?;
+        }
+        let conditions = self
+            .headers
+            .iter()
+            .map(|c| ("header", c))
+            .chain(self.query.iter().map(|c| ("query", c)));
+        for (i, (kind, c)) in conditions.enumerate() {
+            f.write_str(if i == 0 { " if " } else { " and " })?;
+            if c.invert {
+                f.write_str("not ")?;
+            }
+            match &c.test {
+                Test::Exact(x) => write!(f, "{kind} {} = {x}", c.name)?,
+                Test::Prefix(x) => write!(f, "{kind} {} = {x}*", c.name)?,
+                Test::Regex(re) => write!(f, "{kind} {} ~ {re}", c.name)?,
+                Test::Present(true) => write!(f, "{kind} {} sent", c.name)?,
+                Test::Present(false) => write!(f, "{kind} {} absent", c.name)?,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The spec's `failure_status` default: 400-499 except 429.
 pub const DEFAULT_FAILURES: [(u16, u16); 2] = [(400, 428), (430, 499)];
 
@@ -202,6 +445,8 @@ pub struct PolicyRule {
     /// Upstream statuses that count as failures (`count: failures`), as
     /// inclusive ranges.
     pub failure_status: Vec<(u16, u16)>,
+    /// A request without one of the key's parts.
+    pub missing: MissingPart,
 }
 
 impl PolicyRule {
@@ -213,6 +458,7 @@ impl PolicyRule {
             matcher: Matcher::any(),
             key: vec![KeyPart::Identity],
             failure_status: DEFAULT_FAILURES.to_vec(),
+            missing: MissingPart::Identity,
         }
     }
 
@@ -245,8 +491,9 @@ impl PolicyRule {
     /// The group of a key this rule made, from the key alone, for keys
     /// listed without their request (`/v1/keys?rule=`): the identity's
     /// place in the key, which joins its parts with `:`. The parts around
-    /// the identity are taken to hold no `:` (an identity may, as an IPv6
-    /// group does); a key with too few parts is its own group.
+    /// the identity hold no `:` (each is escaped: see
+    /// [`crate::admission::key_part`]; an identity may hold some, as an
+    /// IPv6 group does); a key with too few parts is its own group.
     pub fn group_of_key(&self, key: &str) -> String {
         let Some(at) = self.key.iter().position(|p| *p == KeyPart::Identity) else {
             return key.to_owned();

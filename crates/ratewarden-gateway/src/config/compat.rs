@@ -140,6 +140,7 @@ fn compat_rule(
         name,
         matcher: matcher.map(nowhere),
         key: None,
+        missing: None,
         algorithm: Some(nowhere(kind.name().into())),
         limit,
         window: Some(window),
@@ -205,6 +206,9 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
             path_regex: regex,
             case_insensitive: None,
             route: None,
+            hosts: None,
+            headers: None,
+            query: None,
         };
         match window(
             d,
@@ -258,6 +262,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         workers: None,
         upstream: root.target,
         rls: None,
+        key_secret: None,
         upstream_timeout: None,
         upstream_path: None,
         client_idle_timeout: None,

@@ -12,7 +12,8 @@ pub use crate::tls::{ClientTls, ServerTls};
 
 pub use ratewarden_tower::identity::ClientIp;
 pub use ratewarden_tower::policy::{
-    IdentitySource, KeyPart, Matcher, Missing, PathMatch, Pattern, Policy, PolicyRule,
+    Condition, HostPattern, IdentitySource, KeyHasher, KeyPart, Matcher, Missing, MissingPart,
+    PathMatch, Pattern, Policy, PolicyRule, Test,
 };
 
 /// Where admitted requests go.

@@ -53,6 +53,23 @@ pub(crate) struct File {
     #[serde(default)]
     pub routes: Vec<RouteFile>,
     pub rls: Option<Sp<RlsFile>>,
+    /// The key of the keyed hash of hashed key parts.
+    pub key_secret: Option<Sp<String>>,
+}
+
+/// A `key:` part: its name (`header:X-Api-Key`), or `{hash: NAME}` for one
+/// kept only as a keyed hash.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum KeyPartFile {
+    Plain(String),
+    Hashed(HashedPartFile),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HashedPartFile {
+    pub hash: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -237,7 +254,10 @@ pub(crate) struct RuleFile {
     pub name: Sp<String>,
     #[serde(rename = "match")]
     pub matcher: Option<Sp<MatchFile>>,
-    pub key: Option<Vec<Sp<String>>>,
+    pub key: Option<Vec<Sp<KeyPartFile>>>,
+    /// What a request lacking a key part gets: identity (the default),
+    /// anonymous, skip, reject.
+    pub missing: Option<Sp<String>>,
     pub algorithm: Option<Sp<String>>,
     pub limit: Sp<i64>,
     /// Required, but for `concurrency` (which has `max_hold` instead).
@@ -291,4 +311,19 @@ pub(crate) struct MatchFile {
     pub path_regex: Option<Sp<String>>,
     pub case_insensitive: Option<Sp<bool>>,
     pub route: Option<Sp<String>>,
+    pub hosts: Option<Vec<Sp<String>>>,
+    pub headers: Option<Vec<Sp<ConditionFile>>>,
+    pub query: Option<Vec<Sp<ConditionFile>>>,
+}
+
+/// A `headers:` or `query:` condition: a name and one test.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ConditionFile {
+    pub name: Sp<String>,
+    pub exact: Option<Sp<String>>,
+    pub prefix: Option<Sp<String>>,
+    pub regex: Option<Sp<String>>,
+    pub present: Option<Sp<bool>>,
+    pub invert: Option<Sp<bool>>,
 }

@@ -333,6 +333,24 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
     let mut rules: Vec<PolicyRule> = vec![];
     let mut names: Vec<String> = vec![];
     let mut rules_ok = true;
+    // `key_secret`: the HMAC key of hashed key parts (never printed).
+    let hasher = match &f.key_secret {
+        None => Ok(None),
+        Some(k) if k.value.len() < 16 => {
+            d.error(
+                "key_secret",
+                Some(&k.referenced),
+                "at least 16 bytes (32 random hex digits are a good secret: `openssl rand -hex 32`)",
+            );
+            Err(())
+        }
+        Some(k) => Ok(Some(crate::tls::key_hasher(k.value.as_bytes()))),
+    };
+    let (hasher, secret_ok) = match hasher {
+        Ok(h) => (h, true),
+        Err(()) => (None, false),
+    };
+    rules_ok &= secret_ok;
     for r in f.rules {
         if names.contains(&r.name.value) {
             d.error(
@@ -343,7 +361,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
             rules_ok = false;
         }
         names.push(r.name.value.clone());
-        match rule(d, r, &route_names) {
+        match rule(d, r, &route_names, hasher.as_ref()) {
             Some(g) => rules.push(g),
             None => rules_ok = false,
         }
@@ -1175,7 +1193,12 @@ fn routes(
     out
 }
 
-fn rule(d: &Diag<'_>, r: RuleFile, routes: &[String]) -> Option<PolicyRule> {
+fn rule(
+    d: &Diag<'_>,
+    r: RuleFile,
+    routes: &[String],
+    hasher: Option<&KeyHasher>,
+) -> Option<PolicyRule> {
     let kind = match &r.algorithm {
         None => Some(Kind::default()),
         Some(a) => match Kind::from_str(&a.value) {
@@ -1346,31 +1369,21 @@ fn rule(d: &Diag<'_>, r: RuleFile, routes: &[String]) -> Option<PolicyRule> {
         Some(parts) => {
             let mut out = Some(vec![]);
             for p in parts {
-                let part = match p.value.as_str() {
-                    "identity" => Ok(KeyPart::Identity),
-                    "method" => Ok(KeyPart::Method),
-                    "path" => Ok(KeyPart::Path),
-                    "global" => Ok(KeyPart::Global),
-                    h if h.starts_with("header:") => {
-                        HeaderName::from_bytes(&h.as_bytes()["header:".len()..])
-                            .map(KeyPart::Header)
-                            .map_err(|_| format!("`{h}`: bad header name"))
-                    }
-                    other => Err(
-                        match super::suggest(other, ["identity", "method", "path", "global"])
-                            .map(str::to_owned)
-                            .or_else(|| {
-                                // `headr:X-Api-Key`: the prefix misspelt.
-                                let (prefix, name) = other.split_once(':')?;
-                                super::suggest(prefix, ["header"])?;
-                                Some(format!("header:{name}"))
-                            }) {
-                            Some(s) => format!("unknown key part `{other}`; did you mean `{s}`?"),
-                            None => format!(
-                                "`{other}`: key parts are identity, method, path, header:NAME, global"
-                            ),
-                        },
-                    ),
+                let part = match &p.value {
+                    KeyPartFile::Plain(text) => key_part(text, matcher.as_ref()),
+                    KeyPartFile::Hashed(h) => match (key_part(&h.hash, matcher.as_ref()), hasher) {
+                        (Ok(part @ (KeyPart::Header(_) | KeyPart::Query(_) | KeyPart::Cookie(_))), Some(hasher)) => {
+                            Ok(KeyPart::Hashed(Box::new(part), hasher.clone()))
+                        }
+                        (Ok(KeyPart::Header(_) | KeyPart::Query(_) | KeyPart::Cookie(_)), None) => Err(
+                            "a hashed key part needs `key_secret:` (top level; e.g. `key_secret: ${RATEWARDEN_KEY_SECRET}`)"
+                                .to_owned(),
+                        ),
+                        (Ok(other), _) => Err(format!(
+                            "`{other}` is not a credential: hash a header:, query: or cookie: part"
+                        )),
+                        (Err(e), _) => Err(e),
+                    },
                 };
                 match part {
                     Ok(k) => {
@@ -1416,16 +1429,103 @@ fn rule(d: &Diag<'_>, r: RuleFile, routes: &[String]) -> Option<PolicyRule> {
             return None;
         }
     };
+    let missing = match r.missing.as_ref().map(|m| (m.value.as_str(), m)) {
+        None | Some(("identity", _)) => Some(MissingPart::Identity),
+        Some(("anonymous", _)) => Some(MissingPart::Anonymous),
+        Some(("skip", _)) => Some(MissingPart::Skip),
+        Some(("reject", _)) => Some(MissingPart::Reject),
+        Some((other, m)) => {
+            let hint = match suggest(other, ["identity", "anonymous", "skip", "reject"]) {
+                Some(s) => format!("; did you mean `{s}`?"),
+                None => String::new(),
+            };
+            d.error(
+                "missing",
+                Some(&m.referenced),
+                format!(
+                    "`{other}`: a missing key part is identity, anonymous, skip or reject{hint}"
+                ),
+            );
+            None
+        }
+    };
     Some(PolicyRule {
         rule,
         matcher: matcher?,
         key: key?,
         failure_status: failure_status?,
+        missing: missing?,
     })
 }
 
 /// A `match:`; `routes` are the names its `route` may take (besides
 /// `default`).
+/// A `key:` part as the config writes it; `matcher` (the rule's, when it is
+/// valid) names the captures `path:NAME` may take.
+fn key_part(text: &str, matcher: Option<&Matcher>) -> Result<KeyPart, String> {
+    const PLAIN: [&str; 5] = ["identity", "method", "path", "global", "host"];
+    const NAMED: [&str; 4] = ["header", "query", "cookie", "path"];
+    let all = "key parts are identity, method, path, host, global, header:NAME, \
+               query:NAME, cookie:NAME and path:NAME (a capture of the rule's path_regex)";
+    match text {
+        "identity" => return Ok(KeyPart::Identity),
+        "method" => return Ok(KeyPart::Method),
+        "path" => return Ok(KeyPart::Path),
+        "global" => return Ok(KeyPart::Global),
+        "host" => return Ok(KeyPart::Host),
+        _ => {}
+    }
+    let Some((kind, name)) = text.split_once(':') else {
+        return Err(match suggest(text, PLAIN) {
+            Some(s) => format!("unknown key part `{text}`; did you mean `{s}`?"),
+            None => format!("`{text}`: {all}"),
+        });
+    };
+    if name.is_empty() {
+        return Err(format!("`{text}` names nothing after `{kind}:`"));
+    }
+    match kind {
+        "header" => HeaderName::from_bytes(name.as_bytes())
+            .map(KeyPart::Header)
+            .map_err(|_| format!("`{text}`: bad header name")),
+        "query" => Ok(KeyPart::Query(name.to_owned())),
+        "cookie" => Ok(KeyPart::Cookie(name.to_owned())),
+        "path" => {
+            let captures: Vec<&str> = match matcher.map(|m| &m.path) {
+                Some(PathMatch::Regex(re)) => re.capture_names().flatten().collect(),
+                Some(_) => {
+                    return Err(format!(
+                        "`{text}` takes a named group of the rule's `path_regex`, and the rule has none"
+                    ));
+                }
+                // The matcher's own error is reported.
+                None => return Ok(KeyPart::Capture(name.to_owned())),
+            };
+            if captures.contains(&name) {
+                Ok(KeyPart::Capture(name.to_owned()))
+            } else if captures.is_empty() {
+                Err(format!(
+                    "`{text}`: the rule's `path_regex` has no named group; write `(?P<{name}>...)`"
+                ))
+            } else {
+                Err(format!(
+                    "`{text}`: the rule's `path_regex` captures {}",
+                    captures
+                        .iter()
+                        .map(|c| format!("`path:{c}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            }
+        }
+        "jwt" => Err(format!("`{text}`: JWT key parts are not supported yet")),
+        other => Err(match suggest(other, NAMED) {
+            Some(s) => format!("unknown key part `{text}`; did you mean `{s}:{name}`?"),
+            None => format!("`{text}`: {all}"),
+        }),
+    }
+}
+
 fn matcher(d: &Diag<'_>, m: &Sp<MatchFile>, routes: &[String]) -> Option<Matcher> {
     let at = Some(&m.referenced);
     let m = &m.value;
@@ -1560,12 +1660,191 @@ fn matcher(d: &Diag<'_>, m: &Sp<MatchFile>, routes: &[String]) -> Option<Matcher
         }
         PathMatch::Any
     };
+    let hosts = m
+        .hosts
+        .as_ref()
+        .map_or(Some(vec![]), |h| host_patterns(d, h));
+    let headers = conditions(d, "headers", m.headers.as_deref());
+    let query = conditions(d, "query", m.query.as_deref());
     Some(Matcher {
         methods: methods?,
         path,
         case_insensitive,
         route: route?,
+        hosts: hosts?,
+        headers: headers?,
+        query: query?,
     })
+}
+
+/// `hosts:`: each an exact name or `*.suffix`, ASCII case-insensitive
+/// (held lower case, without a trailing dot or a port).
+fn host_patterns(d: &Diag<'_>, hosts: &[Sp<String>]) -> Option<Vec<HostPattern>> {
+    let mut out = Some(vec![]);
+    if hosts.is_empty() {
+        d.error(
+            "hosts",
+            None,
+            "an empty list matches nothing; leave `hosts` out to match any host",
+        );
+        return None;
+    }
+    for h in hosts {
+        let v = h.value.trim().to_ascii_lowercase();
+        let (suffix, name) = match v.strip_prefix("*.") {
+            Some(rest) => (true, rest.trim_end_matches('.')),
+            None => (false, v.trim_end_matches('.')),
+        };
+        // A name: letters, digits, `-`, `_` and dots between labels; or an
+        // IPv6 literal in brackets.
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        let ipv6 = !suffix
+            && name.starts_with('[')
+            && name.ends_with(']')
+            && name[1..name.len() - 1]
+                .parse::<std::net::Ipv6Addr>()
+                .is_ok();
+        let problem = if name.is_empty() && suffix {
+            Some("`*.` alone names no domain: write `*.example.com`".to_owned())
+        } else if name.is_empty() {
+            Some("an empty host matches nothing".to_owned())
+        } else if name.contains(':') && !ipv6 {
+            Some(format!(
+                "`{}`: hosts are matched without their port; write `{}`",
+                h.value,
+                name.split(':').next().unwrap_or("")
+            ))
+        } else if !ipv6 && !name.split('.').all(label_ok) {
+            Some(format!(
+                "`{}` is not a host name (letters, digits and `-` between dots, or `*.` before one)",
+                h.value
+            ))
+        } else {
+            None
+        };
+        match problem {
+            Some(m) => {
+                d.error("hosts", Some(&h.referenced), m);
+                out = None;
+            }
+            None => {
+                if let Some(o) = out.as_mut() {
+                    o.push(if suffix {
+                        HostPattern::Suffix(format!(".{name}"))
+                    } else {
+                        HostPattern::Exact(name.to_owned())
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `headers:` or `query:` (`key`): each a name and exactly one of
+/// `exact`, `prefix`, `regex`, `present`, perhaps `invert`.
+fn conditions(
+    d: &Diag<'_>,
+    key: &str,
+    list: Option<&[Sp<ConditionFile>]>,
+) -> Option<Vec<Condition>> {
+    let mut out = Some(vec![]);
+    for c in list.unwrap_or_default() {
+        let at = Some(&c.referenced);
+        let c = &c.value;
+        let name = c.name.value.trim();
+        let name = if key == "headers" {
+            match HeaderName::from_bytes(name.as_bytes()) {
+                Ok(n) => Some(n.as_str().to_owned()),
+                Err(_) => {
+                    d.error(
+                        key,
+                        Some(&c.name.referenced),
+                        format!("`{name}` is not a header name"),
+                    );
+                    None
+                }
+            }
+        } else if name.is_empty() {
+            d.error(
+                key,
+                Some(&c.name.referenced),
+                "a query condition needs the parameter's `name`",
+            );
+            None
+        } else {
+            Some(name.to_owned())
+        };
+        let given = [
+            c.exact.is_some(),
+            c.prefix.is_some(),
+            c.regex.is_some(),
+            c.present.is_some(),
+        ];
+        let test = match given.iter().filter(|g| **g).count() {
+            1 => {
+                if let Some(x) = &c.exact {
+                    Some(Test::Exact(x.value.clone()))
+                } else if let Some(x) = &c.prefix {
+                    Some(Test::Prefix(x.value.clone()))
+                } else if let Some(x) = &c.present {
+                    Some(Test::Present(x.value))
+                } else {
+                    let x = c.regex.as_ref().expect("one given");
+                    match regex::RegexBuilder::new(&x.value)
+                        .size_limit(1 << 20)
+                        .build()
+                    {
+                        Ok(re) => Some(Test::Regex(re)),
+                        Err(e) => {
+                            let first = e
+                                .to_string()
+                                .lines()
+                                .last()
+                                .unwrap_or("invalid")
+                                .trim()
+                                .to_owned();
+                            d.error(
+                                key,
+                                Some(&x.referenced),
+                                format!("invalid regex `{}`: {first}", x.value),
+                            );
+                            None
+                        }
+                    }
+                }
+            }
+            n => {
+                let which = if n == 0 { "needs" } else { "takes only" };
+                d.error(
+                    key,
+                    at,
+                    format!(
+                        "`{}` {which} one of `exact`, `prefix`, `regex`, `present`",
+                        c.name.value
+                    ),
+                );
+                None
+            }
+        };
+        match (name, test) {
+            (Some(name), Some(test)) => {
+                if let Some(o) = out.as_mut() {
+                    o.push(Condition {
+                        name,
+                        test,
+                        invert: c.invert.as_ref().is_some_and(|i| i.value),
+                    });
+                }
+            }
+            _ => out = None,
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -73,6 +73,13 @@ struct RequestFacts {
     peer: Option<std::net::IpAddr>,
     #[serde(default)]
     headers: HashMap<String, String>,
+    /// The host asked for (as `Host`).
+    host: Option<String>,
+    /// The query string (without `?`), when `path` has none.
+    query: Option<String>,
+    /// Cookies by name (as one `Cookie` header).
+    #[serde(default)]
+    cookies: HashMap<String, String>,
 }
 
 fn one() -> u64 {
@@ -175,26 +182,55 @@ struct Described {
     peer: Option<std::net::IpAddr>,
 }
 
+/// What a caller says of the request besides its method and path.
+#[derive(Default)]
+struct Extras<'a> {
+    /// The query string, when the path has none.
+    query: Option<&'a str>,
+    /// The host (as `Host`).
+    host: Option<&'a str>,
+    /// Cookies, as one `Cookie` header.
+    cookies: Vec<(&'a str, &'a str)>,
+}
+
 impl Described {
     /// A bad method or path is answered (the `Err`).
     fn new<'a>(
         method: &str,
         target: &str,
         headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+        extras: Extras<'_>,
         peer: Option<std::net::IpAddr>,
     ) -> Result<Self, Box<Response<Body>>> {
+        let target = match extras.query {
+            Some(q) if !target.contains('?') => format!("{target}?{}", q.trim_start_matches('?')),
+            _ => target.to_owned(),
+        };
         let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
             return Err(Box::new(problem_response(
                 StatusCode::BAD_REQUEST,
                 "bad `method`",
             )));
         };
-        let path = match rule_path(&method, target) {
+        let path = match rule_path(&method, &target) {
             Ok(p) => p.into_owned(),
             Err(e) => return Err(Box::new(e.answer())),
         };
+        let cookie = extras
+            .cookies
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let extra: Vec<(&str, &str)> = extras
+            .host
+            .map(|h| ("host", h))
+            .into_iter()
+            .chain((!cookie.is_empty()).then_some(("cookie", cookie.as_str())))
+            .collect();
+        let given: Vec<(&str, &str)> = headers.into_iter().collect();
         let mut map = HeaderMap::new();
-        for (k, v) in headers {
+        for &(k, v) in given.iter().chain(&extra) {
             if let (Ok(n), Ok(v)) = (
                 HeaderName::from_bytes(k.as_bytes()),
                 HeaderValue::from_str(v),
@@ -204,7 +240,7 @@ impl Described {
         }
         Ok(Self {
             method,
-            target: target.to_owned(),
+            target,
             path,
             headers: map,
             peer,
@@ -459,7 +495,16 @@ async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Response<Body> {
     match (&body.request, &body.rule, &body.key) {
         (Some(r), None, None) => {
             let headers = r.headers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-            described = match Described::new(&r.method, &r.path, headers, r.peer) {
+            let extras = Extras {
+                query: r.query.as_deref(),
+                host: r.host.as_deref(),
+                cookies: r
+                    .cookies
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect(),
+            };
+            described = match Described::new(&r.method, &r.path, headers, extras, r.peer) {
                 Ok(d) => d,
                 Err(answer) => return *answer,
             };
@@ -476,7 +521,10 @@ async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Response<Body> {
                 Ok(w) => w,
                 Err(refusal) => return refused(gw, live, refusal),
             };
-            matched = policy.matching(&facts, who);
+            matched = match policy.matching(&facts, who) {
+                Ok(m) => m,
+                Err(refusal) => return refused(gw, live, refusal),
+            };
         }
         (None, Some(rule), Some(key)) => {
             matched = match policy.named(rule, key, body.identity.as_deref()) {
@@ -616,10 +664,19 @@ async fn explain(live: &Live, q: &[(String, String)]) -> Response<Body> {
         .iter()
         .filter_map(|(k, v)| Some((k.strip_prefix("header:")?, v.as_str())));
     let peer = param(q, "peer").and_then(|p| p.parse().ok());
+    let extras = Extras {
+        query: param(q, "query"),
+        host: param(q, "host"),
+        cookies: q
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("cookie:")?, v.as_str())))
+            .collect(),
+    };
     let described = match Described::new(
         param(q, "method").unwrap_or("GET"),
         param(q, "path").unwrap_or("/"),
         headers,
+        extras,
         peer,
     ) {
         Ok(d) => d,
@@ -637,23 +694,30 @@ async fn explain(live: &Live, q: &[(String, String)]) -> Response<Body> {
         route: Some(live.router.route_name(&request)),
     };
     let head = |identity: &str, would: bool| json!({"method": method.as_str(), "path": path, "identity": identity, "would_allow": would});
+    // Refused before any rule decides: why, and with which status.
+    let refused = |identity: &str, refusal: Refusal| {
+        let mut v = head(identity, false);
+        v["status"] = json!(refusal.status(live.config.status).as_u16());
+        v["refused"] = json!(match &refusal {
+            Refusal::Denied(_) => "denied",
+            Refusal::NoIdentity(_) => "no_identity",
+            Refusal::MissingPart { .. } => "missing_part",
+            _ => "unavailable",
+        });
+        v["detail"] = json!(problem_detail(&refusal.problem(live.config.status)));
+        v["rules"] = json!([]);
+        json_response(StatusCode::OK, &v)
+    };
     let who = match policy.identify(&facts) {
         Ok(w) => w,
-        Err(refusal) => {
-            let mut v = head(given.unwrap_or(""), false);
-            v["status"] = json!(refusal.status(live.config.status).as_u16());
-            v["refused"] = json!(match &refusal {
-                Refusal::Denied(_) => "denied",
-                Refusal::NoIdentity(_) => "no_identity",
-                _ => "unavailable",
-            });
-            v["rules"] = json!([]);
-            return json_response(StatusCode::OK, &v);
-        }
+        Err(refusal) => return refused(given.unwrap_or(""), refusal),
     };
     let limited = who.limited;
     let identity = who.identity.clone();
-    let matched = policy.matching(&facts, who);
+    let matched = match policy.matching(&facts, who) {
+        Ok(m) => m,
+        Err(refusal) => return refused(&identity, refusal),
+    };
     // Each key's state as the store holds it.
     let mut states = vec![];
     for op in matched.ops() {
@@ -704,6 +768,12 @@ async fn explain(live: &Live, q: &[(String, String)]) -> Response<Body> {
         v["headers"] = decision_json(d, live)["headers"].clone();
     }
     json_response(StatusCode::OK, &v)
+}
+
+/// The `detail` of a problem body (RFC 9457), for answers that show it.
+fn problem_detail(body: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(body).ok()?;
+    v.get("detail")?.as_str().map(str::to_owned)
 }
 
 /// Most entries a listing returns.

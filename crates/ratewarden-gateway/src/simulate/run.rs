@@ -342,12 +342,13 @@ impl<'a> Prepared<'a> {
                 identity: Identity::Given(Some(&traffic.identities[client])),
                 route: *route,
             };
-            let decided = at_once!(policy.matching(&facts, who.clone()).decide(
-                &limiter,
-                1,
-                Mode::Apply
-            ))
-            .ok_or("the memory store did not decide at once")?;
+            let Ok(matched) = policy.matching(&facts, who.clone()) else {
+                // `missing: reject`: refused before any rule counts it.
+                run.refused_otherwise += 1;
+                continue;
+            };
+            let decided = at_once!(matched.decide(&limiter, 1, Mode::Apply))
+                .ok_or("the memory store did not decide at once")?;
             match decided {
                 Ok(mut admitted) => {
                     if let Some(d) = &admitted.decision {
