@@ -564,10 +564,12 @@ pub async fn decide_ops<S: Store>(
     weight: u64,
     mode: Mode,
 ) -> Result<(Decision, Option<Pending>), OpsRefusal> {
-    let a = limiter
+    let verdicts = limiter
+        .store()
         .decide(ops, weight, mode)
         .await
         .map_err(OpsRefusal::Unavailable)?;
+    let a = ratewarden::Admission::from_verdicts(ops, &verdicts, weight, mode);
     if !a.decision.allowed {
         return Err(OpsRefusal::Limited(a.decision));
     }

@@ -90,6 +90,21 @@ pub struct Admission {
     pub pending: Option<Pending>,
 }
 
+impl Admission {
+    /// What a store's `verdicts` on `ops` amount to: the decision and, in
+    /// [`Mode::Apply`] when admitted, what stays to settle or release. The
+    /// one way from verdicts to a decision (for a front end that calls the
+    /// store itself, as the tower crate's `decide_ops` does).
+    pub fn from_verdicts(ops: &[Op<'_>], verdicts: &[Verdict], weight: u64, mode: Mode) -> Self {
+        let decision = assemble(ops, verdicts);
+        let pending = match mode {
+            Mode::Apply if decision.allowed => pending(ops, verdicts, weight),
+            _ => None,
+        };
+        Admission { decision, pending }
+    }
+}
+
 impl<S: Store> Limiter<S> {
     /// A limiter over `store`.
     pub fn new(store: S) -> Self {
@@ -117,8 +132,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// [`acquire`](Self::acquire) in [`Mode::Apply`], [`peek`](Self::peek)
-    /// in [`Mode::Peek`] (which leaves nothing pending): the one way from
-    /// a store's verdicts to a decision.
+    /// in [`Mode::Peek`] (which leaves nothing pending).
     pub async fn decide(
         &self,
         ops: &[Op<'_>],
@@ -126,12 +140,7 @@ impl<S: Store> Limiter<S> {
         mode: Mode,
     ) -> Result<Admission, StoreError> {
         let verdicts = self.store.decide(ops, weight, mode).await?;
-        let decision = assemble(ops, &verdicts);
-        let pending = match mode {
-            Mode::Apply if decision.allowed => pending(ops, &verdicts, weight),
-            _ => None,
-        };
-        Ok(Admission { decision, pending })
+        Ok(Admission::from_verdicts(ops, &verdicts, weight, mode))
     }
 
     /// Settles a request's `count: failures` rules: `failure` charges them,
