@@ -103,6 +103,7 @@ pub(crate) enum Decided<'l> {
 impl<'l> Flow<'l> {
     /// Phase 1: a request arrives under `live`, carrying `X-Request-Id`
     /// `given` (kept when valid).
+    #[inline]
     pub(crate) fn start(gw: &'l Gateway, live: &'l Live, given: Option<&[u8]>) -> Self {
         let arrival = crate::observe::access::arrived();
         Self {
@@ -116,18 +117,21 @@ impl<'l> Flow<'l> {
     }
 
     /// The gateway's metrics.
+    #[inline]
     pub(crate) fn metrics(&self) -> &'l crate::observe::metrics::Metrics {
         &self.gw.metrics
     }
 
     /// Whether the request gets an access log line (the wire gathers what
     /// only the line needs only then).
+    #[inline]
     pub(crate) fn logged(&self) -> bool {
         self.gw.access.is_some()
     }
 
     /// Phase 2: the path rules and routes see, from the target as sent; an
     /// edge refusal otherwise (its status noted).
+    #[inline]
     pub(crate) fn rule_path<'t>(
         &mut self,
         method: &http::Method,
@@ -138,6 +142,7 @@ impl<'l> Flow<'l> {
 
     /// Phase 3: the route `request` takes (`None`: the echo upstream's,
     /// when there are no servers).
+    #[inline]
     pub(crate) fn route(&mut self, request: &RequestView<'_>) -> Option<(&'l str, &'l Group)> {
         let chosen = self.live.router.route(request);
         self.counted = match chosen {
@@ -204,6 +209,7 @@ impl<'l> Flow<'l> {
 
     /// Phase 9: the route's answer counts, and the access log's line
     /// (`line` is asked only when there is a log).
+    #[inline]
     pub(crate) fn finish<'a>(self, line: impl FnOnce() -> Line<'a>) {
         let n = &self.note;
         match self.counted {
