@@ -65,8 +65,9 @@ enum Command {
         /// Config file (default: ./ratewarden.yaml if present, else the built-in example).
         #[arg(short, long)]
         config: Option<PathBuf>,
-        /// A trace (CSV or JSONL: `t, identity, method, path[, status]`) or
-        /// generators joined by `+`:
+        /// A trace (CSV or JSONL: `t, identity, method, path[, status]`;
+        /// JSONL lines may add `host` and `headers`) or generators joined
+        /// by `+`:
         ///
         ///   steady:rate=N        N requests a second, evenly
         ///   poisson:rate=N       N a second on average, random gaps
@@ -75,8 +76,9 @@ enum Command {
         ///   attack:rate=N        N a second, spread over many clients
         ///
         /// Every generator also takes duration=D (default 60s), start=D,
-        /// method=M, path=P, status=S (the upstream's answer), seed=N and
-        /// clients=N. Example: `steady:rate=50,duration=60s+burst:size=100,every=10s`.
+        /// method=M, path=P, status=S (the upstream's answer), seed=N,
+        /// clients=N, host=H and header:NAME=V.
+        /// Example: `steady:rate=50,duration=60s+burst:size=100,every=10s`.
         #[arg(short, long, verbatim_doc_comment)]
         traffic: String,
         /// Algorithms to replay the same traffic under as well, each

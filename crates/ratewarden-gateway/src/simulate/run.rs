@@ -8,13 +8,14 @@
 use std::future::Future as _;
 use std::time::Duration;
 
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode};
 use ratewarden::MemoryStore;
 use ratewarden::clock::{ManualClock, Micros};
 use ratewarden::{Limiter, Mode};
 use ratewarden_tower::admission::{Facts, Identity, Refusal, Who};
 use ratewarden_tower::policy::Policy;
-use ratewarden_tower::view::RequestView;
+use ratewarden_tower::view::{Fields, RequestView};
 
 use super::traffic::Traffic;
 use crate::config::RouteSpec;
@@ -202,6 +203,8 @@ struct Prepared<'a> {
     /// per client, as the proxy would ask it per request. `Err` for a
     /// client refused before any rule (`deny`, no identity).
     who: Vec<Result<Who, ()>>,
+    /// Each distinct request's header fields (its host as `Host`).
+    fields: Vec<HeaderMap>,
     /// Which part of a split replay a client falls in: by its identity as
     /// the rules see it (two addresses of one IPv6 /64 are one client).
     hash: Vec<u64>,
@@ -216,15 +219,31 @@ impl<'a> Prepared<'a> {
         routes: &'a [RouteSpec],
         traffic: &'a Traffic,
     ) -> Result<Self, String> {
+        let mut fields = Vec::with_capacity(traffic.requests.len());
+        for r in &traffic.requests {
+            let mut map = HeaderMap::new();
+            let given = r.headers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            for (k, v) in given.chain(r.host.as_deref().map(|h| ("host", h))) {
+                let name = HeaderName::from_bytes(k.as_bytes())
+                    .map_err(|_| format!("`{k}` is not a header name"))?;
+                let value = HeaderValue::from_str(v)
+                    .map_err(|_| format!("header `{k}`: `{v}` is not a header value"))?;
+                map.append(name, value);
+            }
+            fields.push(map);
+        }
         let requests: Vec<(Method, &str, String, Option<&str>)> = traffic
             .requests
             .iter()
-            .map(|(m, p)| {
+            .zip(&fields)
+            .map(|(r, map)| {
+                let (m, p) = (&r.method, &r.target);
                 let path = crate::proxy::forward::rule_path(m, p)
                     .map_err(|e| format!("path `{p}` is refused at the edge: {e:?}"))?
                     .into_owned();
                 let view = RequestView {
                     target: p,
+                    fields: Fields::Map(map),
                     ..RequestView::bare(m, &path)
                 };
                 let route =
@@ -267,6 +286,7 @@ impl<'a> Prepared<'a> {
             peers,
             who,
             hash,
+            fields,
             ids,
         })
     }
@@ -336,6 +356,7 @@ impl<'a> Prepared<'a> {
             let facts = Facts {
                 request: RequestView {
                     target,
+                    fields: Fields::Map(&self.fields[e.request as usize]),
                     peer: self.peers[client],
                     ..RequestView::bare(method, path)
                 },

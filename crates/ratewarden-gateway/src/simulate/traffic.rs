@@ -4,8 +4,10 @@
 //! A trace line is `t, identity, method, path[, status]`: `t` in seconds
 //! from the trace's start (a fraction allowed), `status` the upstream's
 //! answer (for `count: failures` rules). JSONL lines are objects with the
-//! same names. A generator spec is `NAME:key=value,...`, several joined
-//! by `+`:
+//! same names, and may also carry `host` and `headers` (an object of
+//! names and values), for rules that match or key on them. A generator
+//! spec is `NAME:key=value,...`, several joined by `+`; besides its own
+//! keys each takes `host=NAME` and `header:NAME=VALUE`:
 //!
 //! | generator | what | its keys (besides `duration`, `start`, `path`, `method`, `status`, `seed`) |
 //! |---|---|---|
@@ -41,13 +43,38 @@ pub struct Event {
     pub status: u16,
 }
 
+/// One distinct request of a trace: what rules can see of it besides the
+/// client.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Request {
+    /// The method.
+    pub method: Method,
+    /// The target as given (path and query).
+    pub target: String,
+    /// The host asked for, if given.
+    pub host: Option<String>,
+    /// Header fields, if given (names as written).
+    pub headers: Vec<(String, String)>,
+}
+
+impl Request {
+    fn new(method: Method, target: &str) -> Self {
+        Self {
+            method,
+            target: target.to_owned(),
+            host: None,
+            headers: vec![],
+        }
+    }
+}
+
 /// Requests in time order, with the strings they refer to interned.
 #[derive(Debug, Default)]
 pub struct Traffic {
     /// The clients.
     pub identities: Vec<String>,
-    /// The distinct (method, path) pairs.
-    pub requests: Vec<(Method, String)>,
+    /// The distinct requests.
+    pub requests: Vec<Request>,
     /// The requests, by time.
     pub events: Vec<Event>,
 }
@@ -58,13 +85,7 @@ impl Traffic {
         self.events.last().map_or(0, |e| e.t)
     }
 
-    fn intern_request(
-        &mut self,
-        seen: &mut HashMap<(Method, String), u32>,
-        m: Method,
-        path: &str,
-    ) -> u32 {
-        let k = (m, path.to_owned());
+    fn intern_request(&mut self, seen: &mut HashMap<Request, u32>, k: Request) -> u32 {
         if let Some(&i) = seen.get(&k) {
             return i;
         }
@@ -102,6 +123,7 @@ pub fn read_trace(text: &str, jsonl: bool) -> Result<Traffic, String> {
             continue;
         }
         let at = |e: String| format!("line {}: {e}", n + 1);
+        let (mut host, mut headers) = (None, vec![]);
         let (t, identity, method, path, status) = if jsonl {
             #[derive(serde::Deserialize)]
             #[serde(deny_unknown_fields)]
@@ -113,11 +135,16 @@ pub fn read_trace(text: &str, jsonl: bool) -> Result<Traffic, String> {
                 path: String,
                 #[serde(default)]
                 status: Option<u16>,
+                #[serde(default)]
+                host: Option<String>,
+                #[serde(default)]
+                headers: std::collections::BTreeMap<String, String>,
             }
             fn get() -> String {
                 "GET".into()
             }
             let l: Line = serde_json::from_str(line).map_err(|e| at(e.to_string()))?;
+            (host, headers) = (l.host, l.headers.into_iter().collect());
             (l.t, l.identity, l.method, l.path, l.status)
         } else {
             let f: Vec<&str> = line.split(',').map(str::trim).collect();
@@ -161,7 +188,14 @@ pub fn read_trace(text: &str, jsonl: bool) -> Result<Traffic, String> {
         }
         let next = ids.len() as u32;
         let id = *ids.entry(identity).or_insert(next);
-        let request = out.intern_request(&mut reqs, method, &path);
+        let request = out.intern_request(
+            &mut reqs,
+            Request {
+                host,
+                headers,
+                ..Request::new(method, &path)
+            },
+        );
         out.events.push(Event {
             t: (t * 1e6).round() as u64,
             identity: id,
@@ -266,11 +300,9 @@ impl<'a> Params<'a> {
         let common = [
             "duration", "start", "method", "path", "status", "seed", "clients",
         ];
-        match self
-            .kv
-            .keys()
-            .find(|k| !own.contains(k) && !common.contains(k))
-        {
+        match self.kv.keys().find(|k| {
+            !own.contains(k) && !common.contains(k) && **k != "host" && !k.starts_with("header:")
+        }) {
             Some(k) => Err(format!("{}: unknown key `{k}`", self.name)),
             None => Ok(()),
         }
@@ -299,7 +331,21 @@ pub fn generate(spec: &str) -> Result<Traffic, String> {
         let name = p.name;
         let default_clients = if name == "attack" { 1000.0 } else { 1.0 };
         let clients = (p.num("clients", Some(default_clients))? as u64).clamp(1, 1 << 20);
-        let request = out.intern_request(&mut reqs, method, path);
+        let host = p.take("host").map(str::to_owned);
+        let mut headers: Vec<(String, String)> =
+            p.kv.iter()
+                .filter_map(|(k, v)| Some((k.strip_prefix("header:")?.to_owned(), (*v).to_owned())))
+                .collect();
+        headers.sort();
+        p.kv.retain(|k, _| !k.starts_with("header:"));
+        let request = out.intern_request(
+            &mut reqs,
+            Request {
+                host,
+                headers,
+                ..Request::new(method, path)
+            },
+        );
         let first_id = out.identities.len() as u32;
         for i in 0..clients as u32 {
             out.identities
@@ -419,7 +465,7 @@ mod tests {
         assert_eq!(t.events.len(), 20);
         assert_eq!(t.events[1].t - t.events[0].t, 100_000);
         assert_eq!(t.identities, ["10.0.0.0", "10.0.0.1"]);
-        assert_eq!(t.requests, [(Method::GET, "/a".to_owned())]);
+        assert_eq!(t.requests, [Request::new(Method::GET, "/a")]);
         assert_eq!(t.events[3].identity, 1);
     }
 
@@ -477,11 +523,11 @@ mod tests {
         assert_eq!(t.events[0].t, 0);
         assert_eq!(t.identities[t.events[0].identity as usize], "bob");
         assert_eq!(t.events[1].status, 503);
-        assert_eq!(t.requests[0], (Method::GET, "/x".to_owned()));
+        assert_eq!(t.requests[0], Request::new(Method::GET, "/x"));
         let jsonl = "{\"t\":1.25,\"identity\":\"a\",\"path\":\"/z\"}\n";
         let j = read_trace(jsonl, true).unwrap();
         assert_eq!(j.events[0].t, 1_250_000);
-        assert_eq!(j.requests[0].0, Method::GET);
+        assert_eq!(j.requests[0].method, Method::GET);
     }
 
     #[test]
