@@ -166,6 +166,32 @@ pub fn request_view(data: &[u8]) {
     }
 }
 
+/// The JWT verifier on any token: never panics, and never trusts one (no
+/// input can carry a valid signature for this verifier's keys, or its
+/// HMAC secret).
+pub fn jwt(data: &[u8]) {
+    use std::sync::OnceLock;
+    static V: OnceLock<crate::jwt::Verifier> = OnceLock::new();
+    let v = V.get_or_init(|| {
+        let jwks = r#"{"keys": [
+            {"kty": "RSA", "kid": "r", "n": "wWd3jQ", "e": "AQAB"},
+            {"kty": "EC", "kid": "e", "crv": "P-256", "x": "AQID", "y": "BAUG"},
+            {"kty": "OKP", "kid": "o", "crv": "Ed25519", "x": "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA"}
+        ]}"#;
+        crate::jwt::Verifier::new(
+            crate::jwt::From::Header("authorization".into()),
+            Some(jwks),
+            Some(b"fuzzing secret, 32 bytes long..."),
+            Some("iss".into()),
+            vec!["aud".into()],
+            30,
+        )
+        .expect("a valid verifier")
+    });
+    let token = String::from_utf8_lossy(data);
+    assert!(v.verify(&token, 1_800_000_000).is_err(), "trusted: {token}");
+}
+
 /// Upstream response heads and the chunk scanner of the relay.
 pub fn h1_response(data: &[u8]) {
     let mut fields = vec![];

@@ -29,6 +29,8 @@ pub struct Live {
     pub router: Router,
     /// Each rule's decision counts, by rule id.
     counts: Vec<(u64, Arc<RuleCounts>)>,
+    /// A rule keys on a token's claims: requests' tokens are verified.
+    reads_claims: bool,
 }
 
 impl std::fmt::Debug for Live {
@@ -50,11 +52,18 @@ impl Live {
             .iter()
             .map(|r| (r.rule.id(), metrics.counts(r.rule.name())))
             .collect();
+        let reads_claims = config.jwt.is_some()
+            && config.policy.rules.iter().any(|r| {
+                r.key
+                    .iter()
+                    .any(|k| matches!(k, ratewarden_tower::policy::KeyPart::Jwt(_)))
+            });
         Self {
             config,
             limiter,
             router,
             counts,
+            reads_claims,
         }
     }
 
@@ -123,6 +132,43 @@ impl Gateway {
             metrics,
             access,
         }))
+    }
+
+    /// The claims of `request`'s token, when the config verifies tokens
+    /// and a rule keys on them. A token that is not trusted is none (the
+    /// rule's `missing:` applies), counted by reason and logged at DEBUG.
+    pub(crate) fn claims(
+        &self,
+        live: &Live,
+        request: &ratewarden_tower::view::RequestView<'_>,
+    ) -> Option<crate::jwt::Claims> {
+        if !live.reads_claims {
+            return None;
+        }
+        let token = live.config.jwt.as_ref()?.token(request)?;
+        self.verify_token(live, &token)
+    }
+
+    /// The claims of `token`, if it is to be trusted (see [`Self::claims`]).
+    pub(crate) fn verify_token(&self, live: &Live, token: &str) -> Option<crate::jwt::Claims> {
+        let verifier = live.config.jwt.as_ref()?;
+        let now = match &self.clock {
+            Some(c) => c.now().get() / 1_000_000,
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        match verifier.verify(token, now) {
+            Ok(c) => Some(c),
+            Err(reason) => {
+                self.metrics.jwt_rejected(reason.as_str());
+                tracing::debug!(
+                    reason = reason.as_str(),
+                    "token not trusted: its claims are missing"
+                );
+                None
+            }
+        }
     }
 
     /// Access log lines dropped because the writer fell behind.

@@ -13,7 +13,8 @@
 //! - [`upstream`]: routes, their groups of servers, and the pools;
 //! - [`wire`]: client and upstream connections, idle watchdog;
 //! - [`observe`]: metrics, the access log, request ids;
-//! - [`config`]: plain specs, a leaf (with [`tls`], which it loads through);
+//! - [`config`]: plain specs, a leaf (with [`tls`] and [`jwt`], which it
+//!   loads through);
 //! - [`simulate`]: `ratewarden simulate`, on the same admission path.
 
 pub mod answer;
@@ -22,6 +23,7 @@ pub mod front;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gateway;
+pub mod jwt;
 pub mod observe;
 pub mod proxy;
 pub mod server;

@@ -743,6 +743,8 @@ fn the_reference_config_shows_every_key() {
         "rules: [{name: r, limit: 1, window: 1s, zzzzqq: 1}]",
         "rules: [{name: r, limit: 1, window: 1s, match: {zzzzqq: 1}}]",
         "rules: [{name: r, limit: 1, window: 1s, match: {headers: [{name: a, zzzzqq: 1}]}}]",
+        "jwt: {zzzzqq: 1}",
+        "jwt: {from: {zzzzqq: 1}}",
         "rules: [{name: r, limit: 1, window: 1s, distribution: {zzzzqq: 1}}]",
         "routes: [{name: a, upstream: 'http://x:1', zzzzqq: 1}]",
         "rls: {listen: '127.0.0.1:1', zzzzqq: 1}",
@@ -868,8 +870,27 @@ fn new_match_fields_and_key_parts_are_checked_at_their_lines() {
     has(11, "query", "takes only one of");
     has(12, "query", "needs one of");
     has(24, "key", "the rule has none");
-    has(13, "key", "JWT key parts are not supported yet");
+    has(13, "key", "needs a top-level `jwt:` section");
     has(13, "key", "names nothing after `cookie:`");
     has(14, "missing", "identity, anonymous, skip or reject");
     has(19, "key", "captures `path:order`");
+}
+
+/// A `jwt:` whose keys cannot be used never starts: the JWKS file that
+/// cannot be read, or holds a key of no supported type, at its line.
+#[test]
+fn a_jwt_section_with_unusable_keys_is_refused_at_its_line() {
+    let e = error("jwt:\n  jwks: /nonexistent/jwks.json\nrules: []\n");
+    assert_eq!((e.line, e.key.as_str()), (2, "jwks"), "{e}");
+    assert!(e.message.contains("cannot read"), "{e}");
+    let dir = std::env::temp_dir().join(format!("rw-jwks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("jwks.json");
+    std::fs::write(&file, r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}"#).unwrap();
+    let e = error(&format!("jwt:\n  jwks: {}\nrules: []\n", file.display()));
+    assert_eq!((e.line, e.key.as_str()), (2, "jwks"), "{e}");
+    assert!(e.message.contains("not supported"), "{e}");
+    let e = error("jwt: {issuer: x}\nrules: []\n");
+    assert!(e.message.contains("give `jwks`"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

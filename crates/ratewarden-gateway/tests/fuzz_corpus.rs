@@ -68,3 +68,8 @@ fn rls_request() {
 fn request_view() {
     corpus("request_view", ratewarden_gateway::fuzzing::request_view);
 }
+
+#[test]
+fn jwt() {
+    corpus("jwt", ratewarden_gateway::fuzzing::jwt);
+}

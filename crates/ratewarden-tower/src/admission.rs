@@ -410,6 +410,10 @@ fn key_of<'r>(r: &'r PolicyRule, identity: &str, facts: &Facts<'_>) -> Result<St
                     .filter(|v| !v.is_empty()),
                 _ => None,
             },
+            KeyPart::Jwt(c) => request
+                .claims
+                .and_then(|claims| claims.claim(c))
+                .filter(|v| !v.is_empty()),
             // (Not nested: the config hashes a plain part.)
             KeyPart::Hashed(..) => None,
         };

@@ -448,6 +448,7 @@ where
                     fields: view::Fields::Map(&parts.headers),
                     peer: peer_ip(&parts),
                     sni: None,
+                    claims: None,
                 },
                 route: None,
                 identity: Identity::Given(given.as_deref()),

@@ -114,6 +114,9 @@ pub enum KeyPart {
     Cookie(String),
     /// A named capture group of the rule's `path_regex` (`path:NAME`).
     Capture(String),
+    /// A claim of the request's verified token (`jwt:CLAIM`, nested as
+    /// `jwt:org.id`).
+    Jwt(String),
     /// Another part (a credential: an API key in a header, a parameter, a
     /// cookie), kept only as a keyed hash of its value: the store, the logs,
     /// the metrics and the admin API never hold the secret.
@@ -373,6 +376,7 @@ impl std::fmt::Display for KeyPart {
             KeyPart::Query(n) => write!(f, "query:{n}"),
             KeyPart::Cookie(n) => write!(f, "cookie:{n}"),
             KeyPart::Capture(n) => write!(f, "path:{n}"),
+            KeyPart::Jwt(n) => write!(f, "jwt:{n}"),
             KeyPart::Hashed(p, _) => write!(f, "hash({p})"),
         }
     }

@@ -74,6 +74,14 @@ pub fn text(v: &[u8]) -> Option<&str> {
         .flatten()
 }
 
+/// A verified token's claims, as a front end that verifies tokens gives
+/// them (the gateway's `jwt:`); this crate verifies nothing.
+pub trait Claims: std::fmt::Debug + Sync {
+    /// The claim at `path` (`sub`, `org.id`) as text, when it is a string
+    /// or a number.
+    fn claim(&self, path: &str) -> Option<Cow<'_, str>>;
+}
+
 /// What a front end knows of one request.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestView<'a> {
@@ -92,6 +100,9 @@ pub struct RequestView<'a> {
     pub peer: Option<IpAddr>,
     /// The server name the client asked for in its TLS handshake.
     pub sni: Option<&'a str>,
+    /// The claims of the request's verified token, when the front end
+    /// verified one.
+    pub claims: Option<&'a dyn Claims>,
 }
 
 impl<'a> RequestView<'a> {
@@ -105,6 +116,7 @@ impl<'a> RequestView<'a> {
             fields: Fields::None,
             peer: None,
             sni: None,
+            claims: None,
         }
     }
 

@@ -263,6 +263,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         upstream: root.target,
         rls: None,
         key_secret: None,
+        jwt: None,
         upstream_timeout: None,
         upstream_path: None,
         client_idle_timeout: None,

@@ -127,6 +127,8 @@ pub struct Config {
     pub status: StatusCode,
     /// Envoy's rate limit service (`rls:`).
     pub rls: Option<crate::config::rls::RlsSpec>,
+    /// Token verification for `jwt:CLAIM` key parts (`jwt:`).
+    pub jwt: Option<crate::jwt::Verifier>,
 }
 
 impl Config {

@@ -55,6 +55,32 @@ pub(crate) struct File {
     pub rls: Option<Sp<RlsFile>>,
     /// The key of the keyed hash of hashed key parts.
     pub key_secret: Option<Sp<String>>,
+    /// Tokens verified for `jwt:CLAIM` key parts.
+    pub jwt: Option<Sp<JwtFile>>,
+}
+
+/// `jwt:`: where the token is, the keys, the claims required.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct JwtFile {
+    pub from: Option<Sp<JwtFromFile>>,
+    /// A JWKS file (public keys).
+    pub jwks: Option<Sp<String>>,
+    /// The HS256/384/512 secret.
+    pub secret: Option<Sp<String>>,
+    pub issuer: Option<Sp<String>>,
+    pub audiences: Option<Vec<Sp<String>>>,
+    pub leeway: Option<Sp<String>>,
+}
+
+/// `from: {header: NAME}` (the default, `Authorization`), `{cookie: NAME}`
+/// or `{query: NAME}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct JwtFromFile {
+    pub header: Option<String>,
+    pub cookie: Option<String>,
+    pub query: Option<String>,
 }
 
 /// A `key:` part: its name (`header:X-Api-Key`), or `{hash: NAME}` for one

@@ -351,6 +351,13 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         Err(()) => (None, false),
     };
     rules_ok &= secret_ok;
+    // `Some(None)`: no `jwt:`; `None`: a bad one (its errors recorded).
+    let jwt = match f.jwt.as_ref().map(|j| jwt_verifier(d, j)) {
+        None => Some(None),
+        Some(Some(v)) => Some(Some(v)),
+        Some(None) => None,
+    };
+    let has_jwt = f.jwt.is_some();
     for r in f.rules {
         if names.contains(&r.name.value) {
             d.error(
@@ -361,7 +368,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
             rules_ok = false;
         }
         names.push(r.name.value.clone());
-        match rule(d, r, &route_names, hasher.as_ref()) {
+        match rule(d, r, &route_names, hasher.as_ref(), has_jwt) {
             Some(g) => rules.push(g),
             None => rules_ok = false,
         }
@@ -416,6 +423,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         headers: headers?,
         status: status?,
         rls: rls?,
+        jwt: jwt?,
     })
 }
 
@@ -1198,6 +1206,7 @@ fn rule(
     r: RuleFile,
     routes: &[String],
     hasher: Option<&KeyHasher>,
+    has_jwt: bool,
 ) -> Option<PolicyRule> {
     let kind = match &r.algorithm {
         None => Some(Kind::default()),
@@ -1370,7 +1379,12 @@ fn rule(
             let mut out = Some(vec![]);
             for p in parts {
                 let part = match &p.value {
-                    KeyPartFile::Plain(text) => key_part(text, matcher.as_ref()),
+                    KeyPartFile::Plain(text) => match key_part(text, matcher.as_ref()) {
+                        Ok(KeyPart::Jwt(_)) if !has_jwt => Err(format!(
+                            "`{text}` needs a top-level `jwt:` section (where the token is, its keys)"
+                        )),
+                        other => other,
+                    },
                     KeyPartFile::Hashed(h) => match (key_part(&h.hash, matcher.as_ref()), hasher) {
                         (Ok(part @ (KeyPart::Header(_) | KeyPart::Query(_) | KeyPart::Cookie(_))), Some(hasher)) => {
                             Ok(KeyPart::Hashed(Box::new(part), hasher.clone()))
@@ -1464,9 +1478,9 @@ fn rule(
 /// valid) names the captures `path:NAME` may take.
 fn key_part(text: &str, matcher: Option<&Matcher>) -> Result<KeyPart, String> {
     const PLAIN: [&str; 5] = ["identity", "method", "path", "global", "host"];
-    const NAMED: [&str; 4] = ["header", "query", "cookie", "path"];
+    const NAMED: [&str; 5] = ["header", "query", "cookie", "path", "jwt"];
     let all = "key parts are identity, method, path, host, global, header:NAME, \
-               query:NAME, cookie:NAME and path:NAME (a capture of the rule's path_regex)";
+               query:NAME, cookie:NAME, path:NAME (a capture of the rule's path_regex) and jwt:CLAIM";
     match text {
         "identity" => return Ok(KeyPart::Identity),
         "method" => return Ok(KeyPart::Method),
@@ -1518,7 +1532,7 @@ fn key_part(text: &str, matcher: Option<&Matcher>) -> Result<KeyPart, String> {
                 ))
             }
         }
-        "jwt" => Err(format!("`{text}`: JWT key parts are not supported yet")),
+        "jwt" => Ok(KeyPart::Jwt(name.to_owned())),
         other => Err(match suggest(other, NAMED) {
             Some(s) => format!("unknown key part `{text}`; did you mean `{s}:{name}`?"),
             None => format!("`{text}`: {all}"),
@@ -1743,6 +1757,70 @@ fn host_patterns(d: &Diag<'_>, hosts: &[Sp<String>]) -> Option<Vec<HostPattern>>
         }
     }
     out
+}
+
+/// `jwt:`: the verifier, its JWKS file read and checked now (a bad one
+/// never starts).
+fn jwt_verifier(d: &Diag<'_>, j: &Sp<JwtFile>) -> Option<crate::jwt::Verifier> {
+    let at = Some(&j.referenced);
+    let j = &j.value;
+    let from = match j.from.as_ref().map(|f| (&f.value, &f.referenced)) {
+        None => crate::jwt::From::Header("authorization".into()),
+        Some((f, at)) => match (&f.header, &f.cookie, &f.query) {
+            (Some(h), None, None) => match HeaderName::from_bytes(h.as_bytes()) {
+                Ok(n) => crate::jwt::From::Header(n.as_str().to_owned()),
+                Err(_) => {
+                    d.error("from", Some(at), format!("`{h}` is not a header name"));
+                    return None;
+                }
+            },
+            (None, Some(c), None) => crate::jwt::From::Cookie(c.clone()),
+            (None, None, Some(q)) => crate::jwt::From::Query(q.clone()),
+            _ => {
+                d.error("from", Some(at), "one of `header`, `cookie`, `query`");
+                return None;
+            }
+        },
+    };
+    let jwks = match &j.jwks {
+        None => None,
+        Some(p) => match std::fs::read_to_string(&p.value) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                d.error(
+                    "jwks",
+                    Some(&p.referenced),
+                    format!("cannot read `{}`: {e}", p.value),
+                );
+                return None;
+            }
+        },
+    };
+    let leeway = match &j.leeway {
+        None => Some(0),
+        Some(l) => d.duration("leeway", l).map(|l| l.as_secs()),
+    }?;
+    let made = crate::jwt::Verifier::new(
+        from,
+        jwks.as_deref(),
+        j.secret.as_ref().map(|s| s.value.as_bytes()),
+        j.issuer.as_ref().map(|i| i.value.clone()),
+        j.audiences
+            .iter()
+            .flatten()
+            .map(|a| a.value.clone())
+            .collect(),
+        leeway,
+    );
+    match made {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let key = if j.jwks.is_some() { "jwks" } else { "jwt" };
+            let at = j.jwks.as_ref().map(|p| &p.referenced).or(at);
+            d.error(key, at, e);
+            None
+        }
+    }
 }
 
 /// `headers:` or `query:` (`key`): each a name and exactly one of

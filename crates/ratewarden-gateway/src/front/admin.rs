@@ -421,7 +421,7 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
             Ok(body) => report(&live, body).await,
             Err(r) => r,
         },
-        (Method::GET, "/v1/explain") => explain(&live, &query(&req)).await,
+        (Method::GET, "/v1/explain") => explain(gw, &live, &query(&req)).await,
         (Method::GET, "/v1/rules") => rules(gw, &live),
         (Method::GET, "/ui") => page(crate::front::ui::page(&live), "text/html; charset=utf-8"),
         (Method::GET, "/ui/app.js") => page(
@@ -658,7 +658,7 @@ async fn report(live: &Live, body: ReportBody) -> Response<Body> {
     }
 }
 
-async fn explain(live: &Live, q: &[(String, String)]) -> Response<Body> {
+async fn explain(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response<Body> {
     let policy = &live.config.policy;
     let headers = q
         .iter()
@@ -682,7 +682,14 @@ async fn explain(live: &Live, q: &[(String, String)]) -> Response<Body> {
         Ok(d) => d,
         Err(answer) => return *answer,
     };
-    let request = described.view();
+    // `jwt=TOKEN`: verified as the proxy verifies a request's token.
+    let claims = param(q, "jwt").and_then(|t| gw.verify_token(live, t));
+    let request = RequestView {
+        claims: claims
+            .as_ref()
+            .map(|c| c as &dyn ratewarden_tower::view::Claims),
+        ..described.view()
+    };
     let (method, path) = (&described.method, &described.path);
     let given = param(q, "identity");
     let facts = Facts {

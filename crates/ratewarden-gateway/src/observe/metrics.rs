@@ -189,6 +189,8 @@ pub struct Metrics {
     reloads_failed: AtomicU64,
     /// TLS handshakes with clients that failed or timed out.
     tls_failures: AtomicU64,
+    /// Tokens not trusted, by reason (`jwt:`).
+    jwt_rejected: Mutex<Vec<(&'static str, u64)>>,
     bans: Mutex<HashMap<(String, String), Instant>>,
     /// Per rule, keys seen near or over their limit lately (sampled), as
     /// the candidates `/v1/keys` inspects.
@@ -269,6 +271,15 @@ impl Metrics {
             self.reloads_ok.fetch_add(1, Ordering::Relaxed);
         } else {
             self.reloads_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A request's token was not trusted, for `reason`.
+    pub fn jwt_rejected(&self, reason: &'static str) {
+        let mut r = self.jwt_rejected.lock();
+        match r.iter_mut().find(|(k, _)| *k == reason) {
+            Some((_, n)) => *n += 1,
+            None => r.push((reason, 1)),
         }
     }
 
@@ -455,6 +466,19 @@ impl Metrics {
             "# HELP ratewarden_tls_handshake_failures_total Client TLS handshakes that failed or timed out.\n# TYPE ratewarden_tls_handshake_failures_total counter\nratewarden_tls_handshake_failures_total {}",
             self.tls_failures.load(Ordering::Relaxed)
         );
+        let jwt = self.jwt_rejected.lock().clone();
+        if !jwt.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP ratewarden_jwt_rejected_total Tokens not trusted (the key part is missing), by reason.\n# TYPE ratewarden_jwt_rejected_total counter"
+            );
+            for (reason, n) in jwt {
+                let _ = writeln!(
+                    out,
+                    "ratewarden_jwt_rejected_total{{reason=\"{reason}\"}} {n}"
+                );
+            }
+        }
         let _ = writeln!(
             out,
             "# HELP ratewarden_config_reloads_total Config reloads.\n# TYPE ratewarden_config_reloads_total counter\nratewarden_config_reloads_total{{result=\"success\"}} {}\nratewarden_config_reloads_total{{result=\"failure\"}} {}",

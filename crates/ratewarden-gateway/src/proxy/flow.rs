@@ -160,6 +160,13 @@ impl<'l> Flow<'l> {
         request: RequestView<'_>,
         route: Option<&str>,
     ) -> Decided<'l> {
+        let claims = self.gw.claims(self.live, &request);
+        let request = RequestView {
+            claims: claims
+                .as_ref()
+                .map(|c| c as &dyn ratewarden_tower::view::Claims),
+            ..request
+        };
         let facts = Facts {
             request,
             identity: Identity::Resolve,

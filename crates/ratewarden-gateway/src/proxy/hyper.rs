@@ -190,6 +190,7 @@ async fn answer(
         fields: Fields::Map(&parts.headers),
         peer: Some(peer.ip()),
         sni: client.sni(),
+        claims: None,
     };
     let route = flow.route(&request);
     let (admitted, mut held) = match flow.decide(request, route.map(|(n, _)| n)).await {

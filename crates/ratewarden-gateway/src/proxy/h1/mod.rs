@@ -343,6 +343,7 @@ async fn serve(
                     },
                     peer: Some(peer.ip()),
                     sni: client.sni(),
+                    claims: None,
                 };
                 let Some((route, group)) = flow.route(&request) else {
                     // A request for the echo upstream (no route took it):
