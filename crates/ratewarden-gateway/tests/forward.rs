@@ -20,7 +20,7 @@ enum Path {
     /// HTTP/1.1: the gateway's own path.
     H1,
     /// h2c: hyper's path.
-    Hyper,
+    H2,
 }
 
 async fn send(
@@ -33,7 +33,7 @@ async fn send(
     let builder = Client::builder(TokioExecutor::new());
     let client = match path {
         Path::H1 => builder.build_http::<Full<Bytes>>(),
-        Path::Hyper => {
+        Path::H2 => {
             let mut b = builder;
             b.http2_only(true);
             b.build_http()
@@ -60,29 +60,7 @@ async fn send(
     }
 }
 
-/// One test body per function below, run on both paths.
-macro_rules! both_paths {
-    ($($name:ident),* $(,)?) => {
-        mod h1 {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Path::H1).await;
-                }
-            )*
-        }
-        mod hyper {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Path::Hyper).await;
-                }
-            )*
-        }
-    };
-}
-
-both_paths!(
+support::both_paths!(
     the_upstream_prefix_comes_before_the_target,
     x_forwarded_for_carries_the_chain_and_the_peer,
     hop_by_hop_fields_go_neither_way,

@@ -68,29 +68,7 @@ async fn get(
     status
 }
 
-/// One test body per function below, run on both paths.
-macro_rules! both_paths {
-    ($($name:ident),* $(,)?) => {
-        mod h1 {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Path::H1).await;
-                }
-            )*
-        }
-        mod h2 {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Path::H2).await;
-                }
-            )*
-        }
-    };
-}
-
-both_paths!(
+support::both_paths!(
     hosts_match_exact_names_and_wildcards_whatever_the_case_port_or_dot,
     header_conditions_each_form_and_invert,
     query_conditions_are_decoded_and_any_occurrence_counts,

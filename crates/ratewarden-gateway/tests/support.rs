@@ -546,3 +546,30 @@ pub async fn binary_free_http10(addr: SocketAddr, path: &str) -> String {
         .unwrap();
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// One test body per function named, run on both HTTP paths: each test
+/// file defines `Path` with `H1` (the gateway's own HTTP/1.1 path) and `H2`
+/// (h2c: hyper's path), and `async fn name(path: Path)` per body.
+#[allow(unused_macros)]
+macro_rules! both_paths {
+    ($($name:ident),* $(,)?) => {
+        mod h1 {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Path::H1).await;
+                }
+            )*
+        }
+        mod h2 {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Path::H2).await;
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use both_paths;

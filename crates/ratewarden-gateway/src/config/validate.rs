@@ -1640,29 +1640,7 @@ fn matcher(d: &Diag<'_>, m: &Sp<MatchFile>, routes: &[String]) -> Option<Matcher
     } else if let Some(p) = &m.path_prefix {
         PathMatch::Prefix(literal("path_prefix", p)?)
     } else if let Some(p) = &m.path_regex {
-        // Bounded compiled size: a config cannot make matching blow up.
-        match regex::RegexBuilder::new(&p.value)
-            .size_limit(1 << 20)
-            .case_insensitive(case_insensitive)
-            .build()
-        {
-            Ok(re) => PathMatch::Regex(re),
-            Err(e) => {
-                let first = e
-                    .to_string()
-                    .lines()
-                    .last()
-                    .unwrap_or("invalid")
-                    .trim()
-                    .to_owned();
-                d.error(
-                    "path_regex",
-                    Some(&p.referenced),
-                    format!("invalid regex `{}`: {first}", p.value),
-                );
-                return None;
-            }
-        }
+        PathMatch::Regex(linear_regex(d, "path_regex", p, case_insensitive)?)
     } else {
         if let Some(c) = &m.case_insensitive {
             d.error(
@@ -1757,6 +1735,39 @@ fn host_patterns(d: &Diag<'_>, hosts: &[Sp<String>]) -> Option<Vec<HostPattern>>
         }
     }
     out
+}
+
+/// A regex of the config (`path_regex`, a condition's `regex`): linear time
+/// (the `regex` crate), its compiled size bounded so that a config cannot
+/// make matching blow up; an invalid one is an error at `key`.
+fn linear_regex(
+    d: &Diag<'_>,
+    key: &str,
+    p: &Sp<String>,
+    case_insensitive: bool,
+) -> Option<regex::Regex> {
+    match regex::RegexBuilder::new(&p.value)
+        .size_limit(1 << 20)
+        .case_insensitive(case_insensitive)
+        .build()
+    {
+        Ok(re) => Some(re),
+        Err(e) => {
+            let first = e
+                .to_string()
+                .lines()
+                .last()
+                .unwrap_or("invalid")
+                .trim()
+                .to_owned();
+            d.error(
+                key,
+                Some(&p.referenced),
+                format!("invalid regex `{}`: {first}", p.value),
+            );
+            None
+        }
+    }
 }
 
 /// `jwt:`: the verifier, its JWKS file read and checked now (a bad one
@@ -1873,27 +1884,7 @@ fn conditions(
                     Some(Test::Present(x.value))
                 } else {
                     let x = c.regex.as_ref().expect("one given");
-                    match regex::RegexBuilder::new(&x.value)
-                        .size_limit(1 << 20)
-                        .build()
-                    {
-                        Ok(re) => Some(Test::Regex(re)),
-                        Err(e) => {
-                            let first = e
-                                .to_string()
-                                .lines()
-                                .last()
-                                .unwrap_or("invalid")
-                                .trim()
-                                .to_owned();
-                            d.error(
-                                key,
-                                Some(&x.referenced),
-                                format!("invalid regex `{}`: {first}", x.value),
-                            );
-                            None
-                        }
-                    }
+                    linear_regex(d, key, x, false).map(Test::Regex)
                 }
             }
             n => {
