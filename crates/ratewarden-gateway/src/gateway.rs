@@ -52,12 +52,16 @@ impl Live {
             .iter()
             .map(|r| (r.rule.id(), metrics.counts(r.rule.name())))
             .collect();
-        let reads_claims = config.jwt.is_some()
-            && config.policy.rules.iter().any(|r| {
-                r.key
-                    .iter()
-                    .any(|k| matches!(k, ratewarden_tower::policy::KeyPart::Jwt(_)))
-            });
+        let reads_claims = config.jwt.as_ref().is_some_and(|j| j.required)
+            || config.jwt.is_some()
+                && (matches!(
+                    config.policy.identity,
+                    ratewarden_tower::policy::IdentitySource::Claim { .. }
+                ) || config.policy.rules.iter().any(|r| {
+                    r.key
+                        .iter()
+                        .any(|k| matches!(k, ratewarden_tower::policy::KeyPart::Jwt(_)))
+                }));
         Self {
             config,
             limiter,
@@ -257,7 +261,9 @@ impl Gateway {
                     }
                 }
             }
-            Err(Refusal::NoIdentity(_) | Refusal::MissingPart { .. }) => {}
+            Err(
+                Refusal::NoIdentity(_) | Refusal::MissingPart { .. } | Refusal::Unauthenticated,
+            ) => {}
         }
         let admitted = res?;
         if let Some(d) = &admitted.decision

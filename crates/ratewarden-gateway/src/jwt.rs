@@ -116,6 +116,9 @@ enum Key {
 pub struct Verifier {
     /// Where the token is.
     pub from: From,
+    /// A request without a trusted token is answered 401 (else its claims
+    /// are missing parts).
+    pub required: bool,
     keys: Vec<(Option<String>, Key)>,
     secret: Option<Vec<u8>>,
     issuer: Option<String>,
@@ -196,6 +199,7 @@ impl Verifier {
         }
         Ok(Self {
             from,
+            required: false,
             keys,
             secret: secret.map(<[u8]>::to_vec),
             issuer,

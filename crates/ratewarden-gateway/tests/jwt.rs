@@ -364,3 +364,124 @@ async fn the_jwt_key_part_through_the_gateway() {
     );
     gw.shutdown().await;
 }
+
+/// `identity: {from: jwt, claim: sub}`: the client is the token's subject
+/// (every rule keyed by the identity counts per subject); without a
+/// trusted token, the address (`missing: ip`, the default).
+#[tokio::test]
+async fn the_identity_from_a_claim() {
+    let k = keys();
+    let dir = support::scratch_dir("rw-jwt-id");
+    let jwks = dir.join("jwks.json");
+    std::fs::write(&jwks, &k.jwks).unwrap();
+    let up = support::Upstream::start().await;
+    let clock = ratewarden::clock::ManualClock::new(NOW * 1_000_000);
+    let gw = support::gateway(
+        &format!(
+            "jwt: {{jwks: {}, issuer: https://issuer.example, audiences: [api]}}\nidentity: {{from: jwt, claim: sub}}\nrules:\n  - {{name: per-client, limit: 1, window: 1h}}\n",
+            jwks.display()
+        ),
+        &up.url(),
+        Some(clock),
+    )
+    .await;
+    let bearer = |sub: &str| {
+        let mut c = good_claims();
+        c["sub"] = json!(sub);
+        format!(
+            "Bearer {}",
+            token(&k, json!({"alg": "EdDSA", "kid": "ed"}), c)
+        )
+    };
+    let send = |auth: String| async move {
+        let headers: Vec<(&str, &str)> = if auth.is_empty() {
+            vec![]
+        } else {
+            vec![("authorization", auth.as_str())]
+        };
+        support::send(gw.listen, "GET", "/", &headers, "")
+            .await
+            .status
+    };
+    assert_eq!(send(bearer("alice")).await, 200);
+    assert_eq!(send(bearer("alice")).await, 429);
+    assert_eq!(send(bearer("bob")).await, 200);
+    assert_eq!(send(String::new()).await, 200, "no token: the address");
+    assert_eq!(send(String::new()).await, 429);
+    let explain = support::send(
+        gw.admin.unwrap(),
+        "GET",
+        &format!(
+            "/v1/explain?jwt={}",
+            bearer("carol").trim_start_matches("Bearer ")
+        ),
+        &[],
+        "",
+    )
+    .await
+    .body;
+    assert!(explain.contains("\"identity\":\"carol\""), "{explain}");
+    gw.shutdown().await;
+}
+
+/// `required: true`: a request without a trusted token is answered 401
+/// with `WWW-Authenticate: Bearer error="invalid_token"`, never limited
+/// as anyone.
+#[tokio::test]
+async fn a_required_token_is_a_401_when_missing_or_bad() {
+    let k = keys();
+    let dir = support::scratch_dir("rw-jwt-req");
+    let jwks = dir.join("jwks.json");
+    std::fs::write(&jwks, &k.jwks).unwrap();
+    let up = support::Upstream::start().await;
+    let clock = ratewarden::clock::ManualClock::new(NOW * 1_000_000);
+    let gw = support::gateway(
+        &format!(
+            "jwt: {{jwks: {}, issuer: https://issuer.example, audiences: [api], required: true}}\nrules:\n  - {{name: per-user, limit: 5, window: 1h, key: ['jwt:sub']}}\n",
+            jwks.display()
+        ),
+        &up.url(),
+        Some(clock),
+    )
+    .await;
+    let r = support::send(gw.listen, "GET", "/", &[], "").await;
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.header("www-authenticate"),
+        Some("Bearer error=\"invalid_token\"")
+    );
+    let mut expired = good_claims();
+    expired["exp"] = json!(NOW - 3600);
+    let bad = format!(
+        "Bearer {}",
+        token(&k, json!({"alg": "RS256", "kid": "rsa"}), expired)
+    );
+    let r = support::send(
+        gw.listen,
+        "GET",
+        "/",
+        &[("authorization", bad.as_str())],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    let good = format!(
+        "Bearer {}",
+        token(&k, json!({"alg": "RS256", "kid": "rsa"}), good_claims())
+    );
+    let r = support::send(
+        gw.listen,
+        "GET",
+        "/",
+        &[("authorization", good.as_str())],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        up.hits.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "only the good one went on"
+    );
+    gw.shutdown().await;
+}

@@ -104,6 +104,9 @@ pub enum Refusal {
     NoIdentity(Option<HeaderName>),
     /// The store could not decide and `on_error: deny` says so: 503.
     Unavailable(StoreError),
+    /// No trusted token where the front end requires one: 401 (the
+    /// gateway's `jwt: {required: true}`).
+    Unauthenticated,
     /// A rule with `missing: reject` needs a key part the request lacks:
     /// 400, naming the rule and the part.
     MissingPart {
@@ -121,6 +124,7 @@ impl Refusal {
             Refusal::Limited(_) => limited,
             Refusal::Denied(_) => StatusCode::FORBIDDEN,
             Refusal::NoIdentity(_) | Refusal::MissingPart { .. } => StatusCode::BAD_REQUEST,
+            Refusal::Unauthenticated => StatusCode::UNAUTHORIZED,
             Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -141,6 +145,10 @@ impl Refusal {
             Refusal::Unavailable(e) => {
                 problem(status, Some(&format!("rate limiter unavailable: {e}")))
             }
+            Refusal::Unauthenticated => problem(
+                status,
+                Some("a valid token is required (missing, expired or not trusted)"),
+            ),
             Refusal::MissingPart { rule, part } => problem(
                 status,
                 Some(&format!(
@@ -170,6 +178,13 @@ impl Policy {
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
                 .map(|v| bounded(v).to_owned()),
+            (Identity::Resolve, IdentitySource::Claim { claim, .. }) => facts
+                .request
+                .claims
+                .and_then(|c| c.claim(claim))
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+                .map(|v| bounded(&v).to_owned()),
             (Identity::Resolve, IdentitySource::Given { .. }) => None,
         };
         let identity = match found {
@@ -177,9 +192,9 @@ impl Policy {
             None => {
                 let missing = match &self.identity {
                     IdentitySource::Address(_) => Missing::Ip,
-                    IdentitySource::Header { missing, .. } | IdentitySource::Given { missing } => {
-                        *missing
-                    }
+                    IdentitySource::Header { missing, .. }
+                    | IdentitySource::Claim { missing, .. }
+                    | IdentitySource::Given { missing } => *missing,
                 };
                 match missing {
                     Missing::Skip => {

@@ -42,6 +42,18 @@ pub enum IdentitySource {
         /// Without the header.
         missing: Missing,
     },
+    /// A claim of the request's verified token (see
+    /// [`RequestView::claims`]); `missing` says what to do without one
+    /// (no token, or one not trusted).
+    Claim {
+        /// The claim (`sub`, nested as `org.id`).
+        claim: String,
+        /// How the client's address is found (for `missing: ip`, and for
+        /// `allow`/`deny` networks).
+        client_ip: ClientIp,
+        /// Without the claim.
+        missing: Missing,
+    },
     /// Given by the front end (the tower layer's key extractor).
     Given {
         /// Without one.
@@ -53,7 +65,9 @@ impl IdentitySource {
     /// How the client's address is found.
     pub fn client_ip(&self) -> Option<&ClientIp> {
         match self {
-            IdentitySource::Address(c) | IdentitySource::Header { client_ip: c, .. } => Some(c),
+            IdentitySource::Address(c)
+            | IdentitySource::Header { client_ip: c, .. }
+            | IdentitySource::Claim { client_ip: c, .. } => Some(c),
             IdentitySource::Given { .. } => None,
         }
     }

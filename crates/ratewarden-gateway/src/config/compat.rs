@@ -241,6 +241,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
                     Some(IdentityFile {
                         from: Some(nowhere("forwarded".into())),
                         header: None,
+                        claim: None,
                         missing: None,
                         trusted_proxies: vec![nowhere("0.0.0.0/0".into()), nowhere("::/0".into())],
                         ipv6_prefix: None,
@@ -249,6 +250,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
                 Some(h) => Some(IdentityFile {
                     from: Some(nowhere("header".into())),
                     header: Some(h),
+                    claim: None,
                     missing: None,
                     trusted_proxies: vec![],
                     ipv6_prefix: None,

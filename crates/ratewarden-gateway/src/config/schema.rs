@@ -71,6 +71,8 @@ pub(crate) struct JwtFile {
     pub issuer: Option<Sp<String>>,
     pub audiences: Option<Vec<Sp<String>>>,
     pub leeway: Option<Sp<String>>,
+    /// A request without a trusted token is answered 401.
+    pub required: Option<Sp<bool>>,
 }
 
 /// `from: {header: NAME}` (the default, `Authorization`), `{cookie: NAME}`
@@ -268,6 +270,8 @@ pub(crate) struct SentinelFile {
 pub(crate) struct IdentityFile {
     pub from: Option<Sp<String>>,
     pub header: Option<Sp<String>>,
+    /// With `from: jwt`: the claim (default `sub`).
+    pub claim: Option<Sp<String>>,
     pub missing: Option<Sp<String>>,
     #[serde(default)]
     pub trusted_proxies: Vec<Sp<String>>,

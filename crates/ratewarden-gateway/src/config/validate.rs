@@ -305,8 +305,11 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         Some(s) => store_spec(d, s, &mut tls_files),
     };
     let trusted = trusted_proxies(&f.identity);
-    let identity = identity(d, f.identity);
-    let by_header = matches!(identity, Some(IdentitySource::Header { .. }));
+    let identity = identity(d, f.identity, f.jwt.is_some());
+    let by_header = matches!(
+        identity,
+        Some(IdentitySource::Header { .. } | IdentitySource::Claim { .. })
+    );
     let allow = patterns(d, "allow", &f.allow, by_header);
     let deny = patterns(d, "deny", &f.deny, by_header);
     let headers = match &f.headers {
@@ -747,7 +750,7 @@ fn trusted_proxies(f: &Option<IdentityFile>) -> Vec<IpNet> {
         .collect()
 }
 
-fn identity(d: &Diag<'_>, f: Option<IdentityFile>) -> Option<IdentitySource> {
+fn identity(d: &Diag<'_>, f: Option<IdentityFile>, has_jwt: bool) -> Option<IdentitySource> {
     let Some(f) = f else {
         return Some(IdentitySource::Address(ClientIp::default()));
     };
@@ -790,6 +793,7 @@ fn identity(d: &Diag<'_>, f: Option<IdentityFile>) -> Option<IdentitySource> {
         Ip,
         Forwarded,
         Header,
+        Jwt,
     }
     let from = match &f.from {
         None => Some(From::Ip),
@@ -800,6 +804,7 @@ fn identity(d: &Diag<'_>, f: Option<IdentityFile>) -> Option<IdentitySource> {
                 ("ip", From::Ip),
                 ("forwarded", From::Forwarded),
                 ("header", From::Header),
+                ("jwt", From::Jwt),
             ],
         ),
     };
@@ -839,6 +844,23 @@ fn identity(d: &Diag<'_>, f: Option<IdentityFile>) -> Option<IdentitySource> {
             );
             None
         }
+        (From::Jwt, _) if !has_jwt => {
+            d.error(
+                "from",
+                f.from.as_ref().map(|v| &v.referenced),
+                "`from: jwt` needs a top-level `jwt:` section (where the token is, its keys)",
+            );
+            None
+        }
+        (From::Jwt, _) => Some(IdentitySource::Claim {
+            claim: f
+                .claim
+                .as_ref()
+                .map_or("sub", |c| c.value.as_str())
+                .to_owned(),
+            client_ip: client_ip(false)?,
+            missing: missing?,
+        }),
     }
 }
 
@@ -1824,7 +1846,10 @@ fn jwt_verifier(d: &Diag<'_>, j: &Sp<JwtFile>) -> Option<crate::jwt::Verifier> {
         leeway,
     );
     match made {
-        Ok(v) => Some(v),
+        Ok(mut v) => {
+            v.required = j.required.as_ref().is_some_and(|r| r.value);
+            Some(v)
+        }
         Err(e) => {
             let key = if j.jwks.is_some() { "jwks" } else { "jwt" };
             let at = j.jwks.as_ref().map(|p| &p.referenced).or(at);

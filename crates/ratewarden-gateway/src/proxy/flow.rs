@@ -161,6 +161,9 @@ impl<'l> Flow<'l> {
         route: Option<&str>,
     ) -> Decided<'l> {
         let claims = self.gw.claims(self.live, &request);
+        if claims.is_none() && self.live.config.jwt.as_ref().is_some_and(|j| j.required) {
+            return Decided::Refused(Refusal::Unauthenticated);
+        }
         let request = RequestView {
             claims: claims
                 .as_ref()
@@ -270,6 +273,17 @@ pub(crate) fn add_rate_headers(
 pub(crate) fn refusal_answer(refusal: &Refusal, config: &Config) -> Response<Body> {
     match refusal {
         Refusal::Limited(d) => crate::answer::rejection(d, config.status, config.headers),
+        Refusal::Unauthenticated => {
+            let mut r = problem_body(
+                refusal.status(config.status),
+                refusal.problem(config.status),
+            );
+            r.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer error=\"invalid_token\""),
+            );
+            r
+        }
         other => problem_body(other.status(config.status), other.problem(config.status)),
     }
 }
