@@ -110,6 +110,24 @@ enum Key {
     Ed25519(Vec<u8>),
 }
 
+/// A JWKS's keys, by `kid`.
+type Keys = Vec<(Option<String>, Key)>;
+
+/// A JWKS fetched from a URL: its keys (swapped whole when refreshed),
+/// when it was last fetched, and whether a token named a `kid` it lacks.
+#[derive(Debug)]
+struct Remote {
+    url: String,
+    keys: arc_swap::ArcSwap<Keys>,
+    fetched: parking_lot::Mutex<std::time::Instant>,
+    unknown_kid: std::sync::atomic::AtomicBool,
+}
+
+/// How often a `jwks_url` is fetched again.
+pub const REFRESH: std::time::Duration = std::time::Duration::from_secs(300);
+/// The least time between two fetches a token's unknown `kid` asks for.
+pub const REFRESH_ON_UNKNOWN_KID: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What verifies tokens: the JWKS's keys, the HMAC secret, the required
 /// claims.
 #[derive(Clone)]
@@ -119,7 +137,8 @@ pub struct Verifier {
     /// A request without a trusted token is answered 401 (else its claims
     /// are missing parts).
     pub required: bool,
-    keys: Vec<(Option<String>, Key)>,
+    keys: Keys,
+    remote: Option<std::sync::Arc<Remote>>,
     secret: Option<Vec<u8>>,
     issuer: Option<String>,
     audiences: Vec<String>,
@@ -153,8 +172,81 @@ impl Verifier {
         audiences: Vec<String>,
         leeway_secs: u64,
     ) -> Result<Self, String> {
-        let mut keys = vec![];
-        if let Some(text) = jwks {
+        let keys = match jwks {
+            Some(text) => parse_jwks(text)?,
+            None => vec![],
+        };
+        Ok(Self {
+            from,
+            required: false,
+            keys,
+            remote: None,
+            secret: secret.map(<[u8]>::to_vec),
+            issuer,
+            audiences,
+            leeway: leeway_secs,
+        })
+    }
+
+    /// Fetches the JWKS at `url` now (`http://` or `https://`, within 5 s)
+    /// and keeps refreshing it (see [`Verifier::refresh_due`]). `Err` says
+    /// why the first fetch failed: a config that names one never starts
+    /// without it.
+    pub fn with_url(mut self, url: &str) -> Result<Self, String> {
+        let keys = parse_jwks(&fetch(url)?)?;
+        self.remote = Some(std::sync::Arc::new(Remote {
+            url: url.to_owned(),
+            keys: arc_swap::ArcSwap::from_pointee(keys),
+            fetched: parking_lot::Mutex::new(std::time::Instant::now()),
+            unknown_kid: std::sync::atomic::AtomicBool::new(false),
+        }));
+        Ok(self)
+    }
+
+    /// Whether the `jwks_url` is to be fetched again: every [`REFRESH`],
+    /// or sooner (at most every [`REFRESH_ON_UNKNOWN_KID`]) once a token
+    /// named a `kid` it lacks.
+    pub fn refresh_due(&self) -> bool {
+        let Some(r) = &self.remote else { return false };
+        let since = r.fetched.lock().elapsed();
+        since >= REFRESH
+            || (since >= REFRESH_ON_UNKNOWN_KID
+                && r.unknown_kid.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Fetches the `jwks_url` again (blocking: call it off the request
+    /// threads). A failure keeps the last good set, and is logged.
+    pub fn refresh(&self) {
+        let Some(r) = &self.remote else { return };
+        *r.fetched.lock() = std::time::Instant::now();
+        r.unknown_kid
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        match fetch(&r.url).and_then(|t| parse_jwks(&t)) {
+            Ok(keys) => {
+                tracing::info!(url = r.url, keys = keys.len(), "jwks_url refreshed");
+                r.keys.store(std::sync::Arc::new(keys));
+            }
+            Err(e) => {
+                tracing::warn!(url = r.url, error = %e, "jwks_url refresh failed; the last good keys stay")
+            }
+        }
+    }
+
+    /// Every key: the file's, then the URL's.
+    fn all_keys(&self) -> Vec<(Option<String>, Key)> {
+        let mut all = self.keys.clone();
+        if let Some(r) = &self.remote {
+            all.extend(r.keys.load().iter().cloned());
+        }
+        all
+    }
+}
+
+/// The keys of a JWKS document.
+fn parse_jwks(text: &str) -> Result<Keys, String> {
+    let mut keys = vec![];
+    {
+        {
             let doc: Value =
                 serde_json::from_str(text).map_err(|e| format!("the JWKS is not JSON: {e}"))?;
             let list = doc
@@ -194,20 +286,80 @@ impl Verifier {
                 keys.push((field("kid").map(str::to_owned), key));
             }
         }
-        if keys.is_empty() && secret.is_none() {
-            return Err("give `jwks` (public keys) or `secret` (HS256/384/512), or both".into());
-        }
-        Ok(Self {
-            from,
-            required: false,
-            keys,
-            secret: secret.map(<[u8]>::to_vec),
-            issuer,
-            audiences,
-            leeway: leeway_secs,
-        })
     }
+    Ok(keys)
+}
 
+/// GETs `url` (`http://` or `https://`, the system's roots) within 5 s:
+/// the body of a 200.
+fn fetch(url: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let uri: http::Uri = url.parse().map_err(|e| format!("`{url}`: {e}"))?;
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err(format!("`{url}`: jwks_url is http:// or https://")),
+    };
+    let host = uri.host().ok_or_else(|| format!("`{url}` names no host"))?;
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let timeout = std::time::Duration::from_secs(5);
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .map_err(|e| format!("`{url}`: {e}"))?
+        .next()
+        .ok_or_else(|| format!("`{url}`: no address"))?;
+    let tcp = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| format!("`{url}`: {e}"))?;
+    tcp.set_read_timeout(Some(timeout)).ok();
+    tcp.set_write_timeout(Some(timeout)).ok();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nhost: {host}\r\naccept: application/json\r\nconnection: close\r\nuser-agent: ratewarden\r\n\r\n"
+    );
+    let mut raw = vec![];
+    let io = |e: std::io::Error| format!("`{url}`: {e}");
+    if https {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls_native_certs::load_native_certs().certs {
+            let _ = roots.add(c);
+        }
+        let config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+            .map_err(|e| format!("`{url}`: {e}"))?;
+        let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name)
+            .map_err(|e| format!("`{url}`: {e}"))?;
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        tls.write_all(request.as_bytes()).map_err(io)?;
+        // (A server that closes without close_notify ends the body too.)
+        let _ = tls.read_to_end(&mut raw);
+    } else {
+        let mut tcp = tcp;
+        tcp.write_all(request.as_bytes()).map_err(io)?;
+        tcp.read_to_end(&mut raw).map_err(io)?;
+    }
+    const MAX: usize = 1 << 20;
+    if raw.len() > MAX {
+        return Err(format!("`{url}`: larger than 1 MiB"));
+    }
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("`{url}`: no HTTP answer"))?;
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    if status != "200" {
+        return Err(format!("`{url}` answered {status}"));
+    }
+    if head.lines().any(|l| {
+        l.to_ascii_lowercase().starts_with("transfer-encoding:")
+            && l.to_ascii_lowercase().contains("chunked")
+    }) {
+        return Err(format!("`{url}`: a chunked answer (send it with a length)"));
+    }
+    Ok(body.to_owned())
+}
+
+impl Verifier {
     /// The token a request carries where [`Verifier::from`] says, if any.
     pub fn token<'a>(
         &self,
@@ -320,20 +472,23 @@ impl Verifier {
         ) {
             return Err(Rejected::Algorithm);
         }
+        let keys = self.all_keys();
         let key = match kid {
             Some(kid) => {
-                let (_, k) = self
-                    .keys
-                    .iter()
-                    .find(|(id, _)| id.as_deref() == Some(kid))
-                    .ok_or(Rejected::UnknownKey)?;
+                let Some((_, k)) = keys.iter().find(|(id, _)| id.as_deref() == Some(kid)) else {
+                    if let Some(r) = &self.remote {
+                        r.unknown_kid
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    return Err(Rejected::UnknownKey);
+                };
                 if !fits(k) {
                     return Err(Rejected::Algorithm);
                 }
                 k
             }
             None => {
-                let mut of_type = self.keys.iter().filter(|(_, k)| fits(k));
+                let mut of_type = keys.iter().filter(|(_, k)| fits(k));
                 match (of_type.next(), of_type.next()) {
                     (Some((_, k)), None) => k,
                     _ => return Err(Rejected::UnknownKey),

@@ -478,6 +478,14 @@ async fn housekeeping(
                 }
             }
             _ = purge.tick() => {
+                // `jwt.jwks_url`: fetched again every 5 min, or within a
+                // minute of a token naming a kid it lacks (off the request
+                // threads; a failure keeps the last good keys).
+                if let Some(v) = gw.live().config.jwt.clone()
+                    && v.refresh_due()
+                {
+                    let _ = tokio::task::spawn_blocking(move || v.refresh()).await;
+                }
                 // A scan of every shard: 10-15 ms for a million keys, which
                 // on the request thread (`--workers 1`) would stall every
                 // connection. Shards are locked one at a time, so requests

@@ -485,3 +485,85 @@ async fn a_required_token_is_a_401_when_missing_or_bad() {
     );
     gw.shutdown().await;
 }
+
+/// A JWKS served over HTTP by the test, then rotated: `jwks_url` is fetched
+/// when the config loads; a token signed by a key not yet published is not
+/// trusted (and asks for a refresh); once the server publishes it, a
+/// refresh trusts it; a failed refresh keeps the last good keys.
+#[test]
+fn a_jwks_url_is_fetched_and_refreshed_through_rotation() {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    let k = keys();
+    let doc: Value = serde_json::from_str(&k.jwks).unwrap();
+    let only = |kid: &str| {
+        let keys: Vec<Value> = doc["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["kid"] == kid)
+            .cloned()
+            .collect();
+        json!({ "keys": keys }).to_string()
+    };
+    // What the server answers: (status, body).
+    let served = Arc::new(Mutex::new((200, only("rsa"))));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let s = served.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut buf = [0; 4096];
+            let _ = conn.read(&mut buf);
+            let (status, body) = s.lock().unwrap().clone();
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let url = format!("http://{addr}/.well-known/jwks.json");
+    let v = Verifier::new(
+        From::Header("authorization".into()),
+        None,
+        None,
+        None,
+        vec![],
+        0,
+    )
+    .unwrap()
+    .with_url(&url)
+    .unwrap();
+    let rsa = token(&k, json!({"alg": "RS256", "kid": "rsa"}), good_claims());
+    let ed = token(&k, json!({"alg": "EdDSA", "kid": "ed"}), good_claims());
+    assert!(v.verify(&rsa, NOW).is_ok(), "fetched at load");
+    assert_eq!(v.verify(&ed, NOW).err(), Some(Rejected::UnknownKey));
+    assert!(!v.refresh_due(), "not within a minute of the last fetch");
+    // Rotation: the server publishes the new key and drops the old one.
+    *served.lock().unwrap() = (200, only("ed"));
+    v.refresh();
+    assert!(v.verify(&ed, NOW).is_ok(), "the new key, after a refresh");
+    assert_eq!(
+        v.verify(&rsa, NOW).err(),
+        Some(Rejected::UnknownKey),
+        "the old one gone"
+    );
+    // A failed refresh keeps the last good set.
+    *served.lock().unwrap() = (500, String::new());
+    v.refresh();
+    assert!(v.verify(&ed, NOW).is_ok());
+    // A config naming a URL that does not answer never starts.
+    let bad = Verifier::new(
+        From::Header("authorization".into()),
+        None,
+        None,
+        None,
+        vec![],
+        0,
+    )
+    .unwrap()
+    .with_url("http://127.0.0.1:1/jwks.json");
+    assert!(bad.is_err());
+}

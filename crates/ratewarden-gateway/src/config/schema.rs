@@ -66,6 +66,8 @@ pub(crate) struct JwtFile {
     pub from: Option<Sp<JwtFromFile>>,
     /// A JWKS file (public keys).
     pub jwks: Option<Sp<String>>,
+    /// A JWKS fetched at start and refreshed.
+    pub jwks_url: Option<Sp<String>>,
     /// The HS256/384/512 secret.
     pub secret: Option<Sp<String>>,
     pub issuer: Option<Sp<String>>,

@@ -1845,17 +1845,32 @@ fn jwt_verifier(d: &Diag<'_>, j: &Sp<JwtFile>) -> Option<crate::jwt::Verifier> {
             .collect(),
         leeway,
     );
+    if j.jwks.is_none() && j.jwks_url.is_none() && j.secret.is_none() {
+        d.error(
+            "jwt",
+            at,
+            "give `jwks` or `jwks_url` (public keys) or `secret` (HS256/384/512)",
+        );
+        return None;
+    }
+    let made = match (made, &j.jwks_url) {
+        (Ok(v), Some(url)) => v.with_url(&url.value).map_err(|e| {
+            d.error("jwks_url", Some(&url.referenced), e);
+        }),
+        (Ok(v), None) => Ok(v),
+        (Err(e), _) => {
+            let key = if j.jwks.is_some() { "jwks" } else { "jwt" };
+            let at = j.jwks.as_ref().map(|p| &p.referenced).or(at);
+            d.error(key, at, e);
+            Err(())
+        }
+    };
     match made {
         Ok(mut v) => {
             v.required = j.required.as_ref().is_some_and(|r| r.value);
             Some(v)
         }
-        Err(e) => {
-            let key = if j.jwks.is_some() { "jwks" } else { "jwt" };
-            let at = j.jwks.as_ref().map(|p| &p.referenced).or(at);
-            d.error(key, at, e);
-            None
-        }
+        Err(()) => None,
     }
 }
 
