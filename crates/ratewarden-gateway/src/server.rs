@@ -451,6 +451,16 @@ async fn housekeeping(
                 files = tls_fingerprint(&gw.live().config);
             }
             _ = poll.tick() => {
+                // `jwt.jwks_url`: fetched again every 5 min, and at once
+                // (at most once a minute) when a token named a kid it lacks;
+                // off the request threads, not awaited (the fetch marks
+                // itself begun, so ticks do not stack them); a failure keeps
+                // the last good keys.
+                if let Some(v) = gw.live().config.jwt.clone()
+                    && v.refresh_due()
+                {
+                    tokio::task::spawn_blocking(move || v.refresh());
+                }
                 let Some(path) = &source.path else { continue };
                 // On tokio's blocking pool: a slow disk must not stall the
                 // request thread twice a second.
@@ -478,14 +488,6 @@ async fn housekeeping(
                 }
             }
             _ = purge.tick() => {
-                // `jwt.jwks_url`: fetched again every 5 min, or within a
-                // minute of a token naming a kid it lacks (off the request
-                // threads; a failure keeps the last good keys).
-                if let Some(v) = gw.live().config.jwt.clone()
-                    && v.refresh_due()
-                {
-                    let _ = tokio::task::spawn_blocking(move || v.refresh()).await;
-                }
                 // A scan of every shard: 10-15 ms for a million keys, which
                 // on the request thread (`--workers 1`) would stall every
                 // connection. Shards are locked one at a time, so requests

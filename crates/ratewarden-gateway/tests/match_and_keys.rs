@@ -75,6 +75,7 @@ support::both_paths!(
     keys_on_the_host_a_parameter_a_cookie_and_a_path_capture,
     a_missing_key_part_is_the_identity_by_default,
     a_missing_key_part_anonymous_skip_or_reject,
+    a_jwt_claim_keys_the_rule,
 );
 
 /// The `ratewarden` binary on `yaml` in front of a test upstream (windows
@@ -333,5 +334,57 @@ async fn a_missing_key_part_anonymous_skip_or_reject(path: Path) {
         get(path, a, "h", "/reject?api_key=k", &[]).await,
         StatusCode::OK
     );
+    drop(gw);
+}
+
+/// An HS256 token for `sub`, valid for an hour from now (the binary runs
+/// on the real clock).
+fn hs256(sub: &str) -> String {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let signed = format!(
+        "{}.{}",
+        b64(br#"{"alg":"HS256","typ":"JWT"}"#),
+        b64(format!(r#"{{"sub":"{sub}","exp":{}}}"#, now + 3600).as_bytes())
+    );
+    let key = aws_lc_rs::hmac::Key::new(
+        aws_lc_rs::hmac::HMAC_SHA256,
+        b"a secret of at least 32 bytes...",
+    );
+    let tag = aws_lc_rs::hmac::sign(&key, signed.as_bytes());
+    format!("{signed}.{}", b64(tag.as_ref()))
+}
+
+async fn a_jwt_claim_keys_the_rule(path: Path) {
+    let (_up, gw) = start(concat!(
+        "jwt: {secret: 'a secret of at least 32 bytes...'}\n",
+        "rules:\n",
+        "  - {name: per-user, limit: 1, window: 1h, key: ['jwt:sub'], missing: reject}\n",
+    ))
+    .await;
+    let a = gw.listen;
+    let (alice, bob) = (
+        format!("Bearer {}", hs256("alice")),
+        format!("Bearer {}", hs256("bob")),
+    );
+    assert_eq!(
+        refused(path, a, 2, "h", "/", &[("authorization", &alice)]).await,
+        1
+    );
+    assert_eq!(
+        refused(path, a, 2, "h", "/", &[("authorization", &bob)]).await,
+        1
+    );
+    // A token signed with another secret is no claim at all.
+    let forged = format!("{}x", &alice[..alice.len() - 4]);
+    assert_eq!(
+        get(path, a, "h", "/", &[("authorization", &forged)]).await,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(get(path, a, "h", "/", &[]).await, StatusCode::BAD_REQUEST);
     drop(gw);
 }

@@ -80,6 +80,8 @@ struct RequestFacts {
     /// Cookies by name (as one `Cookie` header).
     #[serde(default)]
     cookies: HashMap<String, String>,
+    /// A token, verified as the proxy verifies a request's (`jwt:`).
+    jwt: Option<String>,
 }
 
 fn one() -> u64 {
@@ -508,7 +510,13 @@ async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Response<Body> {
                 Ok(d) => d,
                 Err(answer) => return *answer,
             };
-            let request = described.view();
+            let claims = r.jwt.as_deref().and_then(|t| gw.verify_token(live, t));
+            let request = RequestView {
+                claims: claims
+                    .as_ref()
+                    .map(|c| c as &dyn ratewarden_tower::view::Claims),
+                ..described.view()
+            };
             let facts = Facts {
                 request,
                 identity: match &r.identity {
