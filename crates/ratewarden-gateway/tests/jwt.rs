@@ -295,6 +295,38 @@ fn bad_tokens_are_refused_each_for_its_reason() {
     );
 }
 
+/// The gateway in-process on the test's clock at `NOW`, with `jwt:` keys
+/// `k` (written to a JWKS file) and `extra` (more `jwt:` fields), then
+/// `rest` of the config; its upstream.
+async fn gateway_with(
+    k: &Keys,
+    extra: &str,
+    rest: &str,
+) -> (
+    support::Upstream,
+    ratewarden_gateway::server::Running,
+    support::Scratch,
+) {
+    let dir = support::scratch_dir("rw-jwt");
+    let jwks = dir.join("jwks.json");
+    std::fs::write(&jwks, &k.jwks).unwrap();
+    let up = support::Upstream::start().await;
+    let clock = ratewarden::clock::ManualClock::new(NOW * 1_000_000);
+    let yaml = format!(
+        "jwt: {{jwks: {}, issuer: https://issuer.example, audiences: [api]{extra}}}\n{rest}",
+        jwks.display()
+    );
+    let gw = support::gateway(&yaml, &up.url(), Some(clock)).await;
+    (up, gw, dir)
+}
+
+/// A bearer token for `sub` signed as `header` says.
+fn bearer(k: &Keys, header: Value, sub: &str) -> String {
+    let mut c = good_claims();
+    c["sub"] = json!(sub);
+    format!("Bearer {}", token(k, header, c))
+}
+
 /// `key: ['jwt:sub']` through the gateway (the flow both HTTP paths share
 /// verifies the token): one bucket per subject; a token that fails is a
 /// missing part (here: the client's address stands in), counted by reason
@@ -302,28 +334,13 @@ fn bad_tokens_are_refused_each_for_its_reason() {
 #[tokio::test]
 async fn the_jwt_key_part_through_the_gateway() {
     let k = keys();
-    let dir = support::scratch_dir("rw-jwt");
-    let jwks = dir.join("jwks.json");
-    std::fs::write(&jwks, &k.jwks).unwrap();
-    let up = support::Upstream::start().await;
-    let clock = ratewarden::clock::ManualClock::new(NOW * 1_000_000);
-    let gw = support::gateway(
-        &format!(
-            "jwt:\n  jwks: {}\n  issuer: https://issuer.example\n  audiences: [api]\nrules:\n  - {{name: per-user, limit: 1, window: 1h, key: ['jwt:sub']}}\n",
-            jwks.display()
-        ),
-        &up.url(),
-        Some(clock),
+    let (_up, gw, _dir) = gateway_with(
+        &k,
+        "",
+        "rules:\n  - {name: per-user, limit: 1, window: 1h, key: ['jwt:sub']}\n",
     )
     .await;
-    let bearer = |sub: &str| {
-        let mut c = good_claims();
-        c["sub"] = json!(sub);
-        format!(
-            "Bearer {}",
-            token(&k, json!({"alg": "ES256", "kid": "p256"}), c)
-        )
-    };
+    let bearer = |sub: &str| bearer(&k, json!({"alg": "ES256", "kid": "p256"}), sub);
     let (a, b) = (bearer("alice"), bearer("bob"));
     let status = |auth: &str| {
         let auth = auth.to_owned();
@@ -371,28 +388,13 @@ async fn the_jwt_key_part_through_the_gateway() {
 #[tokio::test]
 async fn the_identity_from_a_claim() {
     let k = keys();
-    let dir = support::scratch_dir("rw-jwt-id");
-    let jwks = dir.join("jwks.json");
-    std::fs::write(&jwks, &k.jwks).unwrap();
-    let up = support::Upstream::start().await;
-    let clock = ratewarden::clock::ManualClock::new(NOW * 1_000_000);
-    let gw = support::gateway(
-        &format!(
-            "jwt: {{jwks: {}, issuer: https://issuer.example, audiences: [api]}}\nidentity: {{from: jwt, claim: sub}}\nrules:\n  - {{name: per-client, limit: 1, window: 1h}}\n",
-            jwks.display()
-        ),
-        &up.url(),
-        Some(clock),
+    let (_up, gw, _dir) = gateway_with(
+        &k,
+        "",
+        "identity: {from: jwt, claim: sub}\nrules:\n  - {name: per-client, limit: 1, window: 1h}\n",
     )
     .await;
-    let bearer = |sub: &str| {
-        let mut c = good_claims();
-        c["sub"] = json!(sub);
-        format!(
-            "Bearer {}",
-            token(&k, json!({"alg": "EdDSA", "kid": "ed"}), c)
-        )
-    };
+    let bearer = |sub: &str| bearer(&k, json!({"alg": "EdDSA", "kid": "ed"}), sub);
     let send = |auth: String| async move {
         let headers: Vec<(&str, &str)> = if auth.is_empty() {
             vec![]
@@ -430,18 +432,10 @@ async fn the_identity_from_a_claim() {
 #[tokio::test]
 async fn a_required_token_is_a_401_when_missing_or_bad() {
     let k = keys();
-    let dir = support::scratch_dir("rw-jwt-req");
-    let jwks = dir.join("jwks.json");
-    std::fs::write(&jwks, &k.jwks).unwrap();
-    let up = support::Upstream::start().await;
-    let clock = ratewarden::clock::ManualClock::new(NOW * 1_000_000);
-    let gw = support::gateway(
-        &format!(
-            "jwt: {{jwks: {}, issuer: https://issuer.example, audiences: [api], required: true}}\nrules:\n  - {{name: per-user, limit: 5, window: 1h, key: ['jwt:sub']}}\n",
-            jwks.display()
-        ),
-        &up.url(),
-        Some(clock),
+    let (up, gw, _dir) = gateway_with(
+        &k,
+        ", required: true",
+        "rules:\n  - {name: per-user, limit: 5, window: 1h, key: ['jwt:sub']}\n",
     )
     .await;
     let r = support::send(gw.listen, "GET", "/", &[], "").await;
