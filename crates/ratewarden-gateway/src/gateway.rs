@@ -52,16 +52,19 @@ impl Live {
             .iter()
             .map(|r| (r.rule.id(), metrics.counts(r.rule.name())))
             .collect();
-        let reads_claims = config.jwt.as_ref().is_some_and(|j| j.required)
-            || config.jwt.is_some()
-                && (matches!(
-                    config.policy.identity,
-                    ratewarden_tower::policy::IdentitySource::Claim { .. }
-                ) || config.policy.rules.iter().any(|r| {
-                    r.key
-                        .iter()
-                        .any(|k| matches!(k, ratewarden_tower::policy::KeyPart::Jwt(_)))
-                }));
+        use ratewarden_tower::policy::{IdentitySource, KeyPart};
+        // Tokens are verified when they are required, or when the identity
+        // or a rule's key reads a claim.
+        let policy = &config.policy;
+        let keyed_by_claims = matches!(policy.identity, IdentitySource::Claim { .. })
+            || policy
+                .rules
+                .iter()
+                .any(|r| r.key.iter().any(|k| matches!(k, KeyPart::Jwt(_))));
+        let reads_claims = config
+            .jwt
+            .as_ref()
+            .is_some_and(|j| j.required || keyed_by_claims);
         Self {
             config,
             limiter,

@@ -232,13 +232,9 @@ impl Verifier {
         }
     }
 
-    /// Every key: the file's, then the URL's.
-    fn all_keys(&self) -> Vec<(Option<String>, Key)> {
-        let mut all = self.keys.clone();
-        if let Some(r) = &self.remote {
-            all.extend(r.keys.load().iter().cloned());
-        }
-        all
+    /// The URL's keys as they are now (a reference count, not a copy).
+    fn remote_keys(&self) -> Option<std::sync::Arc<Keys>> {
+        self.remote.as_ref().map(|r| r.keys.load_full())
     }
 }
 
@@ -315,6 +311,9 @@ fn fetch(url: &str) -> Result<String, String> {
     let request = format!(
         "GET {path} HTTP/1.1\r\nhost: {host}\r\naccept: application/json\r\nconnection: close\r\nuser-agent: ratewarden\r\n\r\n"
     );
+    // Read at most one byte past the bound, so that a server sending more
+    // is refused without its answer ever being held whole.
+    const MAX: usize = 1 << 20;
     let mut raw = vec![];
     let io = |e: std::io::Error| format!("`{url}`: {e}");
     if https {
@@ -332,13 +331,15 @@ fn fetch(url: &str) -> Result<String, String> {
         let mut tls = rustls::StreamOwned::new(conn, tcp);
         tls.write_all(request.as_bytes()).map_err(io)?;
         // (A server that closes without close_notify ends the body too.)
-        let _ = tls.read_to_end(&mut raw);
+        let _ = (&mut tls).take(MAX as u64 + 1).read_to_end(&mut raw);
     } else {
         let mut tcp = tcp;
         tcp.write_all(request.as_bytes()).map_err(io)?;
-        tcp.read_to_end(&mut raw).map_err(io)?;
+        (&mut tcp)
+            .take(MAX as u64 + 1)
+            .read_to_end(&mut raw)
+            .map_err(io)?;
     }
-    const MAX: usize = 1 << 20;
     if raw.len() > MAX {
         return Err(format!("`{url}`: larger than 1 MiB"));
     }
@@ -367,7 +368,7 @@ impl Verifier {
     ) -> Option<Cow<'a, str>> {
         let t = match &self.from {
             From::Header(h) => {
-                let v = ratewarden_tower::view::text(request.header(h)?)?.trim();
+                let v = request.header_text(h)?;
                 let v = match v.split_once(' ') {
                     Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim(),
                     _ => v,
@@ -472,10 +473,13 @@ impl Verifier {
         ) {
             return Err(Rejected::Algorithm);
         }
-        let keys = self.all_keys();
+        // The file's keys, then the URL's: looked at where they are, not
+        // copied per token.
+        let remote = self.remote_keys();
+        let keys = || self.keys.iter().chain(remote.iter().flat_map(|k| k.iter()));
         let key = match kid {
             Some(kid) => {
-                let Some((_, k)) = keys.iter().find(|(id, _)| id.as_deref() == Some(kid)) else {
+                let Some((_, k)) = keys().find(|(id, _)| id.as_deref() == Some(kid)) else {
                     if let Some(r) = &self.remote {
                         r.unknown_kid
                             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -488,7 +492,7 @@ impl Verifier {
                 k
             }
             None => {
-                let mut of_type = keys.iter().filter(|(_, k)| fits(k));
+                let mut of_type = keys().filter(|(_, k)| fits(k));
                 match (of_type.next(), of_type.next()) {
                     (Some((_, k)), None) => k,
                     _ => return Err(Rejected::UnknownKey),

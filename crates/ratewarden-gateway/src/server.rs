@@ -456,9 +456,12 @@ async fn housekeeping(
                 // off the request threads, not awaited (the fetch marks
                 // itself begun, so ticks do not stack them); a failure keeps
                 // the last good keys.
-                if let Some(v) = gw.live().config.jwt.clone()
+                // (Cloned only when due: the check reads the live config.)
+                let live = gw.live();
+                if let Some(v) = &live.config.jwt
                     && v.refresh_due()
                 {
+                    let v = v.clone();
                     tokio::task::spawn_blocking(move || v.refresh());
                 }
                 let Some(path) = &source.path else { continue };

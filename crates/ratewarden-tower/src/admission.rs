@@ -27,7 +27,7 @@ use ratewarden::{Decision, Limiter, Mode, Op, Pending, Store, StoreError};
 use smallvec::SmallVec;
 
 use crate::policy::{IdentitySource, KeyPart, Missing, MissingPart, PathMatch, Policy, PolicyRule};
-use crate::view::{RequestView, text};
+use crate::view::RequestView;
 use std::borrow::Cow;
 
 /// Longest identity (and header-taken key part) kept, in bytes, cut at a
@@ -173,18 +173,16 @@ impl Policy {
             (Identity::Resolve, IdentitySource::Address(c)) => ip.map(|ip| c.key(ip)),
             (Identity::Resolve, IdentitySource::Header { name, .. }) => facts
                 .request
-                .header(name.as_str())
-                .and_then(text)
-                .map(str::trim)
-                .filter(|v| !v.is_empty())
+                .header_text(name.as_str())
                 .map(|v| bounded(v).to_owned()),
             (Identity::Resolve, IdentitySource::Claim { claim, .. }) => facts
                 .request
                 .claims
                 .and_then(|c| c.claim(claim))
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-                .map(|v| bounded(&v).to_owned()),
+                .and_then(|v| {
+                    let v = v.trim();
+                    (!v.is_empty()).then(|| bounded(v).to_owned())
+                }),
             (Identity::Resolve, IdentitySource::Given { .. }) => None,
         };
         let identity = match found {
@@ -405,12 +403,7 @@ fn key_of<'r>(r: &'r PolicyRule, identity: &str, facts: &Facts<'_>) -> Result<St
             KeyPart::Method => Some(request.method.as_str().into()),
             KeyPart::Path => Some(request.path.into()),
             KeyPart::Global => Some("global".into()),
-            KeyPart::Header(h) => request
-                .header(h.as_str())
-                .and_then(text)
-                .map(str::trim)
-                .filter(|v| !v.is_empty())
-                .map(Cow::Borrowed),
+            KeyPart::Header(h) => request.header_text(h.as_str()).map(Cow::Borrowed),
             KeyPart::Host => request.host(),
             KeyPart::Query(n) => request.query_values(n).next().filter(|v| !v.is_empty()),
             KeyPart::Cookie(n) => request

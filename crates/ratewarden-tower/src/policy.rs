@@ -285,9 +285,14 @@ impl Condition {
     /// not text is seen as its bytes read lossily, so it can still be
     /// matched and counted by `present`).
     pub fn holds_for_header(&self, request: &RequestView<'_>) -> bool {
+        // Borrowed when the value is UTF-8 (the common case): no copy per
+        // value and request.
         let values = request
             .headers(&self.name)
-            .map(|v| String::from_utf8_lossy(v).trim().to_owned().into());
+            .map(|v| match String::from_utf8_lossy(v) {
+                std::borrow::Cow::Borrowed(t) => std::borrow::Cow::Borrowed(t.trim()),
+                std::borrow::Cow::Owned(t) => std::borrow::Cow::Owned(t.trim().to_owned()),
+            });
         self.test.passes(values) != self.invert
     }
 

@@ -125,6 +125,13 @@ impl<'a> RequestView<'a> {
         self.fields.get(name)
     }
 
+    /// The first value of header `name` as text, trimmed, when it is text
+    /// and not empty: what an identity or a key part reads of a header.
+    pub fn header_text(&self, name: &str) -> Option<&'a str> {
+        let v = text(self.header(name)?)?.trim();
+        (!v.is_empty()).then_some(v)
+    }
+
     /// Every value of header `name`.
     pub fn headers(&self, name: &str) -> impl Iterator<Item = &'a [u8]> {
         self.fields.get_all(name)
