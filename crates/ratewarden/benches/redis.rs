@@ -93,6 +93,7 @@ fn reference(port: u16, call: &[&str], random_keys: bool, pipeline: usize) -> f6
         &Op::new(&rule, "k"),
         1,
         ratewarden::clock::Micros::ZERO,
+        ratewarden::clock::Micros::ZERO,
     );
     let mut args: Vec<String> = [
         "-p",

@@ -36,7 +36,7 @@ fn main() {
             .build()
             .expect("a rule");
         // (The spec is one argument without spaces: the bench splits on them.)
-        let args = argv_one(&Op::new(&rule, "k"), 1, Micros::ZERO);
+        let args = argv_one(&Op::new(&rule, "k"), 1, Micros::ZERO, Micros::ZERO);
         let keys = if keeps_zset(&rule) { 2 } else { 1 };
         println!("{} {keys} {}", kind.name(), args.join(" "));
     }

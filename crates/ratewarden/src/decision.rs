@@ -115,6 +115,25 @@ impl Decision {
         self.enforced().filter(|r| !r.allowed())
     }
 
+    /// The status to refuse with: the first refusing rule's `status`, else
+    /// `default`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ratewarden::{Decision, Reason, Rule, RuleDecision};
+    /// let rule = Rule::builder("monthly").limit(5, Duration::from_secs(10)).status(403).build().unwrap();
+    /// let d = Decision { allowed: false, delay: Duration::ZERO, rules: vec![RuleDecision {
+    ///     rule, key: "k".into(), reason: Some(Reason::Limit), remaining: 0,
+    ///     reset_after: Duration::from_secs(2), retry_after: Some(Duration::from_secs(2)), lease: None }] };
+    /// assert_eq!(d.status(429), 403);
+    /// ```
+    pub fn status(&self, default: u16) -> u16 {
+        self.violated()
+            .next()
+            .and_then(|r| r.rule.spec().status)
+            .unwrap_or(default)
+    }
+
     /// `Retry-After` in whole seconds, at least 1; `None` when admitted.
     ///
     /// The longest wait among the rejecting rules, since the request needs them all.
@@ -232,9 +251,19 @@ impl Decision {
                 push_u64(scratch, r.rule.limit());
                 // A concurrency quota is slots in flight, not requests per
                 // window: it has no `w`.
-                if !r.rule.spec().algorithm.holds_leases() {
+                // Nor has a calendar quota: its period's length varies.
+                if !r.rule.spec().algorithm.holds_leases() && r.rule.calendar().is_none() {
                     scratch.push_str(";w=");
                     push_u64(scratch, whole_secs(r.rule.window()));
+                }
+                // The tier in force (a parameter clients ignore unless
+                // they know it), or that an override is.
+                if let Some(t) = r.rule.tier() {
+                    scratch.push_str(";tier=\"");
+                    scratch.push_str(t);
+                    scratch.push('"');
+                } else if r.rule.is_override() {
+                    scratch.push_str(";override");
                 }
             }
             field("RateLimit-Policy", FieldRef::Text(scratch));
@@ -300,9 +329,16 @@ impl Decision {
         let (Some(retry), Some(first)) = (self.retry_after_secs(), self.violated().next()) else {
             return false;
         };
-        body.push_str(
-            "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":",
-        );
+        match &first.rule.spec().problem_type {
+            Some(t) => {
+                body.push_str("{\"type\":");
+                push_json_string(body, t);
+                body.push_str(",\"title\":");
+            }
+            None => body.push_str(
+                "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":",
+            ),
+        }
         push_json_string(body, title(status));
         body.push_str(",\"status\":");
         push_u64(body, u64::from(status));
@@ -315,6 +351,12 @@ impl Decision {
         }
         body.push_str("],\"rule\":");
         push_json_string(body, first.rule.name());
+        if let Some(t) = first.rule.tier() {
+            body.push_str(",\"tier\":");
+            push_json_string(body, t);
+        } else if first.rule.is_override() {
+            body.push_str(",\"override\":true");
+        }
         body.push_str(",\"retry_after\":");
         push_u64(body, retry);
         let detail = match first.reason {

@@ -41,6 +41,7 @@
 //! ```
 
 pub mod algorithm;
+pub mod calendar;
 pub mod clock;
 pub mod decision;
 mod limiter;

@@ -536,7 +536,7 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         OpKind::Refund => (script::Mode::Refund, 0),
         OpKind::Ban => (script::Mode::Ban, 0),
     };
-    let args = script::argv(&vec![(o, cost, lease); times], mode, now);
+    let args = script::argv(&vec![(o, cost, lease); times], mode, now, now);
     // A Functions library (`#!lua name=...`, loaded by `lua_failures`) is
     // called by its function's name; a script is sent whole.
     let mut call = match source.strip_prefix("#!lua name=") {

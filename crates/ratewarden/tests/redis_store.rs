@@ -841,3 +841,52 @@ async fn a_master_killed_under_traffic_fails_over_without_failing_a_decision() {
     assert!(admitted_after_promotion > 100, "{admitted_after_promotion}");
     assert!(after > kept, "the new master counts: {kept} -> {after}");
 }
+
+/// A calendar day turns where Redis's clock says: a zone is chosen whose
+/// local midnight is a few seconds from now (a fixed offset, to the
+/// second), and a limit of 1 a day is full before it and fresh after it,
+/// with the reset the reply gives pointing at that midnight. Redis's
+/// clock cannot be set, so this waits for the boundary (3 s at most).
+#[tokio::test]
+async fn a_calendar_day_turns_at_local_midnight_by_redis_time() {
+    let server = RedisServer::start();
+    let redis = RedisStore::new(config(Some(server.url()), vec![], None)).unwrap();
+    let now_us = wall_now();
+    let boundary_s = now_us / 1_000_000 + 3;
+    // Local time = UTC + offset; midnight at `boundary_s`.
+    let mut offset = (86_400 - (boundary_s % 86_400) as i64) % 86_400;
+    if offset > 50_400 {
+        offset -= 86_400;
+    }
+    let sign = if offset < 0 { '-' } else { '+' };
+    let a = offset.unsigned_abs();
+    let zone = format!("{sign}{:02}:{:02}:{:02}", a / 3600, a / 60 % 60, a % 60);
+    let calendar =
+        ratewarden::calendar::Calendar::new(ratewarden::calendar::Period::Day, &zone, None, None, None)
+            .unwrap();
+    let rule = Rule::builder("daily")
+        .algorithm(Kind::FixedWindow)
+        .limit(1, Duration::from_secs(86_400))
+        .calendar(calendar)
+        .build()
+        .unwrap();
+    let op = || Op::new(&rule, "k");
+    let first = redis.decide(&[op()], 1, Mode::Apply).await.unwrap();
+    assert!(first[0].check.allowed);
+    let to_midnight = boundary_s * 1_000_000 - wall_now();
+    let reset = first[0].check.reset_after.get();
+    assert!(
+        reset.abs_diff(to_midnight) < 200_000,
+        "reset {reset} µs, midnight in {to_midnight} µs ({zone})"
+    );
+    let second = redis.decide(&[op()], 1, Mode::Apply).await.unwrap();
+    assert!(!second[0].check.allowed, "one a day");
+    assert!(second[0].check.retry_after.get().abs_diff(to_midnight) < 200_000);
+    // Past midnight by Redis's clock (the same host's).
+    let wait = (boundary_s * 1_000_000 + 100_000).saturating_sub(wall_now());
+    tokio::time::sleep(Duration::from_micros(wait)).await;
+    let third = redis.decide(&[op()], 1, Mode::Apply).await.unwrap();
+    assert!(third[0].check.allowed, "a new day");
+    let day = third[0].check.reset_after.get();
+    assert!(day > 86_000_000_000 && day <= 86_400_000_000, "{day}");
+}

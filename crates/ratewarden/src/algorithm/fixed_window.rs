@@ -1,4 +1,6 @@
-//! `fixed_window`: windows aligned to multiples of `window` since the Unix epoch.
+//! `fixed_window`: windows aligned to multiples of `window` since the Unix
+//! epoch, or the periods of a [`Calendar`] (days, weeks, months, years of
+//! a time zone).
 //!
 //! The window a state belongs to is stored with its count, so a request in a
 //! later window starts from zero without any timer. The state's expiry is the
@@ -6,15 +8,18 @@
 //! refreshed by every request locks a hammering client out forever).
 
 use std::num::NonZeroU64;
+use std::sync::Arc;
 
 use super::{Algorithm, Check, NEVER, ParamError, ScriptState};
+use crate::calendar::Calendar;
 use crate::clock::Micros;
 
-/// Parameters: `limit` per `window`.
+/// Parameters: `limit` per `window`, or per period of a calendar.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FixedWindow {
     limit: u64,
     window: Micros,
+    calendar: Option<Arc<Calendar>>,
 }
 
 /// Count of the window starting at `start`.
@@ -53,25 +58,48 @@ impl FixedWindow {
         Ok(Self {
             limit: limit.get(),
             window,
+            calendar: None,
         })
     }
 
-    fn window_start(&self, now: Micros) -> Micros {
-        now - now % self.window
+    /// `limit` per period of `calendar`.
+    pub fn calendar(limit: NonZeroU64, calendar: Arc<Calendar>) -> Self {
+        Self {
+            limit: limit.get(),
+            window: Micros::from_secs(86_400),
+            calendar: Some(calendar),
+        }
     }
 
-    fn count_at(&self, s: &State, now: Micros) -> u64 {
-        if s.start == self.window_start(now) {
-            u64::from(s.count)
-        } else {
-            0
+    /// The calendar, for a calendar window.
+    pub fn calendar_of(&self) -> Option<&Arc<Calendar>> {
+        self.calendar.as_ref()
+    }
+
+    /// The window holding `now`: `[start, end)`.
+    pub fn bounds(&self, now: Micros) -> (Micros, Micros) {
+        match &self.calendar {
+            Some(c) => c.period(now),
+            None => {
+                let start = now - now % self.window;
+                (start, start + self.window)
+            }
         }
+    }
+
+    fn window_start(&self, now: Micros) -> Micros {
+        self.bounds(now).0
     }
 
     /// See the [module](super) docs.
     pub fn check(&self, s: &State, now: Micros, cost: u64) -> Check {
-        let used = self.count_at(s, now);
-        let reset_after = self.window_start(now) + self.window - now;
+        let (start, end) = self.bounds(now);
+        let used = if s.start == start {
+            u64::from(s.count)
+        } else {
+            0
+        };
+        let reset_after = end - now;
         if cost <= self.limit && used + cost <= self.limit {
             Check::allow(self.limit - used - cost, reset_after)
         } else {
@@ -96,7 +124,25 @@ impl FixedWindow {
 
     /// See the [module](super) docs.
     pub fn idle_at(&self, s: &State) -> Micros {
-        s.start + self.window
+        match &self.calendar {
+            Some(c) => c.period(s.start).1,
+            None => s.start + self.window,
+        }
+    }
+}
+
+impl FixedWindow {
+    /// A calendar window's parameters for the Lua port at gateway time
+    /// `local`: the limit, and the bounds of two periods, `a..b..c`: the
+    /// one holding `local` less a minute and the next. Redis's own time
+    /// picks between them, so the boundary falls where Redis's clock says
+    /// as long as the gateway's clock is less than a minute ahead of it
+    /// (or a period behind).
+    pub fn script_bounds(&self, local: Micros) -> Option<[u64; 4]> {
+        let c = self.calendar.as_ref()?;
+        let (a, b) = c.period(local.saturating_sub(Micros::from_secs(60)));
+        let (_, end) = c.compute(b);
+        Some([self.limit, a.get(), b.get(), end.get()])
     }
 }
 
@@ -118,6 +164,8 @@ impl Algorithm for FixedWindow {
     fn idle_at(&self, s: &State) -> Micros {
         FixedWindow::idle_at(self, s)
     }
+    /// A calendar window's bounds are not fixed: the store sends them with
+    /// each call ([`FixedWindow::script_bounds`]); these are placeholders.
     fn script_params(&self) -> [u64; 4] {
         [self.limit, self.window.get(), 0, 0]
     }

@@ -48,6 +48,14 @@ pub(super) fn canonical(spec: &RuleSpec) -> String {
     if let Some(hold) = spec.max_hold {
         id.push_str(&format!("|hold={}", micros(hold).get()));
     }
+    if let Some(c) = &spec.calendar {
+        id.push_str(&format!("|cal={}", c.canonical()));
+    }
+    match &spec.variant {
+        Some(super::Variant::Tier(t)) => id.push_str(&format!("|tier={t}")),
+        Some(super::Variant::Override) => id.push_str("|override"),
+        None => {}
+    }
     id
 }
 

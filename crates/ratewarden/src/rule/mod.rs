@@ -20,7 +20,9 @@ use crate::clock::Micros;
 pub(crate) use eval::finite;
 pub use eval::{KeyState, Marks, Reason, Verdict};
 pub use id::fnv1a;
-pub use spec::{Counting, Distribution, MAX_HOLD, Penalty, RuleBuilder, RuleError, RuleSpec};
+pub use spec::{
+    Counting, Distribution, MAX_HOLD, Penalty, RuleBuilder, RuleError, RuleSpec, Variant,
+};
 
 /// A validated rule, cheap to clone.
 ///
@@ -84,6 +86,21 @@ impl Rule {
     /// The compiled algorithm.
     pub fn params(&self) -> &Params {
         &self.0.params
+    }
+    /// The tier this is, for a tier of a rule.
+    pub fn tier(&self) -> Option<&str> {
+        match &self.0.spec.variant {
+            Some(spec::Variant::Tier(t)) => Some(t),
+            _ => None,
+        }
+    }
+    /// Whether this is an override of one key's parameters.
+    pub fn is_override(&self) -> bool {
+        self.0.spec.variant == Some(spec::Variant::Override)
+    }
+    /// The calendar of a calendar window.
+    pub fn calendar(&self) -> Option<&crate::calendar::Calendar> {
+        self.0.spec.calendar.as_deref()
     }
     /// Whether the rule only records.
     pub fn is_shadow(&self) -> bool {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::id::{canonical, fnv1a};
 use super::{Compiled, Rule};
 use crate::algorithm::{self, Kind, Params};
+use crate::calendar::Calendar;
 use crate::clock::{Micros, micros};
 
 /// Why a rule could not be built.
@@ -145,6 +146,28 @@ pub struct RuleSpec {
     /// `distribution: {mode: lease}`: gateways answer this rule's keys
     /// from slices leased from the shared store ([`crate::store::lease`]).
     pub distribution: Option<Distribution>,
+    /// `calendar:` (`fixed_window` only): windows are the periods of a
+    /// calendar in a time zone, not multiples of `window`.
+    pub calendar: Option<Arc<Calendar>>,
+    /// Which of a rule's parameter sets this is: a tier, or an override of
+    /// one key. Each counts in its own state (it is part of the id).
+    pub variant: Option<Variant>,
+    /// The HTTP status of a refusal by this rule (`status:`), instead of
+    /// the front end's default (429). Not part of the id.
+    pub status: Option<u16>,
+    /// The problem `type` URI of a refusal by this rule, instead of
+    /// `quota-exceeded`'s. Not part of the id.
+    pub problem_type: Option<String>,
+}
+
+/// Which parameter set of a rule a compiled rule is (see
+/// [`RuleSpec::variant`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// The tier of this name (`tiers: {values: {NAME: ...}}`).
+    Tier(String),
+    /// An override set at runtime for one key.
+    Override,
 }
 
 /// How gateways share a hot key's allowance (`distribution: {mode: lease,
@@ -256,6 +279,21 @@ impl RuleBuilder {
         self.0.distribution = Some(d);
         self
     }
+    /// Windows are `calendar`'s periods (`fixed_window` only).
+    pub fn calendar(mut self, calendar: Calendar) -> Self {
+        self.0.calendar = Some(Arc::new(calendar));
+        self
+    }
+    /// Which parameter set of a rule this is.
+    pub fn variant(mut self, variant: Variant) -> Self {
+        self.0.variant = Some(variant);
+        self
+    }
+    /// The status of a refusal by this rule.
+    pub fn status(mut self, status: u16) -> Self {
+        self.0.status = Some(status);
+        self
+    }
     /// Validates and compiles the rule.
     pub fn build(self) -> Result<Rule, RuleError> {
         if self.1 {
@@ -290,6 +328,10 @@ impl Rule {
                 shadow: false,
                 max_hold: None,
                 distribution: None,
+                calendar: None,
+                variant: None,
+                status: None,
+                problem_type: None,
             },
             false,
         )
@@ -369,11 +411,32 @@ impl Rule {
                 valid: "concurrency",
             });
         }
+        if spec.calendar.is_some() && spec.algorithm != Kind::FixedWindow {
+            return Err(RuleError::NotApplicable {
+                key: "calendar",
+                valid: "fixed_window",
+            });
+        }
+        if spec.calendar.is_some() && spec.distribution.is_some() {
+            return Err(RuleError::NotApplicable {
+                key: "distribution",
+                valid: "a rule without `calendar`",
+            });
+        }
+        if let Some(s) = spec.status
+            && !(400..600).contains(&s)
+        {
+            return Err(RuleError::range(
+                "status",
+                "`status` must be an HTTP error status (400-599)",
+            ));
+        }
         let params = match spec.algorithm {
-            Kind::FixedWindow => Params::FixedWindow(
-                algorithm::fixed_window::FixedWindow::new(spec.limit, window)
+            Kind::FixedWindow => Params::FixedWindow(match &spec.calendar {
+                Some(c) => algorithm::fixed_window::FixedWindow::calendar(spec.limit, c.clone()),
+                None => algorithm::fixed_window::FixedWindow::new(spec.limit, window)
                     .map_err(param("window"))?,
-            ),
+            }),
             Kind::Concurrency => {
                 let hold = micros(spec.max_hold.unwrap_or(MAX_HOLD));
                 if hold == Micros::ZERO {

@@ -826,6 +826,11 @@ impl RedisStore {
             .local_clock
             .as_ref()
             .map_or(Micros::ZERO, |c| c.now());
+        let local = if now > Micros::ZERO {
+            now
+        } else {
+            self.inner.clock.now()
+        };
         let mut keys = Vec::with_capacity(ops.len() * 2 + 1);
         let mut args = match ops {
             // Most calls: one op applied, in the compact form.
@@ -835,7 +840,7 @@ impl RedisStore {
                 if script::keeps_zset(op.rule) {
                     keys.push(log);
                 }
-                script::argv_one(op, *cost, now)
+                script::argv_one(op, *cost, now, local)
             }
             _ => {
                 for (op, _, _) in ops {
@@ -843,7 +848,7 @@ impl RedisStore {
                     keys.push(k);
                     keys.push(log);
                 }
-                argv(ops, mode, now)
+                argv(ops, mode, now, local)
             }
         };
         keys.extend(key);

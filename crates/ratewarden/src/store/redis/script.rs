@@ -88,8 +88,27 @@ pub type Call<'a> = (Op<'a>, u64, u64);
 /// (one ARGV string: Redis makes a string per ARGV value, and fourteen
 /// cost it more than one; the script parses a spec once per library load).
 pub fn spec(rule: &crate::Rule) -> String {
+    spec_with(rule, None)
+}
+
+/// The spec a call at gateway time `local` sends: the rule's own, made
+/// once, or for a calendar window one with the bounds of the periods
+/// around `local` (`FixedWindow::script_bounds`).
+pub fn spec_at(rule: &crate::Rule, local: Micros) -> std::borrow::Cow<'_, str> {
+    if let crate::algorithm::Params::FixedWindow(fw) = rule.params()
+        && let Some(bounds) = fw.script_bounds(local)
+    {
+        return spec_with(rule, Some(bounds)).into();
+    }
+    rule.script_spec(|| spec(rule)).into()
+}
+
+fn spec_with(rule: &crate::Rule, bounds: Option<[u64; 4]>) -> String {
     let spec = rule.spec();
-    let (kind, p) = rule.params().script_params();
+    let (kind, mut p) = rule.params().script_params();
+    if let Some(b) = bounds {
+        p = b;
+    }
     let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     let mut v: [i64; SPEC] = [0; SPEC];
     v[0] = i64::from(kind);
@@ -124,8 +143,9 @@ pub fn spec(rule: &crate::Rule) -> String {
     out
 }
 
-/// The ARGV of a call of `ops`, at `now` (0: Redis's `TIME`).
-pub fn argv(ops: &[Call<'_>], mode: Mode, now: Micros) -> Vec<String> {
+/// The ARGV of a call of `ops`, at `now` (0: Redis's `TIME`); `local` is
+/// the gateway's time (calendar windows' bounds, [`spec_at`]).
+pub fn argv(ops: &[Call<'_>], mode: Mode, now: Micros, local: Micros) -> Vec<String> {
     let mut out = Vec::with_capacity(3 + ops.len() * FIELDS);
     let mut buf = itoa::Buffer::new();
     let mut n = |v: u64| buf.format(v).to_owned();
@@ -133,7 +153,7 @@ pub fn argv(ops: &[Call<'_>], mode: Mode, now: Micros) -> Vec<String> {
     out.push(n(ops.len() as u64));
     out.push(n(now.get()));
     for (op, cost, lease) in ops {
-        out.push(op.rule.script_spec(|| spec(op.rule)).to_owned());
+        out.push(spec_at(op.rule, local).into_owned());
         out.push(n(*cost));
         out.push(n(*lease));
     }
@@ -211,10 +231,10 @@ pub fn keeps_zset(rule: &crate::Rule) -> bool {
 /// The ARGV of the common call, compact: one op applied, at `now` (0:
 /// Redis's `TIME`, and then left out): `a`, the rule's spec, the cost.
 /// Its KEYS are the state, and the zset where [`keeps_zset`].
-pub fn argv_one(op: &Op<'_>, cost: u64, now: Micros) -> Vec<String> {
+pub fn argv_one(op: &Op<'_>, cost: u64, now: Micros, local: Micros) -> Vec<String> {
     let mut out = Vec::with_capacity(4);
     out.push("a".to_owned());
-    out.push(op.rule.script_spec(|| spec(op.rule)).to_owned());
+    out.push(spec_at(op.rule, local).into_owned());
     out.push(cost.to_string());
     if now > Micros::ZERO {
         out.push(now.get().to_string());
