@@ -14,6 +14,7 @@ use ratewarden_tower::admission::{Admitted, Facts, Refusal};
 
 pub use crate::answer::Body;
 use crate::config::Config;
+use ratewarden_tower::overrides::Overrides;
 use crate::observe::metrics::{Metrics, RuleCounts};
 use crate::store::AnyStore;
 use crate::upstream::route::Router;
@@ -41,17 +42,27 @@ impl std::fmt::Debug for Live {
 
 impl Live {
     fn new(
-        config: Config,
+        mut config: Config,
         limiter: Arc<Limiter<AnyStore>>,
         router: Router,
         metrics: &Metrics,
+        overrides: &Arc<Overrides>,
     ) -> Self {
-        let counts = config
-            .policy
-            .rules
-            .iter()
-            .map(|r| (r.rule.id(), metrics.counts(r.rule.name())))
-            .collect();
+        overrides.set_max(config.overrides_max);
+        overrides.rebase(&config.policy);
+        config.policy.overrides = Some(overrides.clone());
+        // A rule's counts under its id and each of its tiers' (an
+        // override's are found by name).
+        let mut counts = vec![];
+        for r in &config.policy.rules {
+            let c = metrics.counts(r.rule.name());
+            counts.push((r.rule.id(), c.clone()));
+            for t in r.tiers.iter().flat_map(|t| &t.values) {
+                if let Some(rule) = &t.rule {
+                    counts.push((rule.id(), c.clone()));
+                }
+            }
+        }
         use ratewarden_tower::policy::{IdentitySource, KeyPart};
         // Tokens are verified when they are required, or when the identity
         // or a rule's key reads a claim.
@@ -74,12 +85,19 @@ impl Live {
         }
     }
 
-    /// The decision counts of the rule with this id.
-    fn counts(&self, id: u64) -> Option<&RuleCounts> {
-        self.counts
-            .iter()
-            .find(|(i, _)| *i == id)
-            .map(|(_, c)| &**c)
+    /// The decision counts of `rule` (by its id; an override's by the
+    /// name of its rule).
+    fn counts(&self, rule: &ratewarden::Rule) -> Option<&RuleCounts> {
+        let id = rule.id();
+        match self.counts.iter().find(|(i, _)| *i == id) {
+            Some((_, c)) => Some(c),
+            None => self
+                .config
+                .policy
+                .rule(rule.name())
+                .and_then(|r| self.counts.iter().find(|(i, _)| *i == r.rule.id()))
+                .map(|(_, c)| &**c),
+        }
     }
 }
 
@@ -91,6 +109,9 @@ pub struct Gateway {
     pub metrics: Metrics,
     /// The access log, when `access_log:` asks for one (opened at start).
     pub access: Option<crate::observe::access::AccessLog>,
+    /// Runtime overrides of one key's limit: kept across reloads (each
+    /// new policy is handed this table).
+    pub overrides: Arc<Overrides>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -132,12 +153,25 @@ impl Gateway {
             ),
             None => None,
         };
-        let live = Live::new(config, Arc::new(Limiter::new(store)), router, &metrics);
+        let overrides = Arc::new(Overrides::new(
+            config.overrides_max,
+            clock
+                .clone()
+                .unwrap_or_else(|| Arc::new(ratewarden::clock::SystemClock::new())),
+        ));
+        let live = Live::new(
+            config,
+            Arc::new(Limiter::new(store)),
+            router,
+            &metrics,
+            &overrides,
+        );
         Ok(Arc::new(Self {
             live: ArcSwap::from_pointee(live),
             clock,
             metrics,
             access,
+            overrides,
         }))
     }
 
@@ -210,8 +244,13 @@ impl Gateway {
             Some(&old.router),
             &self.metrics,
         );
-        self.live
-            .store(Arc::new(Live::new(config, limiter, router, &self.metrics)));
+        self.live.store(Arc::new(Live::new(
+            config,
+            limiter,
+            router,
+            &self.metrics,
+            &self.overrides,
+        )));
         Ok(())
     }
 
@@ -286,7 +325,7 @@ impl Gateway {
         request: Option<(&http::Method, &str, &crate::observe::request_id::RequestId)>,
     ) {
         for r in &d.rules {
-            if let Some(c) = live.counts(r.rule.id()) {
+            if let Some(c) = live.counts(&r.rule) {
                 c.add(r.label());
             }
             // Keys at or near their limit are `/v1/keys`'s candidates: one

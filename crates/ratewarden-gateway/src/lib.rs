@@ -25,6 +25,7 @@ pub mod fuzzing;
 pub mod gateway;
 pub mod jwt;
 pub mod observe;
+pub(crate) mod overrides;
 pub mod proxy;
 pub mod server;
 pub mod simulate;

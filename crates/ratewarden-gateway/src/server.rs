@@ -160,6 +160,9 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     {
         tracing::warn!(error = %e, "redis not reachable at start; serving per on_error until it is");
     }
+    // The overrides the shared store holds, in force from the first request.
+    let mut overrides = crate::overrides::Sync::new();
+    overrides.poll(&gateway).await;
     if let crate::store::AnyStore::Memory(_) = gateway.live().limiter.store() {
         for r in &gateway.live().config.policy.rules {
             if r.rule.distribution().is_some() {
@@ -230,6 +233,11 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     // first runs: a SIGHUP in between would meet the default action and kill
     // the process.
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    tasks.push(tokio::spawn(sync_overrides(
+        gateway.clone(),
+        overrides,
+        stopped.clone(),
+    )));
     tasks.push(tokio::spawn(housekeeping(
         gateway.clone(),
         source,
@@ -413,6 +421,22 @@ async fn serve<F, Fut>(
     tokio::select! {
         _ = graceful.shutdown() => {}
         _ = tokio::time::sleep(DRAIN) => tracing::warn!("in-flight requests still running after {DRAIN:?}; closing"),
+    }
+}
+
+/// Keeps the overrides the shared store's ([`crate::overrides::Sync`]);
+/// sweeps expired ones.
+async fn sync_overrides(
+    gw: Arc<Gateway>,
+    mut sync: crate::overrides::Sync,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(crate::overrides::POLL);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tick.tick() => sync.poll(&gw).await,
+        }
     }
 }
 

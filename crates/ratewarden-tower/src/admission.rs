@@ -23,10 +23,11 @@ use std::sync::Arc;
 
 use http::{HeaderName, StatusCode};
 use ratewarden::decision::problem;
-use ratewarden::{Decision, Limiter, Mode, Op, Pending, Store, StoreError};
+use ratewarden::{Decision, Limiter, Mode, Op, Pending, Rule, Store, StoreError};
 use smallvec::SmallVec;
 
 use crate::policy::{IdentitySource, KeyPart, Missing, MissingPart, PathMatch, Policy, PolicyRule};
+use crate::overrides::Applied;
 use crate::view::RequestView;
 use std::borrow::Cow;
 
@@ -121,12 +122,18 @@ impl Refusal {
     /// The status it is answered with; `limited` for [`Refusal::Limited`].
     pub fn status(&self, limited: StatusCode) -> StatusCode {
         match self {
-            Refusal::Limited(_) => limited,
+            Refusal::Limited(d) => Self::limited_status(d, limited),
             Refusal::Denied(_) => StatusCode::FORBIDDEN,
             Refusal::NoIdentity(_) | Refusal::MissingPart { .. } => StatusCode::BAD_REQUEST,
             Refusal::Unauthenticated => StatusCode::UNAUTHORIZED,
             Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
+    }
+
+    /// The status of a refusal over a limit: the refusing rule's
+    /// `status`, else `default`.
+    pub fn limited_status(d: &Decision, default: StatusCode) -> StatusCode {
+        StatusCode::from_u16(d.status(default.as_u16())).unwrap_or(default)
     }
 
     /// The problem body it is answered with (RFC 9457); for
@@ -278,10 +285,16 @@ impl Policy {
                         }
                     }
                 };
+                let Some(choice) = self.choose(r, key.as_deref().unwrap_or(&who.identity), facts)
+                else {
+                    // An unlimited tier or override: not limited by it.
+                    continue;
+                };
                 keyed.push(Keyed {
                     rule: i as u32,
                     key,
                     by_identity: r.grouped_by_identity(),
+                    choice,
                 });
             }
             // Keys shared by clients last: on a cluster they are other slots,
@@ -293,6 +306,24 @@ impl Policy {
             who,
             keyed,
         })
+    }
+
+    /// Which parameters `r` decides `key` with: its override, else the
+    /// tier the request's value picks, else its own; `None` when that is
+    /// unlimited.
+    fn choose(&self, r: &PolicyRule, key: &str, facts: &Facts<'_>) -> Option<Choice> {
+        if let Some(o) = self.overrides.as_deref().and_then(|o| o.get(r, key)) {
+            return match o {
+                Applied::Limited(rule) => Some(Choice::Override(rule)),
+                Applied::Unlimited => None,
+            };
+        }
+        let Some(tiers) = &r.tiers else {
+            return Some(Choice::Rule);
+        };
+        let value = part_value(&tiers.from, r, &facts.request);
+        let i = tiers.pick(value.as_deref());
+        tiers.values[i].rule.as_ref().map(|_| Choice::Tier(i as u16))
     }
 
     /// Stages 1 to 3 for one request of `weight`.
@@ -338,10 +369,18 @@ impl Policy {
             None if r.grouped_by_identity() => group.clone(),
             None => String::new(),
         };
+        let choice = match self.overrides.as_deref().and_then(|o| o.get(r, &key)) {
+            Some(Applied::Limited(rule)) => Choice::Override(rule),
+            _ => match &r.tiers {
+                Some(t) if t.values[t.default].rule.is_some() => Choice::Tier(t.default as u16),
+                _ => Choice::Rule,
+            },
+        };
         keyed.push(Keyed {
             rule: i as u32,
             key: (key != identity).then_some(key),
             by_identity: r.grouped_by_identity() && group == identity,
+            choice,
         });
         Ok(Matched {
             policy: self,
@@ -385,7 +424,6 @@ enum Lacking<'r> {
 /// and escaped ([`key_part`]); a part the request lacks as the rule's
 /// [`MissingPart`] says.
 fn key_of<'r>(r: &'r PolicyRule, identity: &str, facts: &Facts<'_>) -> Result<String, Lacking<'r>> {
-    let request = &facts.request;
     let mut out = String::new();
     for (i, p) in r.key.iter().enumerate() {
         if i > 0 {
@@ -393,39 +431,13 @@ fn key_of<'r>(r: &'r PolicyRule, identity: &str, facts: &Facts<'_>) -> Result<St
         }
         let (part, hasher) = match p {
             KeyPart::Hashed(inner, h) => (&**inner, Some(h)),
-            other => (other, None),
-        };
-        let found: Option<Cow<'_, str>> = match part {
             KeyPart::Identity => {
                 out.push_str(identity);
                 continue;
             }
-            KeyPart::Method => Some(request.method.as_str().into()),
-            KeyPart::Path => Some(request.path.into()),
-            KeyPart::Global => Some("global".into()),
-            KeyPart::Header(h) => request.header_text(h.as_str()).map(Cow::Borrowed),
-            KeyPart::Host => request.host(),
-            KeyPart::Query(n) => request.query_values(n).next().filter(|v| !v.is_empty()),
-            KeyPart::Cookie(n) => request
-                .cookie(n)
-                .filter(|v| !v.is_empty())
-                .map(Cow::Borrowed),
-            KeyPart::Capture(n) => match &r.matcher.path {
-                PathMatch::Regex(re) => re
-                    .captures(request.path)
-                    .and_then(|c| c.name(n))
-                    .map(|m| Cow::Borrowed(m.as_str()))
-                    .filter(|v| !v.is_empty()),
-                _ => None,
-            },
-            KeyPart::Jwt(c) => request
-                .claims
-                .and_then(|claims| claims.claim(c))
-                .filter(|v| !v.is_empty()),
-            // (Not nested: the config hashes a plain part.)
-            KeyPart::Hashed(..) => None,
+            other => (other, None),
         };
-        match (found, hasher, r.missing) {
+        match (part_value(part, r, &facts.request), hasher, r.missing) {
             // The secret never enters the key: only its hash (bounded
             // first, as the clear value would have been).
             (Some(v), Some(h), _) => out.push_str(&h.hash(bounded(&v))),
@@ -437,6 +449,41 @@ fn key_of<'r>(r: &'r PolicyRule, identity: &str, facts: &Facts<'_>) -> Result<St
         }
     }
     Ok(out)
+}
+
+/// The value of a request-given key part (not the identity, not a hashed
+/// part): what a key is made of, and what picks a tier. `None` when the
+/// request lacks it (an empty value counts as lacking).
+fn part_value<'a>(
+    part: &KeyPart,
+    r: &'a PolicyRule,
+    request: &'a RequestView<'a>,
+) -> Option<Cow<'a, str>> {
+    match part {
+        KeyPart::Identity | KeyPart::Hashed(..) => None,
+        KeyPart::Method => Some(request.method.as_str().into()),
+        KeyPart::Path => Some(request.path.into()),
+        KeyPart::Global => Some("global".into()),
+        KeyPart::Header(h) => request.header_text(h.as_str()).map(Cow::Borrowed),
+        KeyPart::Host => request.host(),
+        KeyPart::Query(n) => request.query_values(n).next().filter(|v| !v.is_empty()),
+        KeyPart::Cookie(n) => request
+            .cookie(n)
+            .filter(|v| !v.is_empty())
+            .map(Cow::Borrowed),
+        KeyPart::Capture(n) => match &r.matcher.path {
+            PathMatch::Regex(re) => re
+                .captures(request.path)
+                .and_then(|c| c.name(n))
+                .map(|m| Cow::Borrowed(m.as_str()))
+                .filter(|v| !v.is_empty()),
+            _ => None,
+        },
+        KeyPart::Jwt(c) => request
+            .claims
+            .and_then(|claims| claims.claim(c))
+            .filter(|v| !v.is_empty()),
+    }
 }
 
 /// Appends a request-given key part to `out`: bounded as identities are,
@@ -474,9 +521,34 @@ struct Keyed {
     key: Option<String>,
     /// The group is the identity, else the key (see [`PolicyRule::group`]).
     by_identity: bool,
+    /// Which of the rule's parameters decide it.
+    choice: Choice,
+}
+
+/// Which parameters a matched rule decides with: its own, a tier's, or
+/// its key's override.
+#[derive(Debug, Clone)]
+enum Choice {
+    Rule,
+    Tier(u16),
+    Override(Rule),
 }
 
 impl Keyed {
+    /// The rule it is decided by.
+    fn rule<'a>(&'a self, policy: &'a Policy) -> &'a Rule {
+        let r = &policy.rules[self.rule as usize];
+        match &self.choice {
+            Choice::Rule => &r.rule,
+            Choice::Tier(t) => r
+                .tiers
+                .as_ref()
+                .and_then(|tiers| tiers.values[*t as usize].rule.as_ref())
+                .unwrap_or(&r.rule),
+            Choice::Override(o) => o,
+        }
+    }
+
     fn key<'a>(&'a self, identity: &'a str) -> &'a str {
         self.key.as_deref().unwrap_or(identity)
     }
@@ -507,12 +579,18 @@ impl<'p> Matched<'p> {
         &self.who
     }
 
-    /// The matching rules with their keys, in decision order.
-    pub fn keys(&self) -> impl Iterator<Item = (&'p PolicyRule, &str)> {
+    /// The matching rules with their keys, in decision order, each with
+    /// the rule it is decided by (its own, a tier's, an override).
+    pub fn keys(&self) -> impl Iterator<Item = (&'p PolicyRule, &Rule, &str)> {
         let id = &self.who.identity;
-        self.keyed
-            .iter()
-            .map(move |k| (&self.policy.rules[k.rule as usize], k.key(id)))
+        let policy = self.policy;
+        self.keyed.iter().map(move |k| {
+            (
+                &policy.rules[k.rule as usize],
+                k.rule(policy),
+                k.key(id),
+            )
+        })
     }
 
     /// The store ops of the matching rules.
@@ -520,13 +598,7 @@ impl<'p> Matched<'p> {
         let id = &self.who.identity;
         self.keyed
             .iter()
-            .map(|k| {
-                Op::grouped(
-                    &self.policy.rules[k.rule as usize].rule,
-                    k.key(id),
-                    k.group(id),
-                )
-            })
+            .map(|k| Op::grouped(k.rule(self.policy), k.key(id), k.group(id)))
             .collect()
     }
 
@@ -652,7 +724,8 @@ impl<'p> Admitted<'p> {
         let id = &self.matched.who.identity;
         for k in &self.matched.keyed {
             let r = &self.matched.policy.rules[k.rule as usize];
-            if !r.rule.counts_failures() {
+            let rule = k.rule(self.matched.policy);
+            if !rule.counts_failures() {
                 continue;
             }
             let failure = match classify {
@@ -660,7 +733,7 @@ impl<'p> Admitted<'p> {
                 None => Some(r.is_failure(status.as_u16())),
             };
             if let Some(failure) = failure {
-                let op = Op::grouped(&r.rule, k.key(id), k.group(id));
+                let op = Op::grouped(rule, k.key(id), k.group(id));
                 limiter.store().settle(&[op], 1, failure).await?;
             }
         }

@@ -30,6 +30,7 @@
 pub mod admission;
 pub mod identity;
 pub mod key;
+pub mod overrides;
 pub mod path;
 pub mod policy;
 pub mod view;
@@ -384,6 +385,7 @@ pub fn rejection_response(
     status: StatusCode,
     style: HeaderStyle,
 ) -> Response<Full<Bytes>> {
+    let status = admission::Refusal::limited_status(decision, status);
     let body = decision.rejection_body(status.as_u16());
     let mut resp = problem_full(status, body);
     // Room for the seven rate-limit headers: no regrowth.

@@ -24,6 +24,10 @@ pub struct Policy {
     pub deny: Vec<Pattern>,
     /// The rules, in order.
     pub rules: Vec<PolicyRule>,
+    /// One key's parameters set at runtime ([`crate::overrides`]); kept
+    /// across reloads by the front end, which hands each new policy the
+    /// same table.
+    pub overrides: Option<std::sync::Arc<crate::overrides::Overrides>>,
 }
 
 /// Where a request's identity comes from.
@@ -470,6 +474,42 @@ pub struct PolicyRule {
     pub failure_status: Vec<(u16, u16)>,
     /// A request without one of the key's parts.
     pub missing: MissingPart,
+    /// Parameters chosen by a request value (`tiers:`); `rule` is then
+    /// the default tier's (or, when that is unlimited, the first limited
+    /// tier's): the rule's name, and the base of its overrides.
+    pub tiers: Option<Box<Tiers>>,
+}
+
+/// A rule's tiers: its parameters chosen by one request value (a plan
+/// named in a header or a token's claim), each counting in its own state.
+#[derive(Debug, Clone)]
+pub struct Tiers {
+    /// The value (a key part: `header:X-Plan`, `jwt:plan`...).
+    pub from: KeyPart,
+    /// The tier of a request without the value, or with one no tier has
+    /// (an index into `values`).
+    pub default: usize,
+    /// The tiers.
+    pub values: Vec<Tier>,
+}
+
+/// One tier: its name and its rule (`None`: `unlimited`).
+#[derive(Debug, Clone)]
+pub struct Tier {
+    /// Its name, as the value names it.
+    pub name: String,
+    /// Its parameters, compiled (a [`ratewarden::Variant::Tier`]).
+    pub rule: Option<Rule>,
+}
+
+impl Tiers {
+    /// The tier a request's value chooses (the default for none, or for a
+    /// value no tier has).
+    pub fn pick(&self, value: Option<&str>) -> usize {
+        value
+            .and_then(|v| self.values.iter().position(|t| t.name == v))
+            .unwrap_or(self.default)
+    }
 }
 
 impl PolicyRule {
@@ -482,6 +522,7 @@ impl PolicyRule {
             key: vec![KeyPart::Identity],
             failure_status: DEFAULT_FAILURES.to_vec(),
             missing: MissingPart::Identity,
+            tiers: None,
         }
     }
 
@@ -557,6 +598,7 @@ impl Policy {
             allow: vec![],
             deny: vec![],
             rules: rules.into_iter().map(PolicyRule::everywhere).collect(),
+            overrides: None,
         }
     }
 

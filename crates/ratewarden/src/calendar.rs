@@ -11,6 +11,9 @@
 
 use std::fmt;
 
+/// The date and time library the calendar is computed with (re-exported:
+/// front ends parse RFC 3339 times with the same one).
+pub use jiff;
 use jiff::civil::{Date, Weekday};
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, ToSpan};

@@ -51,8 +51,8 @@ pub mod store;
 pub use decision::{Decision, FieldRef, HeaderField, HeaderStyle, RuleDecision};
 pub use limiter::{Admission, Limiter, Pending};
 pub use rule::{
-    Counting, Distribution, KeyState, Marks, Penalty, Reason, Rule, RuleError, RuleSpec, Verdict,
-    fnv1a,
+    Counting, Distribution, KeyState, Marks, Penalty, Reason, Rule, RuleError, RuleSpec, Variant,
+    Verdict, fnv1a,
 };
 pub use store::memory::MemoryStore;
 #[cfg(feature = "tls")]

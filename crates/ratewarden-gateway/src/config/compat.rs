@@ -142,7 +142,7 @@ fn compat_rule(
         key: None,
         missing: None,
         algorithm: Some(nowhere(kind.name().into())),
-        limit,
+        limit: Some(limit),
         window: Some(window),
         burst: None,
         mode: None,
@@ -157,6 +157,10 @@ fn compat_rule(
         shadow: None,
         max_hold: None,
         distribution: None,
+        calendar: None,
+        tiers: None,
+        status: None,
+        problem_type: None,
     }
 }
 
@@ -266,6 +270,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         rls: None,
         key_secret: None,
         jwt: None,
+        overrides: None,
         upstream_timeout: None,
         upstream_path: None,
         client_idle_timeout: None,

@@ -87,7 +87,9 @@ fn parse_all<T: serde::de::DeserializeOwned>(
         // A required key "missing" because its line is indented out of its
         // block: say so, at that line (a YAML reader calls it a syntax
         // error there), and stop.
-        if err.message.ends_with("is required here")
+        // (Or a syntax error where a line left its block.)
+        if (err.message.ends_with("is required here")
+            || err.message.contains("did not find expected"))
             && let Some((line, column, want)) = misindented(&now)
         {
             err.line = line;

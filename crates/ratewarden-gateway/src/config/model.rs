@@ -129,7 +129,13 @@ pub struct Config {
     pub rls: Option<crate::config::rls::RlsSpec>,
     /// Token verification for `jwt:CLAIM` key parts (`jwt:`).
     pub jwt: Option<crate::jwt::Verifier>,
+    /// The most runtime overrides (`overrides.max`, default
+    /// [`OVERRIDES_MAX`]).
+    pub overrides_max: usize,
 }
+
+/// How many runtime overrides may be set unless `overrides.max` says.
+pub const OVERRIDES_MAX: usize = 10_000;
 
 impl Config {
     /// Whether `peer` is one of `identity.trusted_proxies`: its

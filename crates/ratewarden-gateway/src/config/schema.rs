@@ -57,6 +57,15 @@ pub(crate) struct File {
     pub key_secret: Option<Sp<String>>,
     /// Tokens verified for `jwt:CLAIM` key parts.
     pub jwt: Option<Sp<JwtFile>>,
+    /// Runtime overrides of one key's limit: their bound.
+    pub overrides: Option<Sp<OverridesFile>>,
+}
+
+/// `overrides: {max: N}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OverridesFile {
+    pub max: Option<Sp<i64>>,
 }
 
 /// `jwt:`: where the token is, the keys, the claims required.
@@ -89,14 +98,14 @@ pub(crate) struct JwtFromFile {
 
 /// A `key:` part: its name (`header:X-Api-Key`), or `{hash: NAME}` for one
 /// kept only as a keyed hash.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub(crate) enum KeyPartFile {
     Plain(String),
     Hashed(HashedPartFile),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct HashedPartFile {
     pub hash: String,
@@ -280,7 +289,7 @@ pub(crate) struct IdentityFile {
     pub ipv6_prefix: Option<Sp<i64>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RuleFile {
     pub name: Sp<String>,
@@ -291,8 +300,10 @@ pub(crate) struct RuleFile {
     /// anonymous, skip, reject.
     pub missing: Option<Sp<String>>,
     pub algorithm: Option<Sp<String>>,
-    pub limit: Sp<i64>,
-    /// Required, but for `concurrency` (which has `max_hold` instead).
+    /// Required, but in a rule whose tiers each set one.
+    pub limit: Option<Sp<i64>>,
+    /// Required, but for `concurrency` (which has `max_hold` instead) and
+    /// `calendar` windows.
     pub window: Option<Sp<String>>,
     pub burst: Option<Sp<i64>>,
     pub mode: Option<Sp<String>>,
@@ -307,10 +318,87 @@ pub(crate) struct RuleFile {
     pub shadow: Option<Sp<bool>>,
     pub max_hold: Option<Sp<String>>,
     pub distribution: Option<Sp<DistributionFile>>,
+    /// `fixed_window` windows that are calendar periods of a zone.
+    pub calendar: Option<Sp<CalendarFile>>,
+    /// Parameters chosen by a request value.
+    pub tiers: Option<Sp<TiersFile>>,
+    /// The status of a refusal by this rule.
+    pub status: Option<Sp<i64>>,
+    /// The problem `type` URI of a refusal by this rule.
+    pub problem_type: Option<Sp<String>>,
+}
+
+/// `calendar: {period, timezone, anchor_day, anchor_month, anchor_weekday}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CalendarFile {
+    pub period: Sp<String>,
+    pub timezone: Option<Sp<String>>,
+    pub anchor_day: Option<Sp<i64>>,
+    pub anchor_month: Option<Sp<i64>>,
+    pub anchor_weekday: Option<Sp<String>>,
+}
+
+/// `tiers: {from, default, values: {NAME: {...} | unlimited}}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TiersFile {
+    pub from: Sp<String>,
+    pub default: Sp<String>,
+    pub values: std::collections::BTreeMap<String, Sp<TierFile>>,
+}
+
+/// A tier: `unlimited`, or the rule's parameters it sets.
+#[derive(Debug, Clone)]
+pub(crate) enum TierFile {
+    Unlimited,
+    Params(Box<TierParams>),
+}
+
+/// What a tier may set (the rest is the rule's).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TierParams {
+    pub algorithm: Option<Sp<String>>,
+    pub limit: Option<Sp<i64>>,
+    pub window: Option<Sp<String>>,
+    pub burst: Option<Sp<i64>>,
+    pub mode: Option<Sp<String>>,
+    pub max_delay: Option<Sp<String>>,
+    pub min_interval: Option<Sp<String>>,
+    pub penalty: Option<Sp<PenaltyFile>>,
+    pub cost: Option<Sp<i64>>,
+    pub calendar: Option<Sp<CalendarFile>>,
+    pub status: Option<Sp<i64>>,
+    pub problem_type: Option<Sp<String>>,
+}
+
+impl<'de> Deserialize<'de> for TierFile {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = TierFile;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("`unlimited` or a map of the tier's parameters (limit, window, burst, algorithm, cost, penalty, min_interval...)")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TierFile, E> {
+                if v == "unlimited" {
+                    Ok(TierFile::Unlimited)
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(v), &self))
+                }
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<TierFile, A::Error> {
+                TierParams::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(|p| TierFile::Params(Box::new(p)))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// `distribution: {mode: lease, epsilon, max_share}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DistributionFile {
     pub mode: String,
@@ -318,14 +406,14 @@ pub(crate) struct DistributionFile {
     pub max_share: Option<f64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub(crate) enum PenaltyFile {
     Plain(String),
     Full(PenaltyFull),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PenaltyFull {
     pub duration: String,
@@ -334,7 +422,7 @@ pub(crate) struct PenaltyFull {
     pub memory: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct MatchFile {
     pub methods: Option<Vec<Sp<String>>>,
@@ -349,7 +437,7 @@ pub(crate) struct MatchFile {
 }
 
 /// A `headers:` or `query:` condition: a name and one test.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ConditionFile {
     pub name: Sp<String>,

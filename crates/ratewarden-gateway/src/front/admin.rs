@@ -323,6 +323,8 @@ fn decision_json(d: &Decision, live: &Live) -> Value {
                 "retry_after": r.retry_after.map(secs),
                 "reason": r.reason.map(|x| x.as_str()),
                 "lease": r.lease,
+                "tier": r.rule.tier(),
+                "override": r.rule.is_override(),
             })
         })
         .collect();
@@ -333,6 +335,7 @@ fn decision_json(d: &Decision, live: &Live) -> Value {
         .collect();
     json!({
         "allowed": d.allowed,
+        "status": (!d.allowed).then(|| d.status(live.config.status.as_u16())),
         "retry_after": d.retry_after_secs(),
         "delay": secs(d.delay),
         "rules": rules,
@@ -444,6 +447,68 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
             let q = query(&req);
             lift(gw, &live, &rule, &key, param(&q, "identity")).await
         }
+        (Method::GET, "/v1/overrides") => list_overrides(gw, &query(&req)),
+        (m, p)
+            if p.starts_with("/v1/overrides/")
+                && matches!(m, Method::GET | Method::PUT | Method::DELETE) =>
+        {
+            let rest = &p["/v1/overrides/".len()..];
+            let Some((rule, key)) = rest.split_once('/') else {
+                return problem_response(
+                    StatusCode::NOT_FOUND,
+                    "use /v1/overrides/{rule}/{key}",
+                );
+            };
+            let (rule, key) = (percent_decode(rule), percent_decode(key));
+            let Some(r) = live.config.policy.rule(&rule) else {
+                return named_error(NamedError::NoRule(rule));
+            };
+            // The key as the proxy makes it (a hashed part hashed).
+            let key = live.config.policy.given_key(r, &key);
+            let now = gw.overrides.now();
+            match m {
+                Method::PUT => {
+                    let body = match read_json::<crate::overrides::Body>(req).await {
+                        Ok(b) => b,
+                        Err(r) => return r,
+                    };
+                    let o = match crate::overrides::from_body(body, now) {
+                        Ok(o) => o,
+                        Err(m) => return problem_response(StatusCode::BAD_REQUEST, &m),
+                    };
+                    let shown = crate::overrides::to_json(&rule, &key, &o, now);
+                    match crate::overrides::set(gw, &rule, &key, o).await {
+                        Ok(()) => {
+                            tracing::info!(rule, key, "override set by the admin API");
+                            json_response(StatusCode::OK, &shown)
+                        }
+                        Err(e) => change_error(e),
+                    }
+                }
+                Method::DELETE => match crate::overrides::remove(gw, &rule, &key).await {
+                    Ok(removed) => {
+                        if removed {
+                            tracing::info!(rule, key, "override removed by the admin API");
+                        }
+                        json_response(
+                            StatusCode::OK,
+                            &json!({"rule": rule, "key": key, "removed": removed}),
+                        )
+                    }
+                    Err(e) => change_error(e),
+                },
+                _ => match gw.overrides.lookup(&rule, &key) {
+                    Some(o) => json_response(
+                        StatusCode::OK,
+                        &crate::overrides::to_json(&rule, &key, &o, now),
+                    ),
+                    None => problem_response(
+                        StatusCode::NOT_FOUND,
+                        &format!("no override of `{rule}` for that key"),
+                    ),
+                },
+            }
+        }
         (Method::GET, "/v1/keys") => top_keys(gw, &live, &query(&req)).await,
         (m, p) if p.starts_with("/v1/keys/") && (m == Method::GET || m == Method::DELETE) => {
             let rest = &p["/v1/keys/".len()..];
@@ -471,12 +536,44 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
+/// `GET /v1/overrides[?rule=R]`: the overrides in force.
+fn list_overrides(gw: &Gateway, q: &[(String, String)]) -> Response<Body> {
+    let now = gw.overrides.now();
+    let list: Vec<Value> = gw
+        .overrides
+        .list(param(q, "rule"))
+        .iter()
+        .map(|(r, k, o)| crate::overrides::to_json(r, k, o, now))
+        .collect();
+    json_response(
+        StatusCode::OK,
+        &json!({"count": list.len(), "max": gw.overrides.max(), "overrides": list}),
+    )
+}
+
+/// A change of overrides refused, or not stored.
+fn change_error(e: crate::overrides::ChangeError) -> Response<Body> {
+    use ratewarden_tower::overrides::SetError;
+    match e {
+        crate::overrides::ChangeError::Set(SetError::Full(_)) => {
+            problem_response(StatusCode::CONFLICT, &e.to_string())
+        }
+        crate::overrides::ChangeError::Set(SetError::Invalid(_)) => {
+            problem_response(StatusCode::BAD_REQUEST, &e.to_string())
+        }
+        crate::overrides::ChangeError::Store(s) => unavailable(s),
+    }
+}
+
+
 /// The methods an admin path takes (its `Allow`), if it is one.
 fn allowed_methods(path: &str) -> Option<&'static str> {
     Some(match path {
         "/healthz" | "/readyz" | "/metrics" | "/v1/explain" | "/v1/rules" | "/ui"
         | "/ui/app.js" | "/v1/keys" => "GET",
         "/v1/bans" => "GET, POST",
+        "/v1/overrides" => "GET",
+        p if p.starts_with("/v1/overrides/") => "GET, PUT, DELETE",
         p if p.starts_with("/v1/bans/") => "DELETE",
         "/v1/check" | "/v1/report" => "POST",
         p if p.starts_with("/v1/keys/") => "GET, DELETE",
@@ -744,16 +841,9 @@ async fn explain(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response<
             Err(e) => return unavailable(e),
         }
     }
-    let described: Vec<(String, String, String, f64)> = matched
+    let described: Vec<(ratewarden::Rule, String)> = matched
         .keys()
-        .map(|(r, k)| {
-            (
-                r.rule.name().to_owned(),
-                r.rule.spec().algorithm.name().to_owned(),
-                k.to_owned(),
-                secs(r.rule.window()),
-            )
-        })
+        .map(|(_, rule, k)| (rule.clone(), k.to_owned()))
         .collect();
     let decision = match matched.decide(&live.limiter, 1, Mode::Peek).await {
         Ok(a) => a.decision,
@@ -762,13 +852,25 @@ async fn explain(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response<
         Err(_) => None,
     };
     let mut rules = vec![];
-    for (i, (name, algorithm, key, window)) in described.into_iter().enumerate() {
+    for (i, (rule, key)) in described.into_iter().enumerate() {
         let r = decision.as_ref().map(|d| &d.rules[i]);
+        // Which parameters applied: an override, a tier, or the rule's.
+        let applied = if rule.is_override() {
+            "override"
+        } else if rule.tier().is_some() {
+            "tier"
+        } else {
+            "rule"
+        };
         rules.push(json!({
-            "rule": name,
-            "algorithm": algorithm,
-            "limit": r.map(|r| r.rule.limit()),
-            "window": window,
+            "rule": rule.name(),
+            "algorithm": rule.spec().algorithm.name(),
+            "limit": rule.limit(),
+            "window": (rule.calendar().is_none()).then(|| secs(rule.window())),
+            "calendar": rule.calendar().map(|c| format!("{} {}", c.period_kind().name(), c.zone())),
+            "applied": applied,
+            "tier": rule.tier(),
+            "status": rule.spec().status.unwrap_or(live.config.status.as_u16()),
             "key": key,
             "state": states[i],
             "would_allow": r.is_none_or(|r| r.allowed()),

@@ -67,6 +67,9 @@ pub struct Record<'a> {
     pub key: Option<&'a str>,
     /// The rule that refused it, if one did.
     pub rule: Option<&'a str>,
+    /// The tier of that rule in force, if it has tiers (`override` for a
+    /// key's override); JSON only, and only then.
+    pub tier: Option<&'a str>,
     /// `Referer`, as sent.
     pub referer: Option<&'a [u8]>,
     /// `User-Agent`, as sent.
@@ -511,6 +514,10 @@ fn render(cache: &mut Cache, out: &mut Vec<u8>, r: &Record<'_>, format: Format) 
             json_opt(out, r.identity.map(str::as_bytes));
             out.extend_from_slice(b",\"rule\":");
             json_opt(out, r.rule.map(str::as_bytes));
+            if let Some(t) = r.tier {
+                out.extend_from_slice(b",\"tier\":");
+                json_opt(out, Some(t.as_bytes()));
+            }
             out.extend_from_slice(b",\"key\":");
             json_opt(out, r.key.map(str::as_bytes));
             out.extend_from_slice(b",\"referer\":");
@@ -671,6 +678,7 @@ mod tests {
             identity: Some("203.0.113.7"),
             key: None,
             rule: Some("per-ip"),
+            tier: None,
             referer: None,
             user_agent: Some(b"curl/8"),
         }

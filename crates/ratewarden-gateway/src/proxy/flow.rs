@@ -251,6 +251,13 @@ impl<'l> Flow<'l> {
             identity: n.identity.as_deref(),
             key: n.key.as_deref(),
             rule: n.rule.as_ref().map(Rule::name),
+            tier: n.rule.as_ref().and_then(|r| {
+                if r.is_override() {
+                    Some("override")
+                } else {
+                    r.tier()
+                }
+            }),
             referer: line.referer,
             user_agent: line.user_agent,
         });

@@ -83,6 +83,13 @@ pub fn simulate(config: &Config, opts: &Options) -> Result<Report, String> {
             bar.show(base + n)
         })?;
         bar.done = base + run.requests;
+        let mut run = run;
+        let default = config.status.as_u16();
+        run.statuses = policy
+            .rules
+            .iter()
+            .map(|r| r.rule.spec().status.unwrap_or(default))
+            .collect();
         runs.push((name.clone(), run));
     }
     let replay_time = started.elapsed();
@@ -230,10 +237,11 @@ pub fn summary(runs: &[(String, Run)], took: Duration) -> String {
     }
     let _ = writeln!(
         s,
-        "{:<16} {:<20} {:<24} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>9} {:>11}",
+        "{:<16} {:<20} {:<24} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>9} {:>11}",
         "run",
         "rule",
         "algorithm",
+        "status",
         "offered",
         "admitted",
         "limit",
@@ -256,10 +264,11 @@ pub fn summary(runs: &[(String, Run)], took: Duration) -> String {
             };
             let _ = writeln!(
                 s,
-                "{:<16} {:<20} {:<24} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8.1}% {:>11}",
+                "{:<16} {:<20} {:<24} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8.1}% {:>11}",
                 name,
                 run.rules[r],
                 run.algorithms[r],
+                run.statuses.get(r).copied().unwrap_or(429),
                 c.offered,
                 c.admitted,
                 c.limit,

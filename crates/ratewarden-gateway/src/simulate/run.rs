@@ -78,6 +78,8 @@ pub struct Run {
     pub rules: Vec<String>,
     /// Their algorithms' names.
     pub algorithms: Vec<String>,
+    /// Each one's refusal status (its `status:`, else the default).
+    pub statuses: Vec<u16>,
     /// The step of the series.
     pub step: Duration,
     /// From the start to the last request.
@@ -168,7 +170,7 @@ pub fn replay(
             .map(|(i, copy)| {
                 let mine = Prepared {
                     policy: copy,
-                    ids: copy.rules.iter().map(|r| r.rule.id()).collect(),
+                    ids: rule_ids(&copy),
                     ..prepared.clone()
                 };
                 s.spawn(move || mine.replay(step, Some((i + 1, parts)), &mut |_| {}))
@@ -208,9 +210,24 @@ struct Prepared<'a> {
     /// Which part of a split replay a client falls in: by its identity as
     /// the rules see it (two addresses of one IPv6 /64 are one client).
     hash: Vec<u64>,
-    /// Each rule's id, by position: a decision's rules found among them
-    /// (a scan of a few integers; hashing the name cost more).
-    ids: Vec<u64>,
+    /// Each rule's id and its tiers', with the rule's position: a
+    /// decision's rules found among them (a scan of a few integers;
+    /// hashing the name cost more).
+    ids: Vec<(u64, usize)>,
+}
+
+/// Each rule's id and its tiers', with the rule's position.
+fn rule_ids(policy: &Policy) -> Vec<(u64, usize)> {
+    let mut out = vec![];
+    for (at, r) in policy.rules.iter().enumerate() {
+        out.push((r.rule.id(), at));
+        for t in r.tiers.iter().flat_map(|t| &t.values) {
+            if let Some(rule) = &t.rule {
+                out.push((rule.id(), at));
+            }
+        }
+    }
+    out
 }
 
 impl<'a> Prepared<'a> {
@@ -278,7 +295,7 @@ impl<'a> Prepared<'a> {
                 ratewarden::fnv1a(id.bytes())
             })
             .collect();
-        let ids = policy.rules.iter().map(|r| r.rule.id()).collect();
+        let ids = rule_ids(policy);
         Ok(Self {
             policy,
             traffic,
@@ -293,7 +310,15 @@ impl<'a> Prepared<'a> {
 
     fn rule_index(&self, rule: &ratewarden::Rule) -> usize {
         let id = rule.id();
-        self.ids.iter().position(|&i| i == id).unwrap_or(0)
+        match self.ids.iter().find(|(i, _)| *i == id) {
+            Some((_, at)) => *at,
+            None => self
+                .policy
+                .rules
+                .iter()
+                .position(|r| r.rule.name() == rule.name())
+                .unwrap_or(0),
+        }
     }
 
     /// The requests of part `part.0` of `part.1` (all without one).
@@ -325,6 +350,11 @@ impl<'a> Prepared<'a> {
                 .rules
                 .iter()
                 .map(|r| r.rule.spec().algorithm.name().to_owned())
+                .collect(),
+            statuses: policy
+                .rules
+                .iter()
+                .map(|r| r.rule.spec().status.unwrap_or(429))
                 .collect(),
             step,
             span: Duration::from_micros(traffic.span()),

@@ -364,7 +364,9 @@ async fn serve(
                 };
                 match (decided, rewritten) {
                     (Decided::Refused(Refusal::Limited(d)), _) => {
-                        let how = (live.config.status, live.config.headers);
+                        // The refusing rule's status, else the default.
+                        let status = Refusal::limited_status(&d, live.config.status);
+                        let how = (status, live.config.headers);
                         let body = write_rejection(
                             &mut c.out,
                             &mut c.rate,
@@ -376,7 +378,7 @@ async fn serve(
                         io.write_all(&c.out).await?;
                         io.flush().await?;
                         drop(answering);
-                        flow.note.status = live.config.status.as_u16();
+                        flow.note.status = status.as_u16();
                         flow.note.bytes = Some(body as u64);
                         !head.close
                     }

@@ -1,0 +1,328 @@
+//! Runtime overrides of one key's limit (`PUT /v1/overrides/{rule}/{key}`):
+//! what the admin API takes, and where they are kept.
+//!
+//! * On memory, in the process ([`ratewarden_tower::overrides::Overrides`]):
+//!   they survive reloads, not restarts.
+//! * On Redis, in one hash beside the limits (`{prefix}{overrides}`, with a
+//!   version counter): a change made through one gateway is in force on
+//!   every gateway sharing the store at its next poll (every
+//!   [`POLL`]), and they survive restarts. Each gateway decides from its
+//!   own copy of the table: no request reads Redis for it.
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratewarden::clock::Micros;
+use ratewarden_tower::overrides::{Override, SetError};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::config::parse_duration;
+use crate::gateway::Gateway;
+use crate::store::AnyStore;
+
+/// The shared table's name in Redis.
+const TABLE: &str = "overrides";
+/// How often a gateway asks the shared store whether the table changed.
+pub(crate) const POLL: Duration = Duration::from_millis(250);
+
+/// A `PUT` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Body {
+    limit: Option<u64>,
+    window: Option<String>,
+    burst: Option<u64>,
+    #[serde(default)]
+    unlimited: bool,
+    /// A duration from now (`30d`).
+    expires_in: Option<String>,
+    /// An RFC 3339 time.
+    expires_at: Option<String>,
+    note: Option<String>,
+}
+
+/// An override as the shared store keeps it.
+#[derive(Debug, Serialize, Deserialize)]
+struct Stored {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    window_us: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    burst: Option<u64>,
+    #[serde(default)]
+    unlimited: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at_us: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+fn encode(o: &Override) -> String {
+    serde_json::to_string(&Stored {
+        limit: o.limit.map(NonZeroU64::get),
+        window_us: o.window.map(|w| w.as_micros() as u64),
+        burst: o.burst.map(NonZeroU64::get),
+        unlimited: o.unlimited,
+        expires_at_us: o.expires_at.map(Micros::get),
+        note: o.note.clone(),
+    })
+    .unwrap_or_default()
+}
+
+fn decode(text: &str) -> Option<Override> {
+    let s: Stored = serde_json::from_str(text).ok()?;
+    Some(Override {
+        limit: s.limit.and_then(NonZeroU64::new),
+        window: s.window_us.map(Duration::from_micros),
+        burst: s.burst.and_then(NonZeroU64::new),
+        unlimited: s.unlimited,
+        expires_at: s.expires_at_us.map(Micros::new),
+        note: s.note,
+    })
+}
+
+/// The shared table's field of `key` of `rule`: the rule's name (printable
+/// ASCII, no newline), a newline, the key.
+fn field(rule: &str, key: &str) -> String {
+    format!("{rule}\n{key}")
+}
+
+/// The longest note kept.
+const MAX_NOTE: usize = 512;
+
+/// A `PUT` body as an override, at time `now`; `Err` says what is wrong.
+pub(crate) fn from_body(b: Body, now: Micros) -> Result<Override, String> {
+    let nonzero = |n: Option<u64>, key: &str| match n {
+        None => Ok(None),
+        Some(v) => NonZeroU64::new(v)
+            .map(Some)
+            .ok_or_else(|| format!("`{key}` must be at least 1")),
+    };
+    let limit = nonzero(b.limit, "limit")?;
+    let burst = nonzero(b.burst, "burst")?;
+    let window = match &b.window {
+        None => None,
+        Some(w) => match parse_duration(w)? {
+            d if d.is_zero() => return Err("`window` must be longer than zero".into()),
+            d => Some(d),
+        },
+    };
+    if !b.unlimited && limit.is_none() && window.is_none() && burst.is_none() {
+        return Err("an override sets `limit`, `window` or `burst`, or `unlimited: true`".into());
+    }
+    if b.unlimited && (limit.is_some() || window.is_some() || burst.is_some()) {
+        return Err("`unlimited: true` takes no `limit`, `window` or `burst`".into());
+    }
+    let expires_at = match (&b.expires_in, &b.expires_at) {
+        (Some(_), Some(_)) => return Err("give `expires_in` or `expires_at`, not both".into()),
+        (Some(d), None) => Some(now.saturating_add(Micros::from(parse_duration(d)?))),
+        (None, Some(t)) => {
+            let ts: jiff_time::Timestamp = t
+                .parse()
+                .map_err(|_| format!("`expires_at` {t:?} is not an RFC 3339 time"))?;
+            let us = ts.as_microsecond();
+            if us <= now.get() as i64 {
+                return Err("`expires_at` is in the past".into());
+            }
+            Some(Micros::new(us as u64))
+        }
+        (None, None) => None,
+    };
+    let note = b.note.map(|n| n.chars().take(MAX_NOTE).collect());
+    Ok(Override {
+        limit,
+        window,
+        burst,
+        unlimited: b.unlimited,
+        expires_at,
+        note,
+    })
+}
+
+// jiff parses RFC 3339 (the core crate already depends on it for
+// calendar windows).
+use ratewarden::calendar::jiff as jiff_time;
+
+/// An override as the admin API shows it.
+pub(crate) fn to_json(rule: &str, key: &str, o: &Override, now: Micros) -> Value {
+    let mut v = json!({"rule": rule, "key": key});
+    if o.unlimited {
+        v["unlimited"] = json!(true);
+    }
+    if let Some(l) = o.limit {
+        v["limit"] = json!(l.get());
+    }
+    if let Some(w) = o.window {
+        v["window"] = json!(w.as_secs_f64());
+    }
+    if let Some(b) = o.burst {
+        v["burst"] = json!(b.get());
+    }
+    if let Some(at) = o.expires_at {
+        let ts = jiff_time::Timestamp::from_microsecond(at.get() as i64).ok();
+        v["expires_at"] = json!(ts.map(|t| t.to_string()));
+        v["expires_in"] = json!(at.saturating_sub(now).get() as f64 / 1e6);
+    }
+    if let Some(n) = &o.note {
+        v["note"] = json!(n);
+    }
+    v
+}
+
+/// Why a change was not made.
+#[derive(Debug)]
+pub(crate) enum ChangeError {
+    /// Refused: the bound, or parameters that do not make a rule (400/409).
+    Set(SetError),
+    /// The shared store could not be written (503).
+    Store(ratewarden::StoreError),
+}
+
+impl std::fmt::Display for ChangeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChangeError::Set(s) => s.fmt(f),
+            ChangeError::Store(s) => s.fmt(f),
+        }
+    }
+}
+
+/// Sets `key`'s override of `rule` (a rule of the live policy): in the
+/// shared store first where there is one (so that a gateway that fails to
+/// write it does not apply it alone), then here.
+pub(crate) async fn set(gw: &Gateway, rule: &str, key: &str, o: Override) -> Result<(), ChangeError> {
+    let live = gw.live();
+    let table = &gw.overrides;
+    let Some(r) = live.config.policy.rule(rule) else {
+        return Err(ChangeError::Set(SetError::Invalid(format!("no rule named `{rule}`"))));
+    };
+    // The parameters and the bound, checked here first.
+    o.compile(&r.rule)
+        .map_err(|e| ChangeError::Set(SetError::Invalid(format!("{e} ({})", e.key()))))?;
+    if let AnyStore::Redis(f) = live.limiter.store() {
+        let redis = f.inner().primary();
+        let stored = redis
+            .table_put(TABLE, &field(rule, key), &encode(&o), table.max())
+            .await
+            .map_err(ChangeError::Store)?;
+        if !stored {
+            return Err(ChangeError::Set(SetError::Full(table.max())));
+        }
+    }
+    table.set(r, key, o).map_err(ChangeError::Set)
+}
+
+/// Removes `key`'s override of `rule`; whether there was one.
+pub(crate) async fn remove(gw: &Gateway, rule: &str, key: &str) -> Result<bool, ChangeError> {
+    let live = gw.live();
+    let mut existed = false;
+    if let AnyStore::Redis(f) = live.limiter.store() {
+        existed = f
+            .inner()
+            .primary()
+            .table_delete(TABLE, &field(rule, key))
+            .await
+            .map_err(ChangeError::Store)?;
+    }
+    Ok(gw.overrides.remove(rule, key) || existed)
+}
+
+/// Keeps this gateway's table the shared store's: every [`POLL`], one GET
+/// of the table's version, and the whole table read again when it moved.
+/// Expired overrides are swept here too (on memory, the only place).
+pub(crate) struct Sync {
+    version: Option<u64>,
+}
+
+impl Sync {
+    /// Not yet read.
+    pub(crate) fn new() -> Self {
+        Self { version: None }
+    }
+
+    /// One poll. A store error leaves the table as it was (logged once
+    /// per failure run by the store's own outage lines).
+    pub(crate) async fn poll(&mut self, gw: &Arc<Gateway>) {
+        gw.overrides.sweep();
+        let live = gw.live();
+        let AnyStore::Redis(f) = live.limiter.store() else {
+            return;
+        };
+        let redis = f.inner().primary();
+        let Ok(v) = redis.table_version(TABLE).await else {
+            return;
+        };
+        if self.version == Some(v) {
+            return;
+        }
+        let Ok((v, fields)) = redis.table_load(TABLE).await else {
+            return;
+        };
+        let mut entries = Vec::with_capacity(fields.len());
+        for (f, text) in fields {
+            let (Some((rule, key)), Some(o)) = (f.split_once('\n'), decode(&text)) else {
+                tracing::warn!("an override in redis that this gateway cannot read: ignored");
+                continue;
+            };
+            entries.push((rule.to_owned(), key.to_owned(), o));
+        }
+        let n = entries.len();
+        gw.overrides.replace(entries, &live.config.policy);
+        if self.version.is_some() {
+            tracing::info!(overrides = n, version = v, "overrides changed in redis: table read again");
+        }
+        self.version = Some(v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(text: &str) -> Body {
+        serde_json::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn a_body_becomes_an_override_and_round_trips_through_the_store() {
+        let now = Micros::from_secs(1_000);
+        let o = from_body(
+            body(r#"{"limit": 1000, "window": "1m", "burst": 2000, "expires_in": "30d", "note": "ticket 4711"}"#),
+            now,
+        )
+        .unwrap();
+        assert_eq!(o.limit.unwrap().get(), 1000);
+        assert_eq!(o.window, Some(Duration::from_secs(60)));
+        assert_eq!(o.expires_at, Some(Micros::from_secs(1_000 + 30 * 86_400)));
+        assert_eq!(decode(&encode(&o)), Some(o));
+        let at = from_body(body(r#"{"unlimited": true, "expires_at": "2030-01-01T00:00:00Z"}"#), now).unwrap();
+        assert_eq!(at.expires_at, Some(Micros::from_secs(1_893_456_000)));
+    }
+
+    #[test]
+    fn bodies_that_say_nothing_or_contradict_themselves_are_refused() {
+        let now = Micros::from_secs(2_000_000_000);
+        for (text, says) in [
+            (r#"{}"#, "sets `limit`"),
+            (r#"{"limit": 0}"#, "at least 1"),
+            (r#"{"unlimited": true, "limit": 3}"#, "takes no"),
+            (r#"{"limit": 3, "window": "5"}"#, "no unit"),
+            (r#"{"limit": 3, "expires_in": "1d", "expires_at": "2030-01-01T00:00:00Z"}"#, "not both"),
+            (r#"{"limit": 3, "expires_at": "2030-01-01T00:00:00Z"}"#, "in the past"),
+            (r#"{"limit": 3, "expires_at": "tomorrow"}"#, "RFC 3339"),
+        ] {
+            let e = from_body(body(text), now).unwrap_err();
+            assert!(e.contains(says), "{text}: {e}");
+        }
+        assert!(serde_json::from_str::<Body>(r#"{"limt": 3}"#).is_err());
+    }
+
+    #[test]
+    fn a_key_with_a_newline_is_still_its_own_field() {
+        let f = field("api", "a\nb");
+        assert_eq!(f.split_once('\n'), Some(("api", "a\nb")));
+    }
+}
