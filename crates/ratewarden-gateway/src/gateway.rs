@@ -14,10 +14,10 @@ use ratewarden_tower::admission::{Admitted, Facts, Refusal};
 
 pub use crate::answer::Body;
 use crate::config::Config;
-use ratewarden_tower::overrides::Overrides;
 use crate::observe::metrics::{Metrics, RuleCounts};
 use crate::store::AnyStore;
 use crate::upstream::route::Router;
+use ratewarden_tower::overrides::Overrides;
 
 /// The configuration in force and the limiter it runs on; swapped whole on reload.
 pub struct Live {
@@ -568,6 +568,13 @@ pub fn banner(config: &Config) -> Banner {
             let spec = r.rule.spec();
             let amount = if spec.algorithm.holds_leases() {
                 format!("{} in flight", spec.limit)
+            } else if let Some(c) = &spec.calendar {
+                format!(
+                    "{} per {} ({})",
+                    spec.limit,
+                    c.period_kind().name(),
+                    c.zone()
+                )
             } else {
                 format!("{} per {:?}", spec.limit, spec.window)
             };
@@ -588,6 +595,27 @@ pub fn banner(config: &Config) -> Banner {
                 if p.multiplier > 1 {
                     extra.push_str(&format!(" x{} up to {:?}", p.multiplier, p.max));
                 }
+            }
+            if let Some(status) = spec.status {
+                extra.push_str(&format!(", status {status}"));
+            }
+            if let Some(t) = &r.tiers {
+                let tiers: Vec<String> = t
+                    .values
+                    .iter()
+                    .map(|v| match &v.rule {
+                        None => format!("{} unlimited", v.name),
+                        Some(rule) => {
+                            format!("{} {} per {:?}", v.name, rule.limit(), rule.window())
+                        }
+                    })
+                    .collect();
+                extra.push_str(&format!(
+                    ", tiers by {} (default {}): {}",
+                    t.from,
+                    t.values[t.default].name,
+                    tiers.join(", ")
+                ));
             }
             format!(
                 "{}: {} {amount} per [{}], {}{extra}{}",

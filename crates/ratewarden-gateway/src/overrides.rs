@@ -193,11 +193,18 @@ impl std::fmt::Display for ChangeError {
 /// Sets `key`'s override of `rule` (a rule of the live policy): in the
 /// shared store first where there is one (so that a gateway that fails to
 /// write it does not apply it alone), then here.
-pub(crate) async fn set(gw: &Gateway, rule: &str, key: &str, o: Override) -> Result<(), ChangeError> {
+pub(crate) async fn set(
+    gw: &Gateway,
+    rule: &str,
+    key: &str,
+    o: Override,
+) -> Result<(), ChangeError> {
     let live = gw.live();
     let table = &gw.overrides;
     let Some(r) = live.config.policy.rule(rule) else {
-        return Err(ChangeError::Set(SetError::Invalid(format!("no rule named `{rule}`"))));
+        return Err(ChangeError::Set(SetError::Invalid(format!(
+            "no rule named `{rule}`"
+        ))));
     };
     // The parameters and the bound, checked here first.
     o.compile(&r.rule)
@@ -272,7 +279,11 @@ impl Sync {
         let n = entries.len();
         gw.overrides.replace(entries, &live.config.policy);
         if self.version.is_some() {
-            tracing::info!(overrides = n, version = v, "overrides changed in redis: table read again");
+            tracing::info!(
+                overrides = n,
+                version = v,
+                "overrides changed in redis: table read again"
+            );
         }
         self.version = Some(v);
     }
@@ -298,7 +309,11 @@ mod tests {
         assert_eq!(o.window, Some(Duration::from_secs(60)));
         assert_eq!(o.expires_at, Some(Micros::from_secs(1_000 + 30 * 86_400)));
         assert_eq!(decode(&encode(&o)), Some(o));
-        let at = from_body(body(r#"{"unlimited": true, "expires_at": "2030-01-01T00:00:00Z"}"#), now).unwrap();
+        let at = from_body(
+            body(r#"{"unlimited": true, "expires_at": "2030-01-01T00:00:00Z"}"#),
+            now,
+        )
+        .unwrap();
         assert_eq!(at.expires_at, Some(Micros::from_secs(1_893_456_000)));
     }
 
@@ -310,8 +325,14 @@ mod tests {
             (r#"{"limit": 0}"#, "at least 1"),
             (r#"{"unlimited": true, "limit": 3}"#, "takes no"),
             (r#"{"limit": 3, "window": "5"}"#, "no unit"),
-            (r#"{"limit": 3, "expires_in": "1d", "expires_at": "2030-01-01T00:00:00Z"}"#, "not both"),
-            (r#"{"limit": 3, "expires_at": "2030-01-01T00:00:00Z"}"#, "in the past"),
+            (
+                r#"{"limit": 3, "expires_in": "1d", "expires_at": "2030-01-01T00:00:00Z"}"#,
+                "not both",
+            ),
+            (
+                r#"{"limit": 3, "expires_at": "2030-01-01T00:00:00Z"}"#,
+                "in the past",
+            ),
             (r#"{"limit": 3, "expires_at": "tomorrow"}"#, "RFC 3339"),
         ] {
             let e = from_body(body(text), now).unwrap_err();

@@ -898,3 +898,78 @@ fn a_jwt_section_with_unusable_keys_is_refused_at_its_line() {
     assert!(e.message.contains("give `jwks`"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Tiers, calendars, per-rule status and the overrides bound: each
+/// mistake at its own line and column, all reported at once; a tier is
+/// checked as a rule.
+#[test]
+fn tiers_and_calendars_are_checked_as_rules_every_error_at_its_place() {
+    let yaml = concat!(
+        "upstream: http://127.0.0.1:9000\n",                    // 1
+        "overrides: {max: -1}\n",                               // 2
+        "rules:\n",                                             // 3
+        "  - name: api\n",                                      // 4
+        "    window: 1m\n",                                     // 5
+        "    tiers:\n",                                         // 6
+        "      from: header:X-Plan\n",                          // 7
+        "      default: gold\n",                                // 8
+        "      values:\n",                                      // 9
+        "        free: {limit: 0}\n",                           // 10
+        "        pro: {limit: 5, burst: 9}\n",                  // 11
+        "        vip: forever\n",                               // 12
+        "  - name: monthly\n",                                  // 13
+        "    algorithm: fixed_window\n",                        // 14
+        "    limit: 5\n",                                       // 15
+        "    calendar: {period: month, timezone: Mars/Base}\n", // 16
+        "    status: 200\n",                                    // 17
+        "  - name: daily\n",                                    // 18
+        "    algorithm: gcra\n",                                // 19
+        "    limit: 5\n",                                       // 20
+        "    window: 1d\n",                                     // 21
+        "    calendar: {period: fortnight}\n",                  // 22
+    );
+    let all = errors(yaml);
+    let at = |line: u64, key: &str| {
+        all.iter()
+            .find(|e| e.line == line && e.key == key)
+            .unwrap_or_else(|| panic!("no `{key}` error at line {line}: {all:#?}"))
+    };
+    assert!(at(12, "vip").message.contains("unlimited"), "{all:#?}");
+    let all = errors(&yaml.replace("vip: forever", "vip: unlimited"));
+    let at = |line: u64, key: &str| {
+        all.iter()
+            .find(|e| e.line == line && e.key == key)
+            .unwrap_or_else(|| panic!("no `{key}` error at line {line}: {all:#?}"))
+            .clone()
+    };
+    assert!(at(2, "overrides.max").message.contains("1000000"));
+    assert!(at(8, "tiers.default").message.contains("free, pro, vip"));
+    assert_eq!(at(10, "limit").column, 23);
+    let burst = at(11, "burst");
+    assert!(burst.message.contains("rule `api` tier `pro`"), "{burst}");
+    assert!(
+        at(16, "calendar.timezone")
+            .message
+            .contains("unknown time zone")
+    );
+    assert!(
+        at(17, "status")
+            .message
+            .contains("not an HTTP error status")
+    );
+    assert!(
+        at(22, "calendar.period")
+            .message
+            .contains("day, week, month or year")
+    );
+    assert!(all.len() >= 7, "{all:#?}");
+    // A calendar takes no window, and only fixed_window.
+    let e = errors(&format!(
+        "{HEAD}  - {{name: d, algorithm: fixed_window, limit: 1, window: 1d, calendar: {{period: day}}}}\n"
+    ));
+    assert!(e[0].message.contains("leave `window` out"), "{e:#?}");
+    let e = errors(&format!(
+        "{HEAD}  - {{name: d, algorithm: gcra, limit: 1, calendar: {{period: day}}}}\n"
+    ));
+    assert!(e[0].message.contains("fixed_window"), "{e:#?}");
+}

@@ -82,8 +82,8 @@ async fn get(path: Path, addr: SocketAddr, headers: &[(&str, &str)]) -> Got {
     .unwrap();
     let status = resp.status();
     let headers = resp.headers().clone();
-    let body = String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes())
-        .into_owned();
+    let body =
+        String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).into_owned();
     Got {
         status,
         headers,
@@ -93,7 +93,12 @@ async fn get(path: Path, addr: SocketAddr, headers: &[(&str, &str)]) -> Got {
 
 /// How many of `n` requests were admitted before the first refusal; the
 /// refusal (panics when none came).
-async fn until_refused(path: Path, addr: SocketAddr, n: usize, headers: &[(&str, &str)]) -> (usize, Got) {
+async fn until_refused(
+    path: Path,
+    addr: SocketAddr,
+    n: usize,
+    headers: &[(&str, &str)],
+) -> (usize, Got) {
     for i in 0..n {
         let g = get(path, addr, headers).await;
         if g.status != StatusCode::OK {
@@ -135,7 +140,9 @@ async fn check_tiers(path: Path, a: SocketAddr) {
     assert_eq!(n, 2, "free admits 2");
     assert_eq!(refused.status, 429);
     assert!(
-        refused.header("ratelimit-policy").contains("\"api\";q=2;w=3600;tier=\"free\""),
+        refused
+            .header("ratelimit-policy")
+            .contains("\"api\";q=2;w=3600;tier=\"free\""),
         "{:?}",
         refused.headers
     );
@@ -190,7 +197,10 @@ async fn a_rule_refuses_with_its_own_status_and_problem_type(path: Path) {
 async fn tiers_on_redis_through_the_binary() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let yaml = format!("store: {{type: redis, url: \"{}\", timeout: 1s}}\n{TIERS}", redis.url());
+    let yaml = format!(
+        "store: {{type: redis, url: \"{}\", timeout: 1s}}\n{TIERS}",
+        redis.url()
+    );
     let gw = support::binary(&yaml, &up.url());
     check_tiers(Path::H1, gw.listen).await;
 }
@@ -237,7 +247,11 @@ async fn a_tier_chosen_by_a_jwt_claim() {
 fn hs256(secret: &str, claims: &str) -> String {
     use base64::Engine;
     let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
-    let signing = format!("{}.{}", b64(br#"{"alg":"HS256","typ":"JWT"}"#), b64(claims.as_bytes()));
+    let signing = format!(
+        "{}.{}",
+        b64(br#"{"alg":"HS256","typ":"JWT"}"#),
+        b64(claims.as_bytes())
+    );
     let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, secret.as_bytes());
     let tag = aws_lc_rs::hmac::sign(&key, signing.as_bytes());
     format!("{signing}.{}", b64(tag.as_ref()))
@@ -276,40 +290,109 @@ async fn an_override_wins_over_the_tier_until_it_expires_or_is_deleted() {
     let gw = support::gateway(OVERRIDABLE, "echo", Some(clock.clone())).await;
     let admin = gw.admin.unwrap();
     let json = [("content-type", "application/json")];
-    let r = send(admin, "PUT", "/v1/overrides/api/alice", &json, r#"{"limit": 5, "expires_in": "10m", "note": "ticket 4711"}"#).await;
+    let r = send(
+        admin,
+        "PUT",
+        "/v1/overrides/api/alice",
+        &json,
+        r#"{"limit": 5, "expires_in": "10m", "note": "ticket 4711"}"#,
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.body);
     // Precedence: the override, though alice says pro.
     assert_eq!(admitted(gw.listen, "alice", "pro", 8).await, 5);
     let e: Value = serde_json::from_str(
-        &send(admin, "GET", "/v1/explain?identity=alice&header:X-Plan=pro", &[], "").await.body,
+        &send(
+            admin,
+            "GET",
+            "/v1/explain?identity=alice&header:X-Plan=pro",
+            &[],
+            "",
+        )
+        .await
+        .body,
     )
     .unwrap();
     assert_eq!(e["rules"][0]["applied"], "override", "{e}");
     assert_eq!(e["rules"][0]["limit"], 5);
-    let listed: Value = serde_json::from_str(&send(admin, "GET", "/v1/overrides?rule=api", &[], "").await.body).unwrap();
+    let listed: Value = serde_json::from_str(
+        &send(admin, "GET", "/v1/overrides?rule=api", &[], "")
+            .await
+            .body,
+    )
+    .unwrap();
     assert_eq!(listed["count"], 1);
     assert_eq!(listed["overrides"][0]["key"], "alice");
     assert_eq!(listed["overrides"][0]["note"], "ticket 4711");
     assert_eq!(listed["overrides"][0]["expires_in"], 600.0);
     // The bound: 2.
-    assert_eq!(send(admin, "PUT", "/v1/overrides/api/bob", &json, r#"{"limit": 9}"#).await.status, 200);
-    let full = send(admin, "PUT", "/v1/overrides/api/carol", &json, r#"{"limit": 9}"#).await;
+    assert_eq!(
+        send(
+            admin,
+            "PUT",
+            "/v1/overrides/api/bob",
+            &json,
+            r#"{"limit": 9}"#
+        )
+        .await
+        .status,
+        200
+    );
+    let full = send(
+        admin,
+        "PUT",
+        "/v1/overrides/api/carol",
+        &json,
+        r#"{"limit": 9}"#,
+    )
+    .await;
     assert_eq!(full.status, 409, "{}", full.body);
     assert!(full.body.contains("at most 2"), "{}", full.body);
     // Bad parameters, a rule that does not exist.
-    assert_eq!(send(admin, "PUT", "/v1/overrides/api/carol", &json, r#"{"limit": 0}"#).await.status, 400);
-    assert_eq!(send(admin, "PUT", "/v1/overrides/nope/carol", &json, r#"{"limit": 1}"#).await.status, 404);
+    assert_eq!(
+        send(
+            admin,
+            "PUT",
+            "/v1/overrides/api/carol",
+            &json,
+            r#"{"limit": 0}"#
+        )
+        .await
+        .status,
+        400
+    );
+    assert_eq!(
+        send(
+            admin,
+            "PUT",
+            "/v1/overrides/nope/carol",
+            &json,
+            r#"{"limit": 1}"#
+        )
+        .await
+        .status,
+        404
+    );
     // A browser on another site may not write.
     let cross = send(
         admin,
         "DELETE",
         "/v1/overrides/api/bob",
-        &[("sec-fetch-site", "cross-site"), ("origin", "https://evil.example")],
+        &[
+            ("sec-fetch-site", "cross-site"),
+            ("origin", "https://evil.example"),
+        ],
         "",
     )
     .await;
     assert_eq!(cross.status, 403);
-    assert_eq!(send(admin, "GET", "/v1/overrides/api/bob", &[], "").await.status, 200, "still there");
+    assert_eq!(
+        send(admin, "GET", "/v1/overrides/api/bob", &[], "")
+            .await
+            .status,
+        200,
+        "still there"
+    );
     // Deleted: bob is back on his tier (free: 2).
     let del = send(admin, "DELETE", "/v1/overrides/api/bob", &[], "").await;
     assert!(del.body.contains("\"removed\":true"), "{}", del.body);
@@ -317,7 +400,12 @@ async fn an_override_wins_over_the_tier_until_it_expires_or_is_deleted() {
     // Expired after 10 minutes: alice is on her tier again, as used
     // before the override (pro, untouched: 4).
     clock.advance(Duration::from_secs(601));
-    assert_eq!(send(admin, "GET", "/v1/overrides/api/alice", &[], "").await.status, 404);
+    assert_eq!(
+        send(admin, "GET", "/v1/overrides/api/alice", &[], "")
+            .await
+            .status,
+        404
+    );
     assert_eq!(admitted(gw.listen, "alice", "pro", 6).await, 4);
     gw.shutdown().await;
 }
@@ -335,11 +423,20 @@ async fn an_override_set_on_one_gateway_holds_on_another_and_across_restarts() {
     let a = support::binary(&yaml, &up.url());
     let b = support::binary(&yaml, &up.url());
     let json = [("content-type", "application/json")];
-    let set = send(a.admin, "PUT", "/v1/overrides/api/alice", &json, r#"{"limit": 6}"#).await;
+    let set = send(
+        a.admin,
+        "PUT",
+        "/v1/overrides/api/alice",
+        &json,
+        r#"{"limit": 6}"#,
+    )
+    .await;
     assert_eq!(set.status, 200, "{}", set.body);
     let t = Instant::now();
     loop {
-        let v: Value = serde_json::from_str(&send(b.admin, "GET", "/v1/overrides", &[], "").await.body).unwrap();
+        let v: Value =
+            serde_json::from_str(&send(b.admin, "GET", "/v1/overrides", &[], "").await.body)
+                .unwrap();
         if v["count"] == 1 {
             break;
         }
@@ -348,19 +445,36 @@ async fn an_override_set_on_one_gateway_holds_on_another_and_across_restarts() {
     }
     let seen = t.elapsed();
     // Six between the two gateways: the override's state is shared too.
-    let n = admitted(a.listen, "alice", "free", 4).await + admitted(b.listen, "alice", "free", 4).await;
+    let n =
+        admitted(a.listen, "alice", "free", 4).await + admitted(b.listen, "alice", "free", 4).await;
     assert_eq!(n, 6, "on B after {seen:?}");
     drop((a, b));
     let a = support::binary(&yaml, &up.url());
     let b = support::binary(&yaml, &up.url());
-    let v: Value = serde_json::from_str(&send(a.admin, "GET", "/v1/overrides/api/alice", &[], "").await.body).unwrap();
+    let v: Value = serde_json::from_str(
+        &send(a.admin, "GET", "/v1/overrides/api/alice", &[], "")
+            .await
+            .body,
+    )
+    .unwrap();
     assert_eq!(v["limit"], 6, "kept across restarts: {v}");
-    assert_eq!(admitted(a.listen, "alice", "free", 2).await, 0, "still its used-up state");
+    assert_eq!(
+        admitted(a.listen, "alice", "free", 2).await,
+        0,
+        "still its used-up state"
+    );
     let del = send(b.admin, "DELETE", "/v1/overrides/api/alice", &[], "").await;
     assert!(del.body.contains("\"removed\":true"), "{}", del.body);
     let t = Instant::now();
-    while send(a.admin, "GET", "/v1/overrides/api/alice", &[], "").await.status != 404 {
-        assert!(t.elapsed() < Duration::from_secs(1), "not gone from A within 1 s");
+    while send(a.admin, "GET", "/v1/overrides/api/alice", &[], "")
+        .await
+        .status
+        != 404
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "not gone from A within 1 s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Back on the free tier, as used before: its own state, untouched.
@@ -392,6 +506,9 @@ async fn a_calendar_quota_resets_at_local_midnight_and_says_when() {
     let fresh = send(gw.listen, "GET", "/", &[], "").await;
     assert_eq!(fresh.status, 200);
     // February 2027 in Seoul: 28 days.
-    assert_eq!(fresh.header("x-ratelimit-reset"), Some(&*(28 * 86_400).to_string()));
+    assert_eq!(
+        fresh.header("x-ratelimit-reset"),
+        Some(&*(28 * 86_400).to_string())
+    );
     gw.shutdown().await;
 }

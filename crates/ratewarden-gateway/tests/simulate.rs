@@ -109,6 +109,34 @@ fn a_replay_split_between_threads_counts_what_one_thread_does() {
     assert_eq!(report.runs[0].1.series[0], fold(&cfg, spec));
 }
 
+/// A tiered rule's decisions count under the rule (whichever tier), and
+/// the table gives each rule's refusal status.
+#[test]
+fn tiers_count_under_their_rule_and_each_rule_has_its_status() {
+    let cfg = config(concat!(
+        "  - {name: other, match: {path: /nothing}, limit: 1, window: 1s}
+",
+        "  - name: plans
+    algorithm: fixed_window
+    window: 1s
+    status: 403
+",
+        "    tiers: {from: 'query:plan', default: free, values: {free: {limit: 2}, pro: {limit: 5}}}
+",
+    ));
+    let spec =
+        "steady:rate=10,duration=3s,path=/x?plan=pro+steady:rate=10,duration=3s,path=/y,clients=1";
+    let report = simulate::simulate(&cfg, &options(spec, None)).unwrap();
+    let run = &report.runs[0].1;
+    assert_eq!(run.total(0).offered, 0);
+    let plans = run.total(1);
+    assert_eq!(plans.offered, 60);
+    // 5 a second for pro, 2 for the default tier, over 3 seconds.
+    assert_eq!(plans.admitted, 21, "{plans:?}");
+    assert_eq!(run.statuses, vec![429, 403]);
+    assert!(report.summary.contains(" 403 "), "{}", report.summary);
+}
+
 #[test]
 fn rules_that_do_not_match_and_shared_keys_are_counted_apart() {
     let cfg = config(
@@ -282,9 +310,9 @@ fn the_command_prints_the_table_and_refuses_a_bad_spec() {
         .find(|l| l.starts_with("as configured"))
         .unwrap();
     let cols: Vec<&str> = row.split_whitespace().collect();
-    // as configured | r | gcra | offered | admitted | limit ...
-    assert_eq!(&cols[2..5], ["r", "gcra", "20"], "{row}");
-    let (admitted, limited): (u64, u64) = (cols[5].parse().unwrap(), cols[6].parse().unwrap());
+    // as configured | r | gcra | status | offered | admitted | limit ...
+    assert_eq!(&cols[2..6], ["r", "gcra", "429", "20"], "{row}");
+    let (admitted, limited): (u64, u64) = (cols[6].parse().unwrap(), cols[7].parse().unwrap());
     assert!(
         admitted > 0 && limited > 0 && admitted + limited == 20,
         "{row}"

@@ -549,3 +549,41 @@ async fn the_page_opened_with_the_token_in_its_url_loads_its_data() {
     assert_eq!(row[3], "1", "{row:?}");
     gw.shutdown().await;
 }
+
+/// The page lists the overrides set, and its remove button removes one
+/// (a same-origin DELETE, which the cross-site check lets through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_lists_overrides_and_removes_one() {
+    let gw = gateway(YAML, "echo", None).await;
+    let admin = gw.admin.unwrap();
+    let put = send(
+        admin,
+        "PUT",
+        "/v1/overrides/per-client/alice",
+        &[("content-type", "application/json")],
+        r#"{"limit": 500, "note": "partner"}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    let mut page = Devtools::start().await;
+    page.call(
+        "Page.navigate",
+        serde_json::json!({"url": format!("http://{admin}/ui")}),
+    )
+    .await;
+    let row = "#overrides tr[data-rule=\"per-client\"][data-key=\"alice\"]";
+    page.until(&format!(
+        "document.querySelector('{row}') !== null && document.querySelector('{row}').textContent.includes('partner')"
+    ))
+    .await;
+    page.eval(&format!("document.querySelector('{row} button').click()"))
+        .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while json(admin, "/v1/overrides").await["count"] != 0 {
+        assert!(std::time::Instant::now() < deadline, "never removed");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    page.until(&format!("document.querySelector('{row}') === null"))
+        .await;
+    gw.shutdown().await;
+}

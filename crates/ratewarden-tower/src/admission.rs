@@ -26,8 +26,8 @@ use ratewarden::decision::problem;
 use ratewarden::{Decision, Limiter, Mode, Op, Pending, Rule, Store, StoreError};
 use smallvec::SmallVec;
 
-use crate::policy::{IdentitySource, KeyPart, Missing, MissingPart, PathMatch, Policy, PolicyRule};
 use crate::overrides::Applied;
+use crate::policy::{IdentitySource, KeyPart, Missing, MissingPart, PathMatch, Policy, PolicyRule};
 use crate::view::RequestView;
 use std::borrow::Cow;
 
@@ -323,7 +323,10 @@ impl Policy {
         };
         let value = part_value(&tiers.from, r, &facts.request);
         let i = tiers.pick(value.as_deref());
-        tiers.values[i].rule.as_ref().map(|_| Choice::Tier(i as u16))
+        tiers.values[i]
+            .rule
+            .as_ref()
+            .map(|_| Choice::Tier(i as u16))
     }
 
     /// Stages 1 to 3 for one request of `weight`.
@@ -584,13 +587,9 @@ impl<'p> Matched<'p> {
     pub fn keys(&self) -> impl Iterator<Item = (&'p PolicyRule, &Rule, &str)> {
         let id = &self.who.identity;
         let policy = self.policy;
-        self.keyed.iter().map(move |k| {
-            (
-                &policy.rules[k.rule as usize],
-                k.rule(policy),
-                k.key(id),
-            )
-        })
+        self.keyed
+            .iter()
+            .map(move |k| (&policy.rules[k.rule as usize], k.rule(policy), k.key(id)))
     }
 
     /// The store ops of the matching rules.

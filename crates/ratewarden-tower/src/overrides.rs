@@ -382,7 +382,10 @@ mod tests {
             ..limit(1)
         };
         // burst does not apply to the default sliding window.
-        assert!(matches!(o.set(&rule(), "a", bad), Err(SetError::Invalid(_))));
+        assert!(matches!(
+            o.set(&rule(), "a", bad),
+            Err(SetError::Invalid(_))
+        ));
         let free = Override {
             unlimited: true,
             ..limit(1)

@@ -198,7 +198,9 @@ impl Calendar {
                     .ok_or_else(|| {
                         err(
                             "anchor_weekday",
-                            format!("`anchor_weekday` {w:?} is not a day of the week (monday..sunday)"),
+                            format!(
+                                "`anchor_weekday` {w:?} is not a day of the week (monday..sunday)"
+                            ),
                         )
                     })?
             }
@@ -435,7 +437,10 @@ mod tests {
             iso.period(at("2027-01-07T10:00:00Z")),
             (at("2027-01-04T00:00:00Z"), at("2027-01-11T00:00:00Z"))
         );
-        assert_eq!(iso.period(at("2027-01-04T00:00:00Z")).0, at("2027-01-04T00:00:00Z"));
+        assert_eq!(
+            iso.period(at("2027-01-04T00:00:00Z")).0,
+            at("2027-01-04T00:00:00Z")
+        );
         let sunday = Calendar::new(Period::Week, "UTC", None, None, Some("sunday")).unwrap();
         assert_eq!(
             sunday.period(at("2027-01-07T10:00:00Z")),
@@ -489,7 +494,7 @@ mod tests {
         let mut t = at("2027-03-27T22:00:00Z");
         for _ in 0..100 {
             assert_eq!(c.period(t), c.compute(t));
-            t = t + Micros::from_secs(1_800);
+            t += Micros::from_secs(1_800);
         }
     }
 }

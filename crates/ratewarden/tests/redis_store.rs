@@ -861,9 +861,14 @@ async fn a_calendar_day_turns_at_local_midnight_by_redis_time() {
     let sign = if offset < 0 { '-' } else { '+' };
     let a = offset.unsigned_abs();
     let zone = format!("{sign}{:02}:{:02}:{:02}", a / 3600, a / 60 % 60, a % 60);
-    let calendar =
-        ratewarden::calendar::Calendar::new(ratewarden::calendar::Period::Day, &zone, None, None, None)
-            .unwrap();
+    let calendar = ratewarden::calendar::Calendar::new(
+        ratewarden::calendar::Period::Day,
+        &zone,
+        None,
+        None,
+        None,
+    )
+    .unwrap();
     let rule = Rule::builder("daily")
         .algorithm(Kind::FixedWindow)
         .limit(1, Duration::from_secs(86_400))

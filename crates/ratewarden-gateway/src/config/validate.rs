@@ -1372,7 +1372,10 @@ fn rule(
 }
 
 /// `calendar:`: a period, a zone (UTC by default) and its anchors.
-fn calendar(d: &Diag<'_>, c: &Sp<super::schema::CalendarFile>) -> Option<ratewarden::calendar::Calendar> {
+fn calendar(
+    d: &Diag<'_>,
+    c: &Sp<super::schema::CalendarFile>,
+) -> Option<ratewarden::calendar::Calendar> {
     use ratewarden::calendar::{Calendar, Period};
     let f = &c.value;
     let Some(period) = Period::parse(&f.period.value) else {
@@ -1403,7 +1406,11 @@ fn calendar(d: &Diag<'_>, c: &Sp<super::schema::CalendarFile>) -> Option<ratewar
             "anchor_weekday" => f.anchor_weekday.as_ref().map(|z| &z.referenced),
             _ => None,
         };
-        d.error(&format!("calendar.{}", e.key), Some(at.unwrap_or(&c.referenced)), e.message);
+        d.error(
+            &format!("calendar.{}", e.key),
+            Some(at.unwrap_or(&c.referenced)),
+            e.message,
+        );
     })
     .ok()
 }
@@ -1430,7 +1437,11 @@ fn tiers(
     };
     let from = d.check("tiers.from", Some(&f.from.referenced), from);
     if f.values.is_empty() {
-        d.error("tiers.values", Some(&t.referenced), "`tiers.values` names no tier");
+        d.error(
+            "tiers.values",
+            Some(&t.referenced),
+            "`tiers.values` names no tier",
+        );
         return None;
     }
     let mut values = Some(vec![]);
@@ -1443,7 +1454,20 @@ fn tiers(
                 macro_rules! lay {
                     ($($field:ident),*) => { $( if p.$field.is_some() { over.$field = p.$field.clone(); } )* };
                 }
-                lay!(algorithm, limit, window, burst, mode, max_delay, min_interval, penalty, cost, calendar, status, problem_type);
+                lay!(
+                    algorithm,
+                    limit,
+                    window,
+                    burst,
+                    mode,
+                    max_delay,
+                    min_interval,
+                    penalty,
+                    cost,
+                    calendar,
+                    status,
+                    problem_type
+                );
                 rule_spec(d, &over, Some(name)).map(Some)
             }
         };
@@ -1462,7 +1486,11 @@ fn tiers(
         d.error(
             "tiers.default",
             Some(&f.default.referenced),
-            format!("`{}` is not one of the tiers ({})", f.default.value, names.join(", ")),
+            format!(
+                "`{}` is not one of the tiers ({})",
+                f.default.value,
+                names.join(", ")
+            ),
         );
     }
     Some(Tiers {
@@ -1471,7 +1499,6 @@ fn tiers(
         values: values?,
     })
 }
-
 
 /// A rule's parameters compiled: the rule's own (`tier` None), or a
 /// tier's (its parameters laid over the rule's in `r`).
@@ -1498,12 +1525,18 @@ fn rule_spec(d: &Diag<'_>, r: &RuleFile, tier: Option<&str>) -> Option<Rule> {
     let limit = match &r.limit {
         Some(l) => d.positive("limit", l),
         None => {
-            let at = r.tiers.as_ref().map_or(&r.name.referenced, |t| &t.referenced);
+            let at = r
+                .tiers
+                .as_ref()
+                .map_or(&r.name.referenced, |t| &t.referenced);
             d.error(
                 "limit",
                 Some(at),
                 match tier {
-                    Some(t) => format!("tier `{t}` of rule `{}` needs `limit` (the rule sets none)", r.name.value),
+                    Some(t) => format!(
+                        "tier `{t}` of rule `{}` needs `limit` (the rule sets none)",
+                        r.name.value
+                    ),
                     None => "`limit` is required here".to_owned(),
                 },
             );
@@ -1643,7 +1676,10 @@ fn rule_spec(d: &Diag<'_>, r: &RuleFile, tier: Option<&str>) -> Option<Rule> {
             d.error(
                 "status",
                 Some(&s.referenced),
-                format!("{} is not an HTTP error status (400-599; 429 and 403 are usual)", s.value),
+                format!(
+                    "{} is not an HTTP error status (400-599; 429 and 403 are usual)",
+                    s.value
+                ),
             );
             None
         }
@@ -1652,7 +1688,11 @@ fn rule_spec(d: &Diag<'_>, r: &RuleFile, tier: Option<&str>) -> Option<Rule> {
         let v = t.value.trim();
         let ok = !v.is_empty()
             && v.bytes().all(|b| b.is_ascii_graphic())
-            && (v.starts_with("https://") || v.starts_with("http://") || v.starts_with("urn:") || v.starts_with("tag:") || v.starts_with('/'));
+            && (v.starts_with("https://")
+                || v.starts_with("http://")
+                || v.starts_with("urn:")
+                || v.starts_with("tag:")
+                || v.starts_with('/'));
         if ok {
             Some(v.to_owned())
         } else {
@@ -1697,7 +1737,11 @@ fn rule_spec(d: &Diag<'_>, r: &RuleFile, tier: Option<&str>) -> Option<Rule> {
                 Some(t) => format!("rule `{}` tier `{t}`", r.name.value),
                 None => format!("rule `{}`", r.name.value),
             };
-            d.error(e.key(), Some(rule_location(r, e.key())), format!("{which}: {e}"));
+            d.error(
+                e.key(),
+                Some(rule_location(r, e.key())),
+                format!("{which}: {e}"),
+            );
             None
         }
     }

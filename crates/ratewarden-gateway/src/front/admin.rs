@@ -454,10 +454,7 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
         {
             let rest = &p["/v1/overrides/".len()..];
             let Some((rule, key)) = rest.split_once('/') else {
-                return problem_response(
-                    StatusCode::NOT_FOUND,
-                    "use /v1/overrides/{rule}/{key}",
-                );
+                return problem_response(StatusCode::NOT_FOUND, "use /v1/overrides/{rule}/{key}");
             };
             let (rule, key) = (percent_decode(rule), percent_decode(key));
             let Some(r) = live.config.policy.rule(&rule) else {
@@ -564,7 +561,6 @@ fn change_error(e: crate::overrides::ChangeError) -> Response<Body> {
         crate::overrides::ChangeError::Store(s) => unavailable(s),
     }
 }
-
 
 /// The methods an admin path takes (its `Allow`), if it is one.
 fn allowed_methods(path: &str) -> Option<&'static str> {
@@ -994,6 +990,19 @@ fn rules(gw: &Gateway, live: &Live) -> Response<Body> {
                 "cost": s.cost,
                 "shadow": s.shadow,
                 "summary": line,
+                "status": s.status.unwrap_or(live.config.status.as_u16()),
+                "calendar": s.calendar.as_ref().map(|c| json!({"period": c.period_kind().name(), "timezone": c.zone()})),
+                "tiers": r.tiers.as_ref().map(|t| json!({
+                    "from": t.from.to_string(),
+                    "default": t.values[t.default].name,
+                    "values": t.values.iter().map(|v| json!({
+                        "name": v.name,
+                        "unlimited": v.rule.is_none(),
+                        "limit": v.rule.as_ref().map(|r| r.limit()),
+                        "window": v.rule.as_ref().map(|r| secs(r.window())),
+                        "algorithm": v.rule.as_ref().map(|r| r.spec().algorithm.to_string()),
+                    })).collect::<Vec<_>>(),
+                })),
                 "decisions": gw.metrics.decisions(&s.name),
             })
         })
@@ -1011,6 +1020,41 @@ const INSPECTING: usize = 64;
 struct Found {
     key: String,
     info: ratewarden::KeyInfo,
+    /// The parameters it counts under: the rule's own, a tier's, or its
+    /// override's.
+    rule: ratewarden::Rule,
+}
+
+/// The parameter sets of `pr` a key may count under: its own, each
+/// limited tier's (one state each), and the overrides set now.
+fn variants(live: &Live, pr: &ratewarden_tower::policy::PolicyRule) -> Vec<ratewarden::Rule> {
+    let mut out = vec![pr.rule.clone()];
+    for t in pr.tiers.iter().flat_map(|t| &t.values) {
+        if let Some(r) = &t.rule
+            && !out.iter().any(|o| o.id() == r.id())
+        {
+            out.push(r.clone());
+        }
+    }
+    if let Some(o) = &live.config.policy.overrides {
+        for (_, key, _) in o.list(Some(pr.rule.name())) {
+            if let Some(ratewarden_tower::overrides::Applied::Limited(r)) = o.get(pr, &key)
+                && !out.iter().any(|x| x.id() == r.id())
+            {
+                out.push(r);
+            }
+        }
+    }
+    out
+}
+
+/// What a listing says of the parameters a key counts under.
+fn applied(rule: &ratewarden::Rule) -> Option<&str> {
+    if rule.is_override() {
+        Some("override")
+    } else {
+        rule.tier()
+    }
 }
 
 /// The keys of `pr` that exist now, with their state: on Redis, those a
@@ -1040,28 +1084,34 @@ async fn existing(
         .map(|key| (pr.group_of_key(&key), key))
         .collect();
     let mut complete = true;
+    let rules = variants(live, pr);
     if let crate::store::AnyStore::Redis(f) = store {
-        let scanned = f.inner().primary().scan(&pr.rule, SCAN_BUDGET).await?;
-        complete = scanned.complete;
-        let known: std::collections::HashSet<(String, String)> =
-            candidates.iter().cloned().collect();
-        candidates.extend(scanned.keys.into_iter().filter(|k| !known.contains(k)));
+        for rule in &rules {
+            let scanned = f.inner().primary().scan(rule, SCAN_BUDGET).await?;
+            complete &= scanned.complete;
+            let known: std::collections::HashSet<(String, String)> =
+                candidates.iter().cloned().collect();
+            candidates.extend(scanned.keys.into_iter().filter(|k| !known.contains(k)));
+        }
     }
     let mut found = vec![];
     // A key may come twice (sighted and scanned, under two spellings of its
-    // group): listed once.
+    // group): listed once per parameter set.
     let mut listed = std::collections::HashSet::new();
-    let ops: Vec<Op<'_>> = candidates
-        .iter()
-        .map(|(group, key)| Op::grouped(&pr.rule, key, group))
-        .collect();
-    for ((_, key), info) in candidates.iter().zip(inspect_all(store, &ops).await) {
-        let info = info?;
-        if info.exists && listed.insert(key.as_str()) {
-            found.push(Found {
-                key: key.clone(),
-                info,
-            });
+    for rule in &rules {
+        let ops: Vec<Op<'_>> = candidates
+            .iter()
+            .map(|(group, key)| Op::grouped(rule, key, group))
+            .collect();
+        for ((_, key), info) in candidates.iter().zip(inspect_all(store, &ops).await) {
+            let info = info?;
+            if info.exists && listed.insert((rule.id(), key.as_str())) {
+                found.push(Found {
+                    key: key.clone(),
+                    info,
+                    rule: rule.clone(),
+                });
+            }
         }
     }
     Ok((found, complete))
@@ -1190,12 +1240,12 @@ async fn top_keys(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response
         Ok(f) => f,
         Err(e) => return unavailable(e),
     };
-    let limit_of = pr.rule.limit();
     let mut rows: Vec<(f64, Found)> = found
         .into_iter()
         .map(|f| {
             // `remaining` is what the next request would leave: one more
             // is left before it when it would be admitted.
+            let limit_of = f.rule.limit();
             let left = f.info.remaining + u64::from(f.info.admits);
             let used = limit_of.saturating_sub(left);
             (used as f64 / limit_of as f64, f)
@@ -1208,7 +1258,8 @@ async fn top_keys(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response
         .map(|(share, f)| {
             json!({
                 "key": f.key, "used": (share * 1000.0).round() / 1000.0,
-                "remaining": f.info.remaining, "limit": limit_of,
+                "remaining": f.info.remaining, "limit": f.rule.limit(),
+                "tier": applied(&f.rule),
                 "reset_after": secs(f.info.reset_after), "ban_left": f.info.ban_left.map(secs),
             })
         })

@@ -170,7 +170,7 @@ pub fn replay(
             .map(|(i, copy)| {
                 let mine = Prepared {
                     policy: copy,
-                    ids: rule_ids(&copy),
+                    ids: rule_ids(copy),
                     ..prepared.clone()
                 };
                 s.spawn(move || mine.replay(step, Some((i + 1, parts)), &mut |_| {}))

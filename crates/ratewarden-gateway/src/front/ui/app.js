@@ -98,6 +98,14 @@ async function clearKey(rule, key) {
   refresh();
 }
 
+async function removeOverride(rule, key) {
+  await fetch(api(`/v1/overrides/${encodeURIComponent(rule)}/${encodeURIComponent(key)}`), {
+    method: "DELETE",
+    credentials: "same-origin",
+  });
+  refresh();
+}
+
 async function refresh() {
   const status = document.getElementById("status");
   try {
@@ -133,6 +141,13 @@ async function refresh() {
     const { bans } = await getJson("/v1/bans?limit=50");
     document.getElementById("bans").replaceChildren(
       ...bans.map((b) => row([b.rule, b.key, secs(b.ban_left)], { "data-rule": b.rule, "data-key": b.key })));
+    const { overrides } = await getJson("/v1/overrides");
+    document.getElementById("overrides").replaceChildren(...overrides.map((o) => {
+      const b = el("button", "remove");
+      b.addEventListener("click", () => removeOverride(o.rule, o.key));
+      return row([o.rule, o.key, o.unlimited ? "unlimited" : (o.limit ?? ""), o.window === undefined ? "" : secs(o.window),
+        o.expires_in === undefined ? "" : secs(o.expires_in), o.note ?? "", b], { "data-rule": o.rule, "data-key": o.key });
+    }));
     status.textContent = "updated " + new Date(now).toLocaleTimeString();
     document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);
   } catch (e) {

@@ -47,6 +47,7 @@ pub fn page(live: &Live) -> String {
     h.push_str("<h2>Decisions per second</h2><table><thead><tr><th>rule</th><th>admitted/s</th><th>rejected/s</th><th>admitted</th><th>rejected</th><th>last 5 minutes (<span style=\"color:#1f77b4\">admitted</span>, <span style=\"color:#d62728\">rejected</span>)</th></tr></thead><tbody id=\"rates\"></tbody></table>");
     h.push_str("<h2>Top limited keys</h2><table><thead><tr><th>rule</th><th>key</th><th>used</th><th>remaining</th><th>limit</th><th>reset (s)</th><th>ban left (s)</th><th></th></tr></thead><tbody id=\"keys\"></tbody></table>");
     h.push_str("<h2>Active bans</h2><table><thead><tr><th>rule</th><th>key</th><th>time left (s)</th></tr></thead><tbody id=\"bans\"></tbody></table>");
+    h.push_str("<h2>Overrides</h2><table><thead><tr><th>rule</th><th>key</th><th>limit</th><th>window (s)</th><th>expires in (s)</th><th>note</th><th></th></tr></thead><tbody id=\"overrides\"></tbody></table>");
     h.push_str("<h2>Loaded configuration</h2><table id=\"config\"><tbody>");
     let mut kv = |k: &str, v: &str| {
         h.push_str("<tr><th>");

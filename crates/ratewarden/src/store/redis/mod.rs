@@ -855,7 +855,13 @@ impl RedisStore {
     ) -> Result<bool, StoreError> {
         let (h, v) = self.table_keys(name);
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(TABLE_PUT).arg(2).arg(h).arg(v).arg(field).arg(value).arg(max);
+        cmd.arg(TABLE_PUT)
+            .arg(2)
+            .arg(h)
+            .arg(v)
+            .arg(field)
+            .arg(value)
+            .arg(max);
         let done: i64 = self.command(cmd).await?;
         Ok(done == 1)
     }
