@@ -49,7 +49,7 @@ impl Live {
         overrides: &Arc<Overrides>,
     ) -> Self {
         overrides.set_max(config.overrides_max);
-        overrides.rebase(&config.policy);
+        overrides.rebase(|name| config.policy.rule(name).map(|r| &r.rule));
         config.policy.overrides = Some(overrides.clone());
         // A rule's counts under its id and each of its tiers' (an
         // override's are found by name).

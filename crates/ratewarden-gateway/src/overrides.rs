@@ -219,7 +219,7 @@ pub(crate) async fn set(
             return Err(ChangeError::Set(SetError::Full(table.max())));
         }
     }
-    table.set(r, key, o).map_err(ChangeError::Set)
+    table.set(&r.rule, key, o).map_err(ChangeError::Set)
 }
 
 /// Removes `key`'s override of `rule`; whether there was one.
@@ -277,7 +277,9 @@ impl Sync {
             entries.push((rule.to_owned(), key.to_owned(), o));
         }
         let n = entries.len();
-        gw.overrides.replace(entries, &live.config.policy);
+        let policy = &live.config.policy;
+        gw.overrides
+            .replace(entries, |name| policy.rule(name).map(|r| &r.rule));
         if self.version.is_some() {
             tracing::info!(
                 overrides = n,

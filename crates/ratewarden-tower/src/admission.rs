@@ -312,7 +312,7 @@ impl Policy {
     /// tier the request's value picks, else its own; `None` when that is
     /// unlimited.
     fn choose(&self, r: &PolicyRule, key: &str, facts: &Facts<'_>) -> Option<Choice> {
-        if let Some(o) = self.overrides.as_deref().and_then(|o| o.get(r, key)) {
+        if let Some(o) = self.overrides.as_deref().and_then(|o| o.get(&r.rule, key)) {
             return match o {
                 Applied::Limited(rule) => Some(Choice::Override(rule)),
                 Applied::Unlimited => None,
@@ -372,7 +372,7 @@ impl Policy {
             None if r.grouped_by_identity() => group.clone(),
             None => String::new(),
         };
-        let choice = match self.overrides.as_deref().and_then(|o| o.get(r, &key)) {
+        let choice = match self.overrides.as_deref().and_then(|o| o.get(&r.rule, &key)) {
             Some(Applied::Limited(rule)) => Choice::Override(rule),
             _ => match &r.tiers {
                 Some(t) if t.values[t.default].rule.is_some() => Choice::Tier(t.default as u16),

@@ -22,8 +22,6 @@ use parking_lot::RwLock;
 use ratewarden::clock::{Clock, Micros};
 use ratewarden::{Rule, RuleError, Variant};
 
-use crate::policy::{Policy, PolicyRule};
-
 /// What an override sets: any of the limit, the window and the burst (the
 /// rest is the rule's), or no limit at all.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,21 +162,21 @@ impl Overrides {
 
     /// Sets `key`'s override of `rule` (replacing one), checking its
     /// parameters and the bound.
-    pub fn set(&self, rule: &PolicyRule, key: &str, o: Override) -> Result<(), SetError> {
+    pub fn set(&self, rule: &Rule, key: &str, o: Override) -> Result<(), SetError> {
         let compiled = o
-            .compile(&rule.rule)
+            .compile(rule)
             .map_err(|e| SetError::Invalid(format!("{} ({})", e, e.key())))?;
         let mut t = self.table.write();
-        let exists = t.get(rule.rule.name()).is_some_and(|k| k.contains_key(key));
+        let exists = t.get(rule.name()).is_some_and(|k| k.contains_key(key));
         let max = self.max();
         if !exists && t.values().map(HashMap::len).sum::<usize>() >= max {
             return Err(SetError::Full(max));
         }
-        t.entry(rule.rule.name().to_owned()).or_default().insert(
+        t.entry(rule.name().to_owned()).or_default().insert(
             key.to_owned(),
             Entry {
                 given: o,
-                base: rule.rule.id(),
+                base: rule.id(),
                 compiled,
             },
         );
@@ -197,16 +195,16 @@ impl Overrides {
 
     /// The override in force for `key` of `rule`, if any (an expired one is
     /// not).
-    pub fn get(&self, rule: &PolicyRule, key: &str) -> Option<Applied> {
+    pub fn get(&self, rule: &Rule, key: &str) -> Option<Applied> {
         if self.is_empty() {
             return None;
         }
         let t = self.table.read();
-        let e = t.get(rule.rule.name())?.get(key)?;
+        let e = t.get(rule.name())?.get(key)?;
         if !self.live(&e.given) {
             return None;
         }
-        if e.base == rule.rule.id() {
+        if e.base == rule.id() {
             return Some(match &e.compiled {
                 Some(r) => Applied::Limited(r.clone()),
                 None => Applied::Unlimited,
@@ -214,7 +212,7 @@ impl Overrides {
         }
         // The rule changed since (a reload that [`Self::rebase`] has not
         // seen yet): compiled afresh; one that no longer fits is ignored.
-        match e.given.compile(&rule.rule) {
+        match e.given.compile(rule) {
             Ok(Some(r)) => Some(Applied::Limited(r)),
             Ok(None) => Some(Applied::Unlimited),
             Err(_) => None,
@@ -245,20 +243,24 @@ impl Overrides {
     }
 
     /// Replaces the whole table with `entries` (what the shared store
-    /// holds), compiled against `policy`'s rules; an entry of a rule the
-    /// policy does not have, or that no longer compiles, is kept for a
+    /// holds), compiled against the rules `rule` finds by name; an entry
+    /// of a rule not found, or that no longer compiles, is kept for a
     /// policy that has it but not applied.
-    pub fn replace(&self, entries: Vec<(String, String, Override)>, policy: &Policy) {
+    pub fn replace<'r>(
+        &self,
+        entries: Vec<(String, String, Override)>,
+        rule: impl Fn(&str) -> Option<&'r Rule>,
+    ) {
         let mut t: HashMap<String, HashMap<String, Entry>> = HashMap::new();
-        for (rule, key, given) in entries {
-            let (base, compiled) = match policy.rule(&rule) {
-                Some(r) => match given.compile(&r.rule) {
-                    Ok(c) => (r.rule.id(), c),
+        for (rule_name, key, given) in entries {
+            let (base, compiled) = match rule(&rule_name) {
+                Some(r) => match given.compile(r) {
+                    Ok(c) => (r.id(), c),
                     Err(_) => (0, None),
                 },
                 None => (0, None),
             };
-            t.entry(rule).or_default().insert(
+            t.entry(rule_name).or_default().insert(
                 key,
                 Entry {
                     given,
@@ -272,18 +274,18 @@ impl Overrides {
         *table = t;
     }
 
-    /// Compiles every override against `policy`'s rules again (after a
-    /// reload), so that decisions find them ready.
-    pub fn rebase(&self, policy: &Policy) {
+    /// Compiles every override against the rules `rule` finds by name
+    /// again (after a reload), so that decisions find them ready.
+    pub fn rebase<'r>(&self, rule: impl Fn(&str) -> Option<&'r Rule>) {
         let mut t = self.table.write();
-        for (rule, keys) in t.iter_mut() {
-            let Some(r) = policy.rule(rule) else { continue };
+        for (name, keys) in t.iter_mut() {
+            let Some(r) = rule(name) else { continue };
             for e in keys.values_mut() {
-                if e.base == r.rule.id() {
+                if e.base == r.id() {
                     continue;
                 }
-                if let Ok(c) = e.given.compile(&r.rule) {
-                    e.base = r.rule.id();
+                if let Ok(c) = e.given.compile(r) {
+                    e.base = r.id();
                     e.compiled = c;
                 }
             }
@@ -312,13 +314,11 @@ mod tests {
     use super::*;
     use ratewarden::clock::ManualClock;
 
-    fn rule() -> PolicyRule {
-        PolicyRule::everywhere(
-            Rule::builder("api")
-                .limit(10, Duration::from_secs(60))
-                .build()
-                .unwrap(),
-        )
+    fn rule() -> Rule {
+        Rule::builder("api")
+            .limit(10, Duration::from_secs(60))
+            .build()
+            .unwrap()
     }
 
     fn limit(n: u64) -> Override {
@@ -352,7 +352,7 @@ mod tests {
         };
         assert_eq!(got.limit(), 1000);
         assert!(got.is_override());
-        assert_ne!(got.id(), r.rule.id(), "its own state");
+        assert_ne!(got.id(), r.id(), "its own state");
         assert!(o.get(&r, "other").is_none());
         clock.advance(Duration::from_secs(60));
         assert!(o.get(&r, "k").is_none(), "expired");

@@ -1038,7 +1038,7 @@ fn variants(live: &Live, pr: &ratewarden_tower::policy::PolicyRule) -> Vec<ratew
     }
     if let Some(o) = &live.config.policy.overrides {
         for (_, key, _) in o.list(Some(pr.rule.name())) {
-            if let Some(ratewarden_tower::overrides::Applied::Limited(r)) = o.get(pr, &key)
+            if let Some(ratewarden_tower::overrides::Applied::Limited(r)) = o.get(&pr.rule, &key)
                 && !out.iter().any(|x| x.id() == r.id())
             {
                 out.push(r);
