@@ -10,15 +10,69 @@
 # shape.
 #
 #   bash bench/redis_cpu.sh [N]       # N=300000 calls per redis-benchmark run
+#   bash bench/redis_cpu.sh overrides [ROUNDS]   # only: overrides on/off (below)
+#
+# `overrides`: Redis CPU per decision of one rule through the product
+# (POST /v1/check describing a request, so the proxy's matching and its
+# override lookup run), 100k keys, 64 in flight, with `overrides: {max: 0}`
+# (off: the table is never read) beside the default (on: its version
+# polled every 250 ms, none set) and on with one override set on another
+# key; ROUNDS (3) rounds alternating, the ratio to `off` per round.
 #
 # redis-server on CPU 0; redis-benchmark (-c 64, -P 16 and unpipelined) and
 # the load generator on CPU 1; the gateway (--workers 1) on CPU 1 too, so
 # that Redis has a core of its own. Loopback only; stopped at the end.
 set -euo pipefail
+MODE=all
+if [ "${1:-}" = overrides ]; then MODE=overrides; shift; fi
 N=${1:-300000}
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 install_missing redis-server:redis-server redis-benchmark:redis-tools
+
+if [ $MODE = overrides ]; then
+  ROUNDS=${1:-3}
+  cargo build --release -q -p ratewarden-gateway --bin ratewarden --example rls_load
+  redis_on_cpu0
+  BODY='{"request":{"method":"GET","path":"/","identity":"{v}"}}'
+  # run LABEL OVERRIDES-YAML [SET]: one gateway, 5 s of load; prints and
+  # sets US (Redis CPU µs per decision).
+  run() {
+    local admin; admin=$(port)
+    cat > "$WORK/o.yaml" <<YAML
+admin: {listen: 127.0.0.1:$admin}
+store: {type: redis, url: 'redis://127.0.0.1:$PORT', timeout: 1s}
+$2
+rules:
+  - {name: r, algorithm: gcra, limit: 1000000, window: 1s}
+YAML
+    cli flushall > /dev/null
+    RUST_LOG=warn taskset -c 1 target/release/ratewarden serve -c "$WORK/o.yaml" \
+      --listen 127.0.0.1:$(port) --workers 1 > /dev/null & local pid=$!
+    wait_port "$admin"
+    if [ -n "${3:-}" ]; then
+      curl -fsS -X PUT -H 'content-type: application/json' -d '{"limit": 5}' \
+        "http://127.0.0.1:$admin/v1/overrides/r/somebody-else" > /dev/null
+    fi
+    local before after out calls
+    before=$(cpu)
+    out=$(taskset -c 1 target/release/examples/rls_load http "http://127.0.0.1:$admin/v1/check" \
+      --seconds 5 --keys 100000 --body "$BODY")
+    after=$(cpu)
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    calls=$(load_field calls "$out")
+    US=$(echo "($after - $before) * 1000000 / $calls" | bc -l)
+    printf '%-44s %9s calls/s  %6.3f us Redis CPU/decision\n' "$1" "$(load_field rate "$out")" "$US"
+  }
+  for r in $(seq "$ROUNDS"); do
+    echo "round $r"
+    run "overrides off (max: 0)" "overrides: {max: 0}"; OFF=$US
+    run "overrides on, none set" ""; ON=$US
+    run "overrides on, one set (another key)" "" set; ONE=$US
+    printf '  on/off %.3f   one-set/off %.3f\n' "$(echo "$ON / $OFF" | bc -l)" "$(echo "$ONE / $OFF" | bc -l)"
+  done
+  exit 0
+fi
 cargo build --release -q -p ratewarden --example redis_argv
 cargo build --release -q -p ratewarden-gateway --bin ratewarden --example rls_load
 FN=$(target/release/examples/redis_argv "$WORK/decide.lua" "$WORK/library.lua" 2>&1 > "$WORK/argv")

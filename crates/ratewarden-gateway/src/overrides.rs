@@ -255,6 +255,10 @@ impl Sync {
     pub(crate) async fn poll(&mut self, gw: &Arc<Gateway>) {
         gw.overrides.sweep();
         let live = gw.live();
+        // `overrides: {max: 0}`: none may be set, and the store is not asked.
+        if live.config.overrides_max == 0 && gw.overrides.is_empty() {
+            return;
+        }
         let AnyStore::Redis(f) = live.limiter.store() else {
             return;
         };
