@@ -35,6 +35,8 @@ if [ $MODE = overrides ]; then
   cargo build --release -q -p ratewarden-gateway --bin ratewarden --example rls_load
   redis_on_cpu0
   BODY='{"request":{"method":"GET","path":"/","identity":"{v}"}}'
+  # Commands Redis ran so far (INFO stats), less the INFO calls themselves.
+  commands() { cli info stats | tr -d '\r' | awk -F: '/^total_commands_processed:/ {print $2}'; }
   # run LABEL OVERRIDES-YAML [SET]: one gateway, 5 s of load; prints and
   # sets US (Redis CPU µs per decision).
   run() {
@@ -54,15 +56,16 @@ YAML
       curl -fsS -X PUT -H 'content-type: application/json' -d '{"limit": 5}' \
         "http://127.0.0.1:$admin/v1/overrides/r/somebody-else" > /dev/null
     fi
-    local before after out calls
-    before=$(cpu)
+    local before after out calls c0 c1
+    before=$(cpu); c0=$(commands)
     out=$(taskset -c 1 target/release/examples/rls_load http "http://127.0.0.1:$admin/v1/check" \
       --seconds 5 --keys 100000 --body "$BODY")
-    after=$(cpu)
+    after=$(cpu); c1=$(commands)
     kill "$pid"; wait "$pid" 2>/dev/null || true
     calls=$(load_field calls "$out")
     US=$(echo "($after - $before) * 1000000 / $calls" | bc -l)
-    printf '%-44s %9s calls/s  %6.3f us Redis CPU/decision\n' "$1" "$(load_field rate "$out")" "$US"
+    printf '%-44s %9s calls/s  %6.3f us Redis CPU/decision  %.5f Redis commands/decision\n' \
+      "$1" "$(load_field rate "$out")" "$US" "$(echo "($c1 - $c0 - 2) / $calls" | bc -l)"
   }
   for r in $(seq "$ROUNDS"); do
     echo "round $r"
