@@ -59,6 +59,8 @@ pub struct Running {
     pub listen: SocketAddr,
     /// The admin API's bound address.
     pub admin: Option<SocketAddr>,
+    /// The authorisation listener's bound address.
+    pub authz: Option<SocketAddr>,
     /// Envoy's rate limit service's bound address (`rls.listen`).
     pub rls: Option<SocketAddr>,
     /// The shared state.
@@ -141,6 +143,7 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     };
     let (listen, admin) = (config.listen, config.admin.as_ref().map(|(a, _)| *a));
     let rls = config.rls.as_ref().map(|r| r.listen);
+    let authz = config.authz;
     // Everything a first request would otherwise set up is set up before
     // the port opens: a client that connects is served at once. (A fresh
     // instance under load once had a p99 ten times a warm one's: its first
@@ -188,8 +191,30 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
         }
         None => (None, None),
     };
+    let (authz_listener, authz) = match authz {
+        Some(addr) => {
+            let (l, a) = bind(addr, false).await?;
+            (Some(l), Some(a))
+        }
+        None => (None, None),
+    };
     let (stop, stopped) = watch::channel(false);
     let mut tasks = vec![];
+    if let Some(l) = authz_listener {
+        let gw = gateway.clone();
+        tasks.push(tokio::spawn(serve(
+            l,
+            stopped.clone(),
+            timeouts,
+            move |req, client| {
+                let gw = gw.clone();
+                async move { crate::front::authz::handle(&gw, req, client).await }
+            },
+            gateway.clone(),
+            false,
+            None,
+        )));
+    }
     if let Some(l) = rls_listener {
         tasks.push(tokio::spawn(crate::front::rls::serve(
             l,
@@ -248,6 +273,7 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
         listen,
         admin,
         rls,
+        authz,
         gateway,
         stop,
         tasks,

@@ -204,8 +204,12 @@ async fn tiers_on_redis_through_the_binary() {
     let gw = support::binary(&yaml, &up.url());
     check_tiers(Path::H1, gw.listen).await;
     // `/v1/keys` lists each key under the tier it counts in.
-    let keys: Value =
-        serde_json::from_str(&send(gw.admin, "GET", "/v1/keys?rule=api", &[], "").await.body).unwrap();
+    let keys: Value = serde_json::from_str(
+        &send(gw.admin, "GET", "/v1/keys?rule=api", &[], "")
+            .await
+            .body,
+    )
+    .unwrap();
     let tier_of = |key: &str, tier: &str| {
         keys["keys"]
             .as_array()
@@ -214,7 +218,10 @@ async fn tiers_on_redis_through_the_binary() {
             .any(|k| k["key"] == key && k["tier"] == tier)
     };
     assert!(tier_of("bob", "pro") && tier_of("carol", "free"), "{keys}");
-    assert!(tier_of("alice", "free") && tier_of("alice", "pro"), "{keys}");
+    assert!(
+        tier_of("alice", "free") && tier_of("alice", "pro"),
+        "{keys}"
+    );
 }
 
 /// A tier named by a token's claim (`jwt:plan`), as `/v1/explain` shows.

@@ -266,6 +266,7 @@ impl Policy {
     /// reject` lacks a key part.
     pub fn matching(&self, facts: &Facts<'_>, who: Who) -> Result<Matched<'_>, Refusal> {
         let mut keyed = SmallVec::<[Keyed; 2]>::new();
+        let mut overridden = Vec::new();
         if who.limited {
             for (i, r) in self.rules.iter().enumerate() {
                 if !r.matcher.matches(&facts.request, facts.route) {
@@ -294,7 +295,7 @@ impl Policy {
                     rule: i as u32,
                     key,
                     by_identity: r.grouped_by_identity(),
-                    choice,
+                    choice: choice.packed(&mut overridden),
                 });
             }
             // Keys shared by clients last: on a cluster they are other slots,
@@ -305,6 +306,7 @@ impl Policy {
             policy: self,
             who,
             keyed,
+            overridden,
         })
     }
 
@@ -379,11 +381,12 @@ impl Policy {
                 _ => Choice::Rule,
             },
         };
+        let mut overridden = Vec::new();
         keyed.push(Keyed {
             rule: i as u32,
             key: (key != identity).then_some(key),
             by_identity: r.grouped_by_identity() && group == identity,
-            choice,
+            choice: choice.packed(&mut overridden),
         });
         Ok(Matched {
             policy: self,
@@ -393,6 +396,7 @@ impl Policy {
                 limited: true,
             },
             keyed,
+            overridden,
         })
     }
 }
@@ -518,37 +522,58 @@ pub fn key_part(out: &mut String, value: &str) {
 /// identity: those borrow it rather than copy it per rule and request.
 #[derive(Debug, Clone)]
 struct Keyed {
-    /// Index into the policy's rules (u32 keeps `Keyed` at 32 bytes).
+    /// Index into the policy's rules (u32, and the choice packed in a
+    /// u16, keep `Keyed` at 32 bytes).
     rule: u32,
-    /// `None`: the identity itself.
-    key: Option<String>,
+    /// Which of the rule's parameters decide it: [`OWN`], a tier's index
+    /// + 1, or [`OVERRIDE`] | an index into [`Matched`]'s overridden
+    /// rules.
+    choice: u16,
     /// The group is the identity, else the key (see [`PolicyRule::group`]).
     by_identity: bool,
-    /// Which of the rule's parameters decide it.
-    choice: Choice,
+    /// `None`: the identity itself.
+    key: Option<String>,
 }
+
+/// [`Keyed::choice`]: the rule's own parameters.
+const OWN: u16 = 0;
+/// [`Keyed::choice`]: an override (the low bits index the overridden).
+const OVERRIDE: u16 = 0x8000;
 
 /// Which parameters a matched rule decides with: its own, a tier's, or
 /// its key's override.
-#[derive(Debug, Clone)]
 enum Choice {
     Rule,
     Tier(u16),
     Override(Rule),
 }
 
+impl Choice {
+    /// As [`Keyed::choice`], an override's rule kept in `overridden`.
+    fn packed(self, overridden: &mut Vec<Rule>) -> u16 {
+        match self {
+            Choice::Rule => OWN,
+            Choice::Tier(t) => (t + 1).min(OVERRIDE - 1),
+            Choice::Override(r) => {
+                overridden.push(r);
+                OVERRIDE | (overridden.len() - 1) as u16
+            }
+        }
+    }
+}
+
 impl Keyed {
     /// The rule it is decided by.
-    fn rule<'a>(&'a self, policy: &'a Policy) -> &'a Rule {
+    fn rule<'a>(&'a self, policy: &'a Policy, overridden: &'a [Rule]) -> &'a Rule {
         let r = &policy.rules[self.rule as usize];
-        match &self.choice {
-            Choice::Rule => &r.rule,
-            Choice::Tier(t) => r
+        match self.choice {
+            OWN => &r.rule,
+            c if c & OVERRIDE != 0 => &overridden[usize::from(c & !OVERRIDE)],
+            t => r
                 .tiers
                 .as_ref()
-                .and_then(|tiers| tiers.values[*t as usize].rule.as_ref())
+                .and_then(|tiers| tiers.values[usize::from(t - 1)].rule.as_ref())
                 .unwrap_or(&r.rule),
-            Choice::Override(o) => o,
         }
     }
 
@@ -574,6 +599,9 @@ pub struct Matched<'p> {
     /// most. (Small on purpose: an admission is moved through a few
     /// futures per request, and each move copies it.)
     keyed: SmallVec<[Keyed; 2]>,
+    /// The rules of the keys decided by an override (none allocated when
+    /// no override applies).
+    overridden: Vec<Rule>,
 }
 
 impl<'p> Matched<'p> {
@@ -587,9 +615,14 @@ impl<'p> Matched<'p> {
     pub fn keys(&self) -> impl Iterator<Item = (&'p PolicyRule, &Rule, &str)> {
         let id = &self.who.identity;
         let policy = self.policy;
-        self.keyed
-            .iter()
-            .map(move |k| (&policy.rules[k.rule as usize], k.rule(policy), k.key(id)))
+        let over = &self.overridden;
+        self.keyed.iter().map(move |k| {
+            (
+                &policy.rules[k.rule as usize],
+                k.rule(policy, over),
+                k.key(id),
+            )
+        })
     }
 
     /// The store ops of the matching rules.
@@ -597,7 +630,13 @@ impl<'p> Matched<'p> {
         let id = &self.who.identity;
         self.keyed
             .iter()
-            .map(|k| Op::grouped(k.rule(self.policy), k.key(id), k.group(id)))
+            .map(|k| {
+                Op::grouped(
+                    k.rule(self.policy, &self.overridden),
+                    k.key(id),
+                    k.group(id),
+                )
+            })
             .collect()
     }
 
@@ -723,7 +762,7 @@ impl<'p> Admitted<'p> {
         let id = &self.matched.who.identity;
         for k in &self.matched.keyed {
             let r = &self.matched.policy.rules[k.rule as usize];
-            let rule = k.rule(self.matched.policy);
+            let rule = k.rule(self.matched.policy, &self.matched.overridden);
             if !rule.counts_failures() {
                 continue;
             }

@@ -271,6 +271,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         key_secret: None,
         jwt: None,
         overrides: None,
+        authz: None,
         upstream_timeout: None,
         upstream_path: None,
         client_idle_timeout: None,

@@ -132,6 +132,9 @@ pub struct Config {
     /// The most runtime overrides (`overrides.max`, default
     /// [`OVERRIDES_MAX`]).
     pub overrides_max: usize,
+    /// The authorisation listener (`authz.listen`): nginx `auth_request`,
+    /// Traefik/Caddy forward auth, Envoy `ext_authz` (HTTP and gRPC).
+    pub authz: Option<SocketAddr>,
 }
 
 /// How many runtime overrides may be set unless `overrides.max` says.

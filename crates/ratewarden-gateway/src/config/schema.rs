@@ -59,6 +59,15 @@ pub(crate) struct File {
     pub jwt: Option<Sp<JwtFile>>,
     /// Runtime overrides of one key's limit: their bound.
     pub overrides: Option<Sp<OverridesFile>>,
+    /// The authorisation listener for other proxies' hooks.
+    pub authz: Option<Sp<AuthzFile>>,
+}
+
+/// `authz: {listen}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AuthzFile {
+    pub listen: Sp<String>,
 }
 
 /// `overrides: {max: N}`.

@@ -312,6 +312,40 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
     );
     let allow = patterns(d, "allow", &f.allow, by_header);
     let deny = patterns(d, "deny", &f.deny, by_header);
+    let authz = match &f.authz {
+        None => Some(None),
+        Some(a) => socket_addr(d, "authz.listen", &a.value.listen).map(Some),
+    };
+    if let (Some(Some(a)), Some(l), Some(f)) = (authz, listen, &f.authz)
+        && clash(a, l)
+    {
+        d.error(
+            "authz.listen",
+            Some(&f.value.listen.referenced),
+            format!("{a} is also the proxy's `listen` ({l}): give the authorisation listener its own port"),
+        );
+    }
+    // An authorisation hook never sees the response: a rule that must
+    // (count: failures, concurrency) would never be settled or released.
+    if let Some(a) = &f.authz {
+        for r in &f.rules {
+            let failures = r.count.as_ref().filter(|c| c.value == "failures");
+            let leases = r.algorithm.as_ref().filter(|a| a.value == "concurrency");
+            if let Some(at) = failures.or(leases) {
+                d.error(
+                    if failures.is_some() { "count" } else { "algorithm" },
+                    Some(&at.referenced),
+                    format!(
+                        "rule `{}`: with `authz:` (line {}) a rule cannot need the response: a proxy's hook never sees how it ended, \
+                         so `count: failures` would never be charged and a `concurrency` slot never given back; \
+                         decide it in the gateway, or with POST /v1/check and /v1/report",
+                        r.name.value,
+                        a.referenced.line()
+                    ),
+                );
+            }
+        }
+    }
     let overrides_max = match f.overrides.as_ref().and_then(|o| o.value.max.as_ref()) {
         None => Some(super::model::OVERRIDES_MAX),
         Some(m) if (0..=1_000_000).contains(&m.value) => Some(m.value as usize),
@@ -441,6 +475,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         rls: rls?,
         jwt: jwt?,
         overrides_max: overrides_max?,
+        authz: authz?,
     })
 }
 

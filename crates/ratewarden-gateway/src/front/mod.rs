@@ -3,5 +3,6 @@
 //! bans), the live page [`ui`], and Envoy's rate limit service [`rls`].
 
 pub mod admin;
+pub mod authz;
 pub mod rls;
 pub mod ui;
