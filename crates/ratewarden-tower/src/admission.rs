@@ -525,9 +525,9 @@ struct Keyed {
     /// Index into the policy's rules (u32, and the choice packed in a
     /// u16, keep `Keyed` at 32 bytes).
     rule: u32,
-    /// Which of the rule's parameters decide it: [`OWN`], a tier's index
-    /// + 1, or [`OVERRIDE`] | an index into [`Matched`]'s overridden
-    /// rules.
+    /// Which of the rule's parameters decide it: [`OWN`], one more than
+    /// a tier's index, or [`OVERRIDE`] with an index into [`Matched`]'s
+    /// overridden rules in its low bits.
     choice: u16,
     /// The group is the identity, else the key (see [`PolicyRule::group`]).
     by_identity: bool,

@@ -1,0 +1,206 @@
+//! The real proxies in front of an upstream, each configured with the
+//! README's recipe as written there, asking ratewarden's authorisation
+//! listener (issue 36): Debian's `nginx` (`auth_request`) and `caddy`
+//! (`forward_auth`). A client through each one sees the limit hold, the
+//! rate-limit headers where that proxy can show them, the 429 with
+//! `Retry-After`, and a `deny:` as 403.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{Upstream, gateway, send};
+
+const YAML: &str = r#"identity: {from: header, header: X-User}
+deny: [mallory]
+authz: {listen: 127.0.0.1:0}
+rules:
+  - {name: api, match: {path_prefix: /api/}, limit: 2, window: 1h}
+"#;
+
+/// The README's recipe between `<!-- recipe:NAME -->` markers, without
+/// its code fence.
+fn recipe(name: &str) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let start = format!("<!-- recipe:{name} -->");
+    let end = format!("<!-- /recipe:{name} -->");
+    let at = readme
+        .find(&start)
+        .unwrap_or_else(|| panic!("no {start} in the README"))
+        + start.len();
+    let block = &readme[at..at + readme[at..].find(&end).unwrap()];
+    let body = block.trim().split_once('\n').unwrap().1;
+    body.trim_end().trim_end_matches("```").to_owned()
+}
+
+fn tool(name: &str, package: &str) -> String {
+    for dir in ["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"] {
+        let p = format!("{dir}/{name}");
+        if std::path::Path::new(&p).exists() {
+            return p;
+        }
+    }
+    panic!("no `{name}`: `apt-get install {package}` (./test installs it)");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A proxy process, killed when dropped, and its directory (removed
+/// after it).
+struct Proxy(Child, #[allow(dead_code)] support::Scratch);
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn wait_until_up(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "{addr} never opened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The checks every proxy passes; `headers_on_200`: whether it shows the
+/// client the rate-limit headers of an admitted request.
+async fn through(addr: SocketAddr, up: &Upstream, headers_on_200: bool) {
+    let alice = [("x-user", "alice")];
+    for left in ["1", "0"] {
+        let r = send(addr, "GET", "/api/orders", &alice, "").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        if headers_on_200 {
+            assert_eq!(
+                r.header("x-ratelimit-remaining"),
+                Some(left),
+                "{:?}",
+                r.headers
+            );
+            assert!(
+                r.header("ratelimit-policy")
+                    .is_some_and(|p| p.contains("\"api\";q=2"))
+            );
+        }
+    }
+    let hits = up.hits();
+    let refused = send(addr, "GET", "/api/orders", &alice, "").await;
+    assert_eq!(
+        refused.status, 429,
+        "{:?} {}",
+        refused.headers, refused.body
+    );
+    let retry: u64 = refused
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!(retry > 0 && retry <= 3600);
+    assert_eq!(refused.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(
+        up.hits(),
+        hits,
+        "a refused request never reaches the upstream"
+    );
+    // Another user has their own two; a path no rule matches is free.
+    assert_eq!(
+        send(addr, "GET", "/api/orders", &[("x-user", "bob")], "")
+            .await
+            .status,
+        200
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            send(addr, "GET", "/static/app.css", &alice, "")
+                .await
+                .status,
+            200
+        );
+    }
+    let denied = send(addr, "GET", "/static/app.css", &[("x-user", "mallory")], "").await;
+    assert_eq!(denied.status, 403);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_auth_request_with_the_readme_recipe() {
+    let nginx = tool("nginx", "nginx-light");
+    let up = Upstream::start().await;
+    let gw = gateway(YAML, "echo", None).await;
+    let authz = gw.authz.unwrap();
+    let port = free_port();
+    let dir = support::scratch_dir("rw-nginx");
+    let server = recipe("nginx")
+        .replace("listen 8080;", &format!("listen 127.0.0.1:{port};"))
+        .replace("127.0.0.1:8082", &authz.to_string())
+        .replace("127.0.0.1:9000", up.url().trim_start_matches("http://"));
+    let d = dir.display();
+    let conf = format!(
+        "worker_processes 1;\nerror_log {d}/error.log warn;\npid {d}/nginx.pid;\ndaemon off;\n\
+         events {{ worker_connections 256; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/cb;\n\
+         proxy_temp_path {d}/pt;\n fastcgi_temp_path {d}/ft;\n uwsgi_temp_path {d}/ut;\n scgi_temp_path {d}/st;\n{server}\n}}\n"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+    let child = Command::new(nginx)
+        .args(["-p", &d.to_string(), "-c", &format!("{d}/nginx.conf")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let _proxy = Proxy(child, dir);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_until_up(addr).await;
+    through(addr, &up, true).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caddy_forward_auth_with_the_readme_recipe() {
+    let caddy = tool("caddy", "caddy");
+    let up = Upstream::start().await;
+    let gw = gateway(YAML, "echo", None).await;
+    let authz = gw.authz.unwrap();
+    let port = free_port();
+    let dir = support::scratch_dir("rw-caddy");
+    let site = recipe("caddy")
+        .replace(":8080", &format!("http://127.0.0.1:{port}"))
+        .replace("127.0.0.1:8082", &authz.to_string())
+        .replace("127.0.0.1:9000", up.url().trim_start_matches("http://"));
+    let file = dir.join("Caddyfile");
+    std::fs::write(
+        &file,
+        format!("{{\n admin off\n auto_https off\n}}\n{site}\n"),
+    )
+    .unwrap();
+    let child = Command::new(caddy)
+        .args([
+            "run",
+            "--config",
+            &file.display().to_string(),
+            "--adapter",
+            "caddyfile",
+        ])
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .env("XDG_CONFIG_HOME", dir.join("config"))
+        .env("HOME", &*dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _proxy = Proxy(child, dir);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_until_up(addr).await;
+    // Caddy puts an admitted request's rate-limit headers on the request
+    // upstream, not on the client's answer (the README says so).
+    through(addr, &up, false).await;
+    gw.shutdown().await;
+}
