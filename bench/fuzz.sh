@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 SECS=${1:-900}; shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(h1_request h1_response path_normalizer forwarded config differential rls_request request_view jwt)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(h1_request h1_response path_normalizer forwarded config differential rls_request request_view jwt authz_dialect)
 command -v cargo-fuzz > /dev/null || cargo install cargo-fuzz
 cargo +nightly fuzz build -O > /dev/null 2>&1
 LOGS=$(mktemp -d); trap 'rm -rf "$LOGS"' EXIT

@@ -465,3 +465,72 @@ pub fn rls_request(data: &[u8]) {
         _ => panic!("{data:02x?}: ours {ours:?}, prost {theirs:?}"),
     }
 }
+
+/// The authorisation listener's dialects (`front::authz`): any hook
+/// request, from a trusted proxy or not, is described or refused, never
+/// panics; what is described is a path a rule can see, carries none of the
+/// hook's own fields, and names a client other than the proxy only when
+/// the proxy is trusted. Input: a byte choosing the dialect and whether
+/// the proxy is trusted, then `METHOD TARGET` and header lines; or, for
+/// Envoy's gRPC `Check`, a `CheckRequest` message.
+pub fn authz_dialect(data: &[u8]) {
+    use crate::front::authz::{Dialect, describe, describe_check};
+    use prost::Message;
+    let Some((&choice, rest)) = data.split_first() else {
+        return;
+    };
+    let proxy: std::net::IpAddr = [127, 0, 0, 1].into();
+    let trusted_proxy = choice & 0x10 != 0;
+    let trusted = move |ip: std::net::IpAddr| trusted_proxy && ip == proxy;
+    let asked = if choice & 0x3 == 3 {
+        let Ok(check) = envoy_types::pb::envoy::service::auth::v3::CheckRequest::decode(rest)
+        else {
+            return;
+        };
+        describe_check(&check, proxy, &trusted)
+    } else {
+        let dialect = [Dialect::Nginx, Dialect::Forward, Dialect::Envoy][usize::from(choice & 0x3)];
+        let text = String::from_utf8_lossy(rest);
+        let mut lines = text.split('\n');
+        let first = lines.next().unwrap_or("");
+        let (method, target) = first.split_once(' ').unwrap_or((first, "/"));
+        let Ok(method) = Method::from_bytes(method.as_bytes()) else {
+            return;
+        };
+        let mut headers = http::HeaderMap::new();
+        for line in lines {
+            if let Some((k, v)) = line.split_once(':')
+                && let (Ok(k), Ok(v)) = (
+                    http::HeaderName::from_bytes(k.trim().as_bytes()),
+                    http::HeaderValue::from_str(v.trim()),
+                )
+            {
+                headers.append(k, v);
+            }
+        }
+        describe(dialect, &method, target, &headers, proxy, &trusted)
+    };
+    if let Ok(a) = asked {
+        assert!(a.path.starts_with('/') || a.path == "*", "{a:?}");
+        assert!(a.target.starts_with('/'), "{a:?}");
+        for hook in [
+            "x-original-uri",
+            "x-forwarded-uri",
+            "x-forwarded-for",
+            "x-real-ip",
+        ] {
+            assert!(!a.headers.contains_key(hook), "{a:?}");
+        }
+        if !trusted_proxy {
+            assert_eq!(a.client, proxy, "an untrusted proxy's client believed");
+        }
+        // The view answers without panicking.
+        let v = a.view();
+        let _ = (
+            v.host(),
+            v.query(),
+            v.query_values("q").count(),
+            v.cookie("c"),
+        );
+    }
+}

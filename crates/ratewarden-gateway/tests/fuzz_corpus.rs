@@ -73,3 +73,8 @@ fn request_view() {
 fn jwt() {
     corpus("jwt", ratewarden_gateway::fuzzing::jwt);
 }
+
+#[test]
+fn authz_dialect() {
+    corpus("authz_dialect", ratewarden_gateway::fuzzing::authz_dialect);
+}

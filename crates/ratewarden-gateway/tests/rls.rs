@@ -254,8 +254,8 @@ async fn shadow_mode_hits_addend_and_replaces() {
     let out = ask(&mut c, r).await;
     assert_eq!(Code::try_from(out.overall_code).unwrap(), Code::Ok);
     assert_eq!(
-        out.statuses[0].limit_remaining, 0,
-        "a request of 1 would leave 0"
+        out.statuses[0].limit_remaining, 1,
+        "a peek costs nothing: 1 of 3 is still left (envoyproxy/ratelimit's answer)"
     );
     let mut d = descriptor(&[("client", "h")]);
     d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 1 });
@@ -898,5 +898,129 @@ async fn copies_of_a_descriptor_are_charged_in_turn_on_memory_and_redis() {
     )
     .await;
     copies_of_a_descriptor_are_charged_in_turn(gw.rls.unwrap()).await;
+    gw.shutdown().await;
+}
+
+/// Where ratewarden answered otherwise than envoyproxy/ratelimit (issue
+/// 36), now answered as that service does: `OVER_LIMIT` reports nothing
+/// left; a peek (`hits_addend: 0`) costs nothing and is OK at the limit;
+/// Envoy's `limit` override is a plain fixed window on the unit and is not
+/// looked at for a domain with no config; `grpc.health.v1` answers for
+/// `ratelimit`; its response header names can be produced.
+#[tokio::test]
+async fn answers_as_envoyproxy_ratelimit_answers() {
+    // On a whole second, so that a unit's end is known.
+    let start = support::now() / 1_000_000 * 1_000_000;
+    let clock = ManualClock::new(start);
+    let gw = gateway(
+        "  headers: [envoy]\n  header_names: {limit: X-Quota, remaining: X-Quota-Left, reset: X-Quota-Reset}\n  domains:\n    - domain: app\n      descriptors:\n        - key: client\n          rate_limit: {unit: hour, requests_per_unit: 3}\n",
+        "{type: memory}",
+        Some(clock.clone()),
+    )
+    .await;
+    let mut c = client(gw.rls.unwrap()).await;
+    // A hits_addend that overshoots: OVER_LIMIT with 0 left (was 3 - 1 = 2
+    // "left" after a refusal of 5).
+    let mut r = request("app", vec![descriptor(&[("client", "a")])]);
+    r.hits_addend = 5;
+    let out = ask(&mut c, r).await;
+    assert_eq!(
+        Code::try_from(out.statuses[0].code).unwrap(),
+        Code::OverLimit
+    );
+    assert_eq!(out.statuses[0].limit_remaining, 0);
+    // A peek after 1 of 3: 2 left; at the limit: OK with 0 left.
+    let peek = |key: &str| {
+        let mut d = descriptor(&[("client", key)]);
+        d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+        request("app", vec![d])
+    };
+    assert_eq!(one(&mut c, "app", &[("client", "b")]).await, Code::Ok);
+    let out = ask(&mut c, peek("b")).await;
+    assert_eq!(
+        (
+            Code::try_from(out.statuses[0].code).unwrap(),
+            out.statuses[0].limit_remaining
+        ),
+        (Code::Ok, 2)
+    );
+    assert_eq!(oks(&mut c, "app", &[("client", "b")], 2).await, 2);
+    let out = ask(&mut c, peek("b")).await;
+    assert_eq!(
+        (
+            Code::try_from(out.statuses[0].code).unwrap(),
+            out.statuses[0].limit_remaining
+        ),
+        (Code::Ok, 0),
+        "a peek at the limit is OK with nothing left"
+    );
+    // The headers, under the names configured: the descriptor with the
+    // least left, its limit, and the seconds to the end of its unit.
+    let out = ask(&mut c, request("app", vec![descriptor(&[("client", "c")])])).await;
+    let header = |out: &RateLimitResponse, name: &str| {
+        out.response_headers_to_add
+            .iter()
+            .find(|h| h.key.eq_ignore_ascii_case(name))
+            .map(|h| h.value.clone())
+    };
+    assert_eq!(header(&out, "X-Quota").as_deref(), Some("3"));
+    assert_eq!(header(&out, "X-Quota-Left").as_deref(), Some("2"));
+    let reset: u64 = header(&out, "X-Quota-Reset").unwrap().parse().unwrap();
+    assert!((1..=3600).contains(&reset), "{reset}");
+    // Envoy's `limit` override: 2 per second, a plain fixed window; its
+    // reset is the unit's end (unit - now mod unit), not the window's end
+    // plus a request's share.
+    let overridden = |key: &str| {
+        let mut d = descriptor(&[("client", key)]);
+        d.limit = Some(envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride {
+            requests_per_unit: 2,
+            unit: 1, // SECOND
+        });
+        request("app", vec![d])
+    };
+    clock.advance(Duration::from_millis(250));
+    for _ in 0..2 {
+        let out = ask(&mut c, overridden("o")).await;
+        assert_eq!(Code::try_from(out.overall_code).unwrap(), Code::Ok);
+    }
+    let out = ask(&mut c, overridden("o")).await;
+    assert_eq!(Code::try_from(out.overall_code).unwrap(), Code::OverLimit);
+    let reset = out.statuses[0].duration_until_reset.unwrap();
+    assert_eq!(
+        (reset.seconds, reset.nanos),
+        (0, 750_000_000),
+        "the second's end"
+    );
+    // The next second: admitted, every time.
+    clock.advance(Duration::from_millis(750));
+    let out = ask(&mut c, overridden("o")).await;
+    assert_eq!(Code::try_from(out.overall_code).unwrap(), Code::Ok);
+    // An override for a domain with no config: OK, no limit.
+    let mut r = overridden("o");
+    r.domain = "nobody".into();
+    for _ in 0..5 {
+        assert_eq!(
+            Code::try_from(ask(&mut c, r.clone()).await.overall_code).unwrap(),
+            Code::Ok
+        );
+    }
+    // Health under envoyproxy/ratelimit's name.
+    let channel = Channel::from_shared(format!("http://{}", gw.rls.unwrap()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let got = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "ratelimit".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        got.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
     gw.shutdown().await;
 }

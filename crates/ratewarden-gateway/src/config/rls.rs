@@ -27,6 +27,10 @@ pub struct RlsSpec {
     pub listen: SocketAddr,
     /// Which rate-limit headers go into `response_headers_to_add`.
     pub headers: HeaderStyle,
+    /// envoyproxy/ratelimit's own headers (`headers: [envoy]`), under
+    /// these names (limit, remaining, reset): the descriptor with the
+    /// least remaining, as that service answers.
+    pub envoy_headers: Option<[String; 3]>,
     /// The domains and their descriptors.
     pub domains: Arc<Domains>,
     /// `rls.config`, a file or a directory: watched, as the config file

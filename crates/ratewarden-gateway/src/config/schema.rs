@@ -132,6 +132,18 @@ pub(crate) struct RlsFile {
     #[serde(default)]
     pub domains: Vec<crate::config::rls::DomainFile>,
     pub headers: Option<Vec<Sp<String>>>,
+    /// The names of the `envoy` headers (envoyproxy/ratelimit's
+    /// `LIMIT_*_HEADER`).
+    pub header_names: Option<Sp<HeaderNamesFile>>,
+}
+
+/// `rls.header_names: {limit, remaining, reset}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HeaderNamesFile {
+    pub limit: Option<Sp<String>>,
+    pub remaining: Option<Sp<String>>,
+    pub reset: Option<Sp<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -298,7 +298,10 @@ fn override_limit(domain: &str, entries: &[(&str, &str)], rpu: u32, unit: i32) -
             full_key.push_str(v);
         }
     }
+    // A plain fixed window on the unit, as a configured limit counts
+    // (envoyproxy/ratelimit's counter per unit).
     let rule = Rule::builder(full_key.clone())
+        .algorithm(ratewarden::algorithm::Kind::FixedWindow)
         .limit(u64::from(rpu), Duration::from_secs(secs))
         .build()
         .ok()?;
@@ -380,7 +383,10 @@ pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Byte
     let (reached, keys) = {
         let entries: Few<&[(&str, &str)]> =
             req.descriptors.iter().map(|d| req.entries_of(d)).collect();
-        overrides = if req.descriptors.iter().any(|d| d.limit.is_some()) {
+        // A domain with no config answers OK (no limit) before any
+        // override is looked at, as envoyproxy/ratelimit does.
+        overrides = if domains.has(req.domain) && req.descriptors.iter().any(|d| d.limit.is_some())
+        {
             req.descriptors
                 .iter()
                 .zip(&entries)
@@ -539,7 +545,21 @@ pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Byte
                 let r = &d.expect("decided").rules[*at];
                 // A refund only gives room back: never refused.
                 let refund = matches!(plan, Plan::Refunded(..));
-                let refused = !r.allowed() && !refund;
+                // A peek (`hits_addend: 0`) costs nothing: what is left
+                // now, and OK at the limit (over it only when banned or
+                // too soon), as envoyproxy/ratelimit answers one. It was
+                // decided at one request's cost: that is added back.
+                let peek = matches!(plan, Plan::Peeked(..));
+                let (refused, remaining) = if peek {
+                    match r.reason {
+                        None => (false, r.remaining.saturating_add(r.rule.cost(1))),
+                        Some(ratewarden::Reason::Limit) => (false, r.remaining),
+                        Some(_) => (true, 0),
+                    }
+                } else {
+                    (!r.allowed() && !refund, r.remaining)
+                };
+                let remaining = remaining.min(u64::from(l.requests_per_unit).max(1));
                 let code = match (refused, l.shadow) {
                     _ if refund => "refunded",
                     (false, _) => "ok",
@@ -555,7 +575,13 @@ pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Byte
                             Code::Ok
                         } as i32,
                         limit: Some((&l.name, l.requests_per_unit, l.unit)),
-                        remaining: u32::try_from(r.remaining).unwrap_or(u32::MAX),
+                        // OVER_LIMIT reports nothing left, whatever a
+                        // `hits_addend` overshot by (envoyproxy/ratelimit).
+                        remaining: if refused && !l.shadow {
+                            0
+                        } else {
+                            u32::try_from(remaining).unwrap_or(u32::MAX)
+                        },
                         until_reset: Some(r.reset_after),
                     },
                     code,
@@ -591,6 +617,26 @@ pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Byte
         if !all.rules.is_empty() {
             headers = all.headers(spec.headers);
         }
+    }
+    let mut headers: Vec<(&str, String)> = headers;
+    if let Some([limit, remaining, reset]) = &spec.envoy_headers
+        // The descriptor with the least left, as envoyproxy/ratelimit
+        // picks it; its limit per unit, and the seconds to the unit's end.
+        && let Some(s) = statuses
+            .iter()
+            .filter(|s| s.limit.is_some_and(|(_, rpu, _)| rpu > 0))
+            .min_by_key(|s| s.remaining)
+        && let Some((_, rpu, unit)) = s.limit
+    {
+        headers.push((limit.as_str(), rpu.to_string()));
+        headers.push((remaining.as_str(), s.remaining.to_string()));
+        let secs = config::unit_seconds(unit).unwrap_or(1);
+        headers.push((
+            reset.as_str(),
+            ratewarden::decision::whole_secs(until_boundary(Duration::from_secs(secs)))
+                .max(1)
+                .to_string(),
+        ));
     }
     let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut framed = Vec::new();
@@ -759,6 +805,10 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Rec
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_service_status(SERVICE, tonic_health::ServingStatus::Serving)
+        .await;
+    // envoyproxy/ratelimit's deployments probe the name `ratelimit`.
+    health_reporter
+        .set_service_status("ratelimit", tonic_health::ServingStatus::Serving)
         .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(DESCRIPTORS)
