@@ -266,7 +266,6 @@ impl Policy {
     /// reject` lacks a key part.
     pub fn matching(&self, facts: &Facts<'_>, who: Who) -> Result<Matched<'_>, Refusal> {
         let mut keyed = SmallVec::<[Keyed; 2]>::new();
-        let mut overridden = Vec::new();
         if who.limited {
             for (i, r) in self.rules.iter().enumerate() {
                 if !r.matcher.matches(&facts.request, facts.route) {
@@ -295,7 +294,7 @@ impl Policy {
                     rule: i as u32,
                     key,
                     by_identity: r.grouped_by_identity(),
-                    choice: choice.packed(&mut overridden),
+                    choice,
                 });
             }
             // Keys shared by clients last: on a cluster they are other slots,
@@ -306,7 +305,6 @@ impl Policy {
             policy: self,
             who,
             keyed,
-            overridden,
         })
     }
 
@@ -381,12 +379,11 @@ impl Policy {
                 _ => Choice::Rule,
             },
         };
-        let mut overridden = Vec::new();
         keyed.push(Keyed {
             rule: i as u32,
             key: (key != identity).then_some(key),
             by_identity: r.grouped_by_identity() && group == identity,
-            choice: choice.packed(&mut overridden),
+            choice,
         });
         Ok(Matched {
             policy: self,
@@ -396,7 +393,6 @@ impl Policy {
                 limited: true,
             },
             keyed,
-            overridden,
         })
     }
 }
@@ -522,58 +518,37 @@ pub fn key_part(out: &mut String, value: &str) {
 /// identity: those borrow it rather than copy it per rule and request.
 #[derive(Debug, Clone)]
 struct Keyed {
-    /// Index into the policy's rules (u32, and the choice packed in a
-    /// u16, keep `Keyed` at 32 bytes).
+    /// Index into the policy's rules (u32 keeps `Keyed` at 32 bytes).
     rule: u32,
-    /// Which of the rule's parameters decide it: [`OWN`], one more than
-    /// a tier's index, or [`OVERRIDE`] with an index into [`Matched`]'s
-    /// overridden rules in its low bits.
-    choice: u16,
-    /// The group is the identity, else the key (see [`PolicyRule::group`]).
-    by_identity: bool,
     /// `None`: the identity itself.
     key: Option<String>,
+    /// The group is the identity, else the key (see [`PolicyRule::group`]).
+    by_identity: bool,
+    /// Which of the rule's parameters decide it.
+    choice: Choice,
 }
-
-/// [`Keyed::choice`]: the rule's own parameters.
-const OWN: u16 = 0;
-/// [`Keyed::choice`]: an override (the low bits index the overridden).
-const OVERRIDE: u16 = 0x8000;
 
 /// Which parameters a matched rule decides with: its own, a tier's, or
 /// its key's override.
+#[derive(Debug, Clone)]
 enum Choice {
     Rule,
     Tier(u16),
     Override(Rule),
 }
 
-impl Choice {
-    /// As [`Keyed::choice`], an override's rule kept in `overridden`.
-    fn packed(self, overridden: &mut Vec<Rule>) -> u16 {
-        match self {
-            Choice::Rule => OWN,
-            Choice::Tier(t) => (t + 1).min(OVERRIDE - 1),
-            Choice::Override(r) => {
-                overridden.push(r);
-                OVERRIDE | (overridden.len() - 1) as u16
-            }
-        }
-    }
-}
-
 impl Keyed {
     /// The rule it is decided by.
-    fn rule<'a>(&'a self, policy: &'a Policy, overridden: &'a [Rule]) -> &'a Rule {
+    fn rule<'a>(&'a self, policy: &'a Policy) -> &'a Rule {
         let r = &policy.rules[self.rule as usize];
-        match self.choice {
-            OWN => &r.rule,
-            c if c & OVERRIDE != 0 => &overridden[usize::from(c & !OVERRIDE)],
-            t => r
+        match &self.choice {
+            Choice::Rule => &r.rule,
+            Choice::Tier(t) => r
                 .tiers
                 .as_ref()
-                .and_then(|tiers| tiers.values[usize::from(t - 1)].rule.as_ref())
+                .and_then(|tiers| tiers.values[*t as usize].rule.as_ref())
                 .unwrap_or(&r.rule),
+            Choice::Override(o) => o,
         }
     }
 
@@ -599,9 +574,6 @@ pub struct Matched<'p> {
     /// most. (Small on purpose: an admission is moved through a few
     /// futures per request, and each move copies it.)
     keyed: SmallVec<[Keyed; 2]>,
-    /// The rules of the keys decided by an override (none allocated when
-    /// no override applies).
-    overridden: Vec<Rule>,
 }
 
 impl<'p> Matched<'p> {
@@ -615,14 +587,9 @@ impl<'p> Matched<'p> {
     pub fn keys(&self) -> impl Iterator<Item = (&'p PolicyRule, &Rule, &str)> {
         let id = &self.who.identity;
         let policy = self.policy;
-        let over = &self.overridden;
-        self.keyed.iter().map(move |k| {
-            (
-                &policy.rules[k.rule as usize],
-                k.rule(policy, over),
-                k.key(id),
-            )
-        })
+        self.keyed
+            .iter()
+            .map(move |k| (&policy.rules[k.rule as usize], k.rule(policy), k.key(id)))
     }
 
     /// The store ops of the matching rules.
@@ -630,13 +597,7 @@ impl<'p> Matched<'p> {
         let id = &self.who.identity;
         self.keyed
             .iter()
-            .map(|k| {
-                Op::grouped(
-                    k.rule(self.policy, &self.overridden),
-                    k.key(id),
-                    k.group(id),
-                )
-            })
+            .map(|k| Op::grouped(k.rule(self.policy), k.key(id), k.group(id)))
             .collect()
     }
 
@@ -762,7 +723,7 @@ impl<'p> Admitted<'p> {
         let id = &self.matched.who.identity;
         for k in &self.matched.keyed {
             let r = &self.matched.policy.rules[k.rule as usize];
-            let rule = k.rule(self.matched.policy, &self.matched.overridden);
+            let rule = k.rule(self.matched.policy);
             if !rule.counts_failures() {
                 continue;
             }
