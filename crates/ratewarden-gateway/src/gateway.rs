@@ -190,6 +190,21 @@ impl Gateway {
         self.verify_token(live, &token)
     }
 
+    /// [`Self::claims`], refused when the config requires a trusted token
+    /// and the request has none (`jwt: {required: true}`): what every
+    /// front end that decides a request asks first.
+    pub(crate) fn required_claims(
+        &self,
+        live: &Live,
+        request: &ratewarden_tower::view::RequestView<'_>,
+    ) -> Result<Option<crate::jwt::Claims>, ratewarden_tower::admission::Refusal> {
+        let claims = self.claims(live, request);
+        if claims.is_none() && live.config.jwt.as_ref().is_some_and(|j| j.required) {
+            return Err(ratewarden_tower::admission::Refusal::Unauthenticated);
+        }
+        Ok(claims)
+    }
+
     /// The claims of `token`, if it is to be trusted (see [`Self::claims`]).
     pub(crate) fn verify_token(&self, live: &Live, token: &str) -> Option<crate::jwt::Claims> {
         let verifier = live.config.jwt.as_ref()?;

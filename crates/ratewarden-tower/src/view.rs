@@ -120,6 +120,11 @@ impl<'a> RequestView<'a> {
         }
     }
 
+    /// The same request with a verified token's claims (or none).
+    pub fn with_claims(self, claims: Option<&'a dyn Claims>) -> Self {
+        Self { claims, ..self }
+    }
+
     /// The first value of header `name` (ASCII case-insensitive).
     pub fn header(&self, name: &str) -> Option<&'a [u8]> {
         self.fields.get(name)

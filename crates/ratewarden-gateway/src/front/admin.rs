@@ -604,12 +604,9 @@ async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Response<Body> {
                 Err(answer) => return *answer,
             };
             let claims = r.jwt.as_deref().and_then(|t| gw.verify_token(live, t));
-            let request = RequestView {
-                claims: claims
-                    .as_ref()
-                    .map(|c| c as &dyn ratewarden_tower::view::Claims),
-                ..described.view()
-            };
+            let request = described
+                .view()
+                .with_claims(claims.as_ref().map(|c| c as _));
             let facts = Facts {
                 request,
                 identity: match &r.identity {
@@ -785,12 +782,9 @@ async fn explain(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response<
     };
     // `jwt=TOKEN`: verified as the proxy verifies a request's token.
     let claims = param(q, "jwt").and_then(|t| gw.verify_token(live, t));
-    let request = RequestView {
-        claims: claims
-            .as_ref()
-            .map(|c| c as &dyn ratewarden_tower::view::Claims),
-        ..described.view()
-    };
+    let request = described
+        .view()
+        .with_claims(claims.as_ref().map(|c| c as _));
     let (method, path) = (&described.method, &described.path);
     let given = param(q, "identity");
     let facts = Facts {

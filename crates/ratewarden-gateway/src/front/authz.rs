@@ -328,16 +328,11 @@ async fn decide(
 ) -> Verdict {
     let live = gw.live();
     let request = asked.view();
-    let claims = gw.claims(&live, &request);
-    if claims.is_none() && live.config.jwt.as_ref().is_some_and(|j| j.required) {
-        return Verdict::Refused(Refusal::Unauthenticated);
-    }
-    let request = RequestView {
-        claims: claims
-            .as_ref()
-            .map(|c| c as &dyn ratewarden_tower::view::Claims),
-        ..request
+    let claims = match gw.required_claims(&live, &request) {
+        Ok(c) => c,
+        Err(r) => return Verdict::Refused(r),
     };
+    let request = request.with_claims(claims.as_ref().map(|c| c as _));
     let facts = Facts {
         request,
         identity: Identity::Resolve,

@@ -160,16 +160,11 @@ impl<'l> Flow<'l> {
         request: RequestView<'_>,
         route: Option<&str>,
     ) -> Decided<'l> {
-        let claims = self.gw.claims(self.live, &request);
-        if claims.is_none() && self.live.config.jwt.as_ref().is_some_and(|j| j.required) {
-            return Decided::Refused(Refusal::Unauthenticated);
-        }
-        let request = RequestView {
-            claims: claims
-                .as_ref()
-                .map(|c| c as &dyn ratewarden_tower::view::Claims),
-            ..request
+        let claims = match self.gw.required_claims(self.live, &request) {
+            Ok(c) => c,
+            Err(r) => return Decided::Refused(r),
         };
+        let request = request.with_claims(claims.as_ref().map(|c| c as _));
         let facts = Facts {
             request,
             identity: Identity::Resolve,
