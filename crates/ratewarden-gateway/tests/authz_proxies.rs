@@ -105,7 +105,8 @@ async fn through(addr: SocketAddr, up: &Upstream, headers_on_200: bool) {
         .expect("Retry-After")
         .parse()
         .unwrap();
-    assert!(retry > 0 && retry <= 3600);
+    // (The default sliding_window_counter may ask for up to two windows.)
+    assert!(retry > 0 && retry <= 7200, "{retry}");
     assert_eq!(refused.header("x-ratelimit-remaining"), Some("0"));
     assert_eq!(
         up.hits(),

@@ -752,6 +752,8 @@ fn the_reference_config_shows_every_key() {
         "overrides: {zzzzqq: 1}",
         "routes: [{name: a, upstream: 'http://x:1', zzzzqq: 1}]",
         "rls: {listen: '127.0.0.1:1', zzzzqq: 1}",
+        "rls: {listen: '127.0.0.1:1', headers: [envoy], header_names: {zzzzqq: 1}}",
+        "authz: {listen: '127.0.0.1:1', zzzzqq: 1}",
         "request_headers: {zzzzqq: 1}",
     ];
     let mut keys: Vec<String> = [

@@ -399,7 +399,9 @@ pub async fn handle(
             crate::proxy::flow::add_rate_headers(d.as_ref(), r.headers_mut(), live.config.headers);
             r
         }
-        Verdict::Refused(refusal) => crate::proxy::flow::refusal_answer(&refusal, &live.config),
+        Verdict::Refused(refusal) => {
+            crate::proxy::flow::refusal_answer(&refusal, &live.config, None)
+        }
     };
     in_dialect(dialect, answer)
 }
@@ -435,7 +437,7 @@ fn grpc_answer(message: Option<Bytes>, code: i32, text: &str) -> Response<Body> 
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from(code));
     if !text.is_empty()
-        && let Ok(v) = HeaderValue::from_str(&percent(text))
+        && let Ok(v) = HeaderValue::from_str(&crate::proxy::flow::grpc_percent(text))
     {
         trailers.insert("grpc-message", v);
     }
@@ -467,20 +469,6 @@ fn grpc_answer(message: Option<Bytes>, code: i32, text: &str) -> Response<Body> 
         HeaderValue::from_static("application/grpc"),
     );
     r
-}
-
-/// `grpc-message`'s percent-encoding (gRPC: bytes outside 0x20-0x7E and
-/// `%`).
-fn percent(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if (0x20..0x7f).contains(&b) && b != b'%' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// gRPC codes used here.
@@ -551,7 +539,7 @@ async fn grpc_check(
             }
         }
         Verdict::Refused(refusal) => {
-            let answer = crate::proxy::flow::refusal_answer(&refusal, &live.config);
+            let answer = crate::proxy::flow::refusal_answer(&refusal, &live.config, None);
             let status = answer.status();
             let code = match &refusal {
                 Refusal::Unavailable(_) => UNAVAILABLE,

@@ -272,7 +272,14 @@ pub(crate) fn add_rate_headers(
 
 /// The answer to a refusal: the decision's rejection for
 /// [`Refusal::Limited`], a problem body for the others.
-pub(crate) fn refusal_answer(refusal: &Refusal, config: &Config) -> Response<Body> {
+pub(crate) fn refusal_answer(
+    refusal: &Refusal,
+    config: &Config,
+    grpc: Option<Grpc>,
+) -> Response<Body> {
+    if let Some(kind) = grpc {
+        return grpc_refusal(refusal, config, kind);
+    }
     match refusal {
         Refusal::Limited(d) => crate::answer::rejection(d, config.status, config.headers),
         Refusal::Unauthenticated => {
@@ -288,4 +295,138 @@ pub(crate) fn refusal_answer(refusal: &Refusal, config: &Config) -> Response<Bod
         }
         other => problem_body(other.status(config.status), other.problem(config.status)),
     }
+}
+
+/// A gRPC request (`content-type: application/grpc[+proto|+json]`), or a
+/// grpc-web one (`application/grpc-web[+proto]`, `-web-text`): refused the
+/// way gRPC clients understand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Grpc {
+    /// gRPC over HTTP/2: a trailers-only answer.
+    Native,
+    /// grpc-web: the status as a trailer frame in the body (base64 for
+    /// `-text`).
+    Web {
+        /// `application/grpc-web-text`.
+        text: bool,
+    },
+}
+
+/// What a request's `content-type` says it is.
+pub(crate) fn grpc_kind(content_type: Option<&[u8]>) -> Option<Grpc> {
+    let ct = content_type?;
+    let ct = ct.split(|&b| b == b';').next().unwrap_or(ct);
+    let ct = ct.trim_ascii();
+    let lower = |p: &[u8]| ct.len() >= p.len() && ct[..p.len()].eq_ignore_ascii_case(p);
+    if lower(b"application/grpc-web-text") {
+        Some(Grpc::Web { text: true })
+    } else if lower(b"application/grpc-web") {
+        Some(Grpc::Web { text: false })
+    } else if ct.eq_ignore_ascii_case(b"application/grpc") || lower(b"application/grpc+") {
+        Some(Grpc::Native)
+    } else {
+        None
+    }
+}
+
+/// gRPC status codes the gateway answers with.
+const RESOURCE_EXHAUSTED: u8 = 8;
+const PERMISSION_DENIED: u8 = 7;
+const UNAVAILABLE: u8 = 14;
+const UNAUTHENTICATED: u8 = 16;
+const INVALID_ARGUMENT: u8 = 3;
+
+/// A refusal as gRPC: HTTP 200 with `grpc-status` (8 RESOURCE_EXHAUSTED
+/// for a limit, 7 PERMISSION_DENIED for `deny:`, 14 UNAVAILABLE for a
+/// store failure under `on_error: deny`, 16 UNAUTHENTICATED, 3
+/// INVALID_ARGUMENT), `grpc-message` naming the rule (percent-encoded as
+/// gRPC requires), `Retry-After` and the rate-limit headers as metadata:
+/// trailers-only for gRPC, the trailers as the body's trailer frame for
+/// grpc-web.
+pub(crate) fn grpc_refusal(refusal: &Refusal, config: &Config, kind: Grpc) -> Response<Body> {
+    let (code, message) = match refusal {
+        Refusal::Limited(d) => {
+            let rule = d.violated().next().map_or("", |r| r.rule.name());
+            let retry = d.retry_after_secs().unwrap_or(1);
+            (
+                RESOURCE_EXHAUSTED,
+                format!("rate limited by rule `{rule}`; retry after {retry} s"),
+            )
+        }
+        Refusal::Denied(_) => (PERMISSION_DENIED, "denied".to_owned()),
+        Refusal::Unavailable(_) => (UNAVAILABLE, "rate limiter unavailable".to_owned()),
+        Refusal::Unauthenticated => (UNAUTHENTICATED, "a valid token is required".to_owned()),
+        Refusal::NoIdentity(_) | Refusal::MissingPart { .. } => (
+            INVALID_ARGUMENT,
+            "the request carries no rate-limit key".to_owned(),
+        ),
+    };
+    let mut meta = HeaderMap::new();
+    if let Refusal::Limited(d) = refusal {
+        insert_headers(&mut meta, d.header_fields(config.headers));
+    }
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from(u16::from(code)));
+    if let Ok(v) = http::HeaderValue::from_str(&grpc_percent(&message)) {
+        trailers.insert("grpc-message", v);
+    }
+    let mut r = match kind {
+        Grpc::Native => {
+            let mut r = Response::new(crate::answer::empty_body());
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            r.headers_mut().extend(trailers);
+            r
+        }
+        Grpc::Web { text } => {
+            // The trailer frame: 0x80, a 4-byte length, `name: value\r\n`s.
+            let mut block = Vec::new();
+            for (k, v) in trailers.iter().chain(meta.iter()) {
+                block.extend_from_slice(k.as_str().as_bytes());
+                block.extend_from_slice(b": ");
+                block.extend_from_slice(v.as_bytes());
+                block.extend_from_slice(b"\r\n");
+            }
+            let mut frame = vec![0x80];
+            frame.extend_from_slice(&(block.len() as u32).to_be_bytes());
+            frame.extend_from_slice(&block);
+            let (body, ct) = if text {
+                use base64::Engine as _;
+                (
+                    base64::engine::general_purpose::STANDARD
+                        .encode(&frame)
+                        .into_bytes(),
+                    "application/grpc-web-text+proto",
+                )
+            } else {
+                (frame, "application/grpc-web+proto")
+            };
+            let mut r = Response::new(crate::answer::boxed(http_body_util::Full::new(
+                bytes::Bytes::from(body),
+            )));
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static(ct),
+            );
+            r.headers_mut().extend(trailers);
+            r
+        }
+    };
+    r.headers_mut().extend(meta);
+    r
+}
+
+/// `grpc-message`'s percent-encoding: bytes outside 0x20-0x7E, and `%`.
+pub(crate) fn grpc_percent(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

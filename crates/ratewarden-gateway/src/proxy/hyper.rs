@@ -194,7 +194,15 @@ async fn answer(
     };
     let route = flow.route(&request);
     let (admitted, mut held) = match flow.decide(request, route.map(|(n, _)| n)).await {
-        Decided::Refused(refusal) => return refusal_answer(&refusal, &live.config),
+        Decided::Refused(refusal) => {
+            let grpc = crate::proxy::flow::grpc_kind(
+                parts
+                    .headers
+                    .get(http::header::CONTENT_TYPE)
+                    .map(|v| v.as_bytes()),
+            );
+            return refusal_answer(&refusal, &live.config, grpc);
+        }
         Decided::Admitted(a, held) => (a, held),
     };
     let forwarding = Forwarding {

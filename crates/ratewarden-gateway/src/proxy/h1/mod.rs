@@ -350,6 +350,7 @@ async fn serve(
                     // hyper's.
                     return Ok(Some(c.input));
                 };
+                let grpc = crate::proxy::flow::grpc_kind(request.header("content-type"));
                 let decided = flow.decide(request, Some(route)).await;
                 // Only what goes upstream needs its target rewritten.
                 let rewritten = match &decided {
@@ -363,7 +364,7 @@ async fn serve(
                     }
                 };
                 match (decided, rewritten) {
-                    (Decided::Refused(Refusal::Limited(d)), _) => {
+                    (Decided::Refused(Refusal::Limited(d)), _) if grpc.is_none() => {
                         // The refusing rule's status, else the default.
                         let status = Refusal::limited_status(&d, live.config.status);
                         let how = (status, live.config.headers);
@@ -383,7 +384,7 @@ async fn serve(
                         !head.close
                     }
                     (Decided::Refused(refusal), _) => {
-                        let answer = refusal_answer(&refusal, &live.config);
+                        let answer = refusal_answer(&refusal, &live.config, grpc);
                         flow.note.status = answer.status().as_u16();
                         write_answer(io, &mut c.out, with_id(answer, &flow.rid), head.close)
                             .await?;
