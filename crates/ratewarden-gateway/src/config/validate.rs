@@ -651,8 +651,11 @@ pub(crate) fn parse_upstream(s: &str) -> Result<Upstream, String> {
         .parse()
         .map_err(|_| format!("`{s}` is not a URL like http://127.0.0.1:9000"))?;
     match uri.scheme_str() {
-        Some("http" | "https") if uri.host().is_some() => Ok(Upstream::Url(uri)),
-        _ => Err(format!("`{s}` is not a URL like http://127.0.0.1:9000")),
+        // h2c: HTTP/2 with prior knowledge (gRPC servers).
+        Some("http" | "https" | "h2c") if uri.host().is_some() => Ok(Upstream::Url(uri)),
+        _ => Err(format!(
+            "`{s}` is not a URL like http://127.0.0.1:9000 (or h2c://127.0.0.1:50051 for HTTP/2)"
+        )),
     }
 }
 

@@ -99,6 +99,10 @@ pub struct Pool {
     /// Idle connections of the HTTP/1.1 path ([`crate::proxy`]), which
     /// speaks to the upstream itself.
     streams: Mutex<Vec<UpstreamIo>>,
+    /// An h2c server (`h2c://`): its one HTTP/2 connection, shared by
+    /// every request (multiplexed), made on first use and again when it
+    /// closes.
+    h2: Option<tokio::sync::Mutex<Option<hyper::client::conn::http2::SendRequest<ClientBody>>>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -111,7 +115,12 @@ impl Pool {
     /// A pool for `addr` (`host:port`), empty until the first request;
     /// `host` is the `Host` header requests to it carry; with `tls`, its
     /// connections are TLS.
-    pub fn new(addr: String, host: Option<HeaderValue>, tls: Option<ClientTls>) -> Arc<Self> {
+    pub fn new(
+        addr: String,
+        host: Option<HeaderValue>,
+        tls: Option<ClientTls>,
+        h2: bool,
+    ) -> Arc<Self> {
         let tls = tls.map(|t| {
             let connector = tokio_rustls::TlsConnector::from(t.config.clone());
             (t, connector)
@@ -122,7 +131,75 @@ impl Pool {
             tls,
             idle: Mutex::new(Vec::new()),
             streams: Mutex::new(Vec::new()),
+            h2: h2.then(|| tokio::sync::Mutex::new(None)),
         })
+    }
+
+    /// Whether the server speaks HTTP/2 with prior knowledge (h2c).
+    pub fn is_h2(&self) -> bool {
+        self.h2.is_some()
+    }
+
+    /// [`Self::send`] to an h2c server: on its shared connection (made
+    /// first when there is none or it closed), the answer's head within
+    /// `timeout`; the bodies stream both ways, trailers included.
+    async fn send_h2(
+        self: &Arc<Self>,
+        req: Request<ClientBody>,
+        timeout: Duration,
+    ) -> Result<Response<PooledBody>, SendFailed> {
+        let deadline = Instant::now() + timeout;
+        let slot = self.h2.as_ref().expect("an h2c pool");
+        let mut sender = {
+            let mut shared = slot.lock().await;
+            match shared.as_ref() {
+                Some(s) if !s.is_closed() => s.clone(),
+                _ => {
+                    let made = tokio::time::timeout_at(deadline, async {
+                        let stream = self.connect_stream().await?;
+                        let (sender, conn) =
+                            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                                .handshake(TokioIo::new(stream))
+                                .await?;
+                        tokio::spawn(async move {
+                            if let Err(e) = conn.await {
+                                tracing::debug!(error = %e, "h2c upstream connection ended with an error");
+                            }
+                        });
+                        Ok::<_, UpstreamError>(sender)
+                    })
+                    .await;
+                    match made {
+                        Ok(Ok(s)) => {
+                            *shared = Some(s.clone());
+                            s
+                        }
+                        Ok(Err(error)) => {
+                            return Err(SendFailed {
+                                error,
+                                unsent: Some(req),
+                            });
+                        }
+                        Err(_) => return Err(UpstreamError::Timeout(timeout).into()),
+                    }
+                }
+            }
+        };
+        if let Err(e) = sender.ready().await {
+            *slot.lock().await = None;
+            return Err(SendFailed {
+                error: e.into(),
+                unsent: Some(req),
+            });
+        }
+        match tokio::time::timeout_at(deadline, sender.send_request(req)).await {
+            Ok(Ok(resp)) => Ok(resp.map(|body| PooledBody { body, conn: None })),
+            Ok(Err(e)) => Err(SendFailed {
+                error: e.into(),
+                unsent: None,
+            }),
+            Err(_) => Err(UpstreamError::Timeout(timeout).into()),
+        }
     }
 
     /// The TLS client, for an https upstream.
@@ -199,6 +276,9 @@ impl Pool {
         req: Request<ClientBody>,
         timeout: Duration,
     ) -> Result<Response<PooledBody>, SendFailed> {
+        if self.h2.is_some() {
+            return self.send_h2(req, timeout).await;
+        }
         let deadline = Instant::now() + timeout;
         let mut req = req;
         for fresh in [false, true] {

@@ -319,6 +319,12 @@ impl Router {
         }
     }
 
+    /// Whether a server of `group` speaks HTTP/2 (h2c): its requests go
+    /// by hyper's path, which streams both ways with trailers.
+    pub fn speaks_h2(group: &Group) -> bool {
+        group.servers.iter().any(|s| s.pool.is_h2())
+    }
+
     /// Whether there are routes besides the default.
     pub fn has_routes(&self) -> bool {
         !self.routes.is_empty()
@@ -341,11 +347,17 @@ fn server(route: &str, s: &ServerSpec, pools: &[Arc<Pool>], metrics: &Metrics) -
         .url
         .authority()
         .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok());
+    let h2 = s.url.scheme_str() == Some("h2c");
     let pool = pools
         .iter()
-        .find(|p| p.addr() == addr && p.host() == host_header.as_ref() && p.tls() == s.tls.as_ref())
+        .find(|p| {
+            p.addr() == addr
+                && p.host() == host_header.as_ref()
+                && p.tls() == s.tls.as_ref()
+                && p.is_h2() == h2
+        })
         .cloned()
-        .unwrap_or_else(|| Pool::new(addr.clone(), host_header, s.tls.clone()));
+        .unwrap_or_else(|| Pool::new(addr.clone(), host_header, s.tls.clone(), h2));
     Server {
         prefix: s.url.path().trim_end_matches('/').to_owned(),
         url: s.url.clone(),

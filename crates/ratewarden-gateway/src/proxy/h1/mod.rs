@@ -350,6 +350,11 @@ async fn serve(
                     // hyper's.
                     return Ok(Some(c.input));
                 };
+                // A route with HTTP/2 servers: hyper's path, which streams
+                // both ways with trailers.
+                if crate::upstream::route::Router::speaks_h2(group) {
+                    return Ok(Some(c.input));
+                }
                 let grpc = crate::proxy::flow::grpc_kind(request.header("content-type"));
                 let decided = flow.decide(request, Some(route)).await;
                 // Only what goes upstream needs its target rewritten.

@@ -1,0 +1,181 @@
+//! gRPC services behind the gateway (issue 37): a tonic client calls a
+//! tonic server (grpc.health.v1 and server reflection, real tonic
+//! services) through the gateway, to an `h2c://` upstream: a unary call, a
+//! server stream and a bidirectional stream go through with their
+//! trailers, and the limit refuses with RESOURCE_EXHAUSTED.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use tokio_stream_shim::once_then_open;
+use tonic::Code;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+/// A tonic server on a free port: health (SERVING for `svc`) and
+/// reflection.
+async fn tonic_server() -> SocketAddr {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("svc", tonic_health::ServingStatus::Serving)
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _reporter = reporter;
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(reflection)
+            .serve_with_incoming(tokio_stream_shim::incoming(listener))
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+mod tokio_stream_shim {
+    //! The two small streams the test needs, without another crate.
+
+    /// A listener's connections as a stream.
+    pub(crate) fn incoming(
+        l: tokio::net::TcpListener,
+    ) -> impl futures_util::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+        futures_util::stream::unfold(l, |l| async move {
+            let r = l.accept().await.map(|(s, _)| s);
+            Some((r, l))
+        })
+    }
+
+    /// One item, then a stream that stays open (a client stream that has
+    /// not ended) until `end` fires.
+    pub(crate) fn once_then_open<T: Send + 'static>(
+        item: T,
+        end: tokio::sync::oneshot::Receiver<()>,
+    ) -> impl futures_util::Stream<Item = T> + Send + 'static {
+        futures_util::stream::unfold((Some(item), Some(end)), |(item, end)| async move {
+            match item {
+                Some(i) => Some((i, (None, end))),
+                None => {
+                    if let Some(e) = end {
+                        let _ = e.await;
+                    }
+                    None
+                }
+            }
+        })
+    }
+}
+
+async fn channel(addr: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unary_server_and_bidi_streams_through_the_gateway_to_an_h2c_server() {
+    let server = tonic_server().await;
+    let gw = support::gateway(
+        "rules:\n  - {name: health, match: {path_prefix: /grpc.health.v1.Health/}, key: [global], limit: 3, window: 1h}\n",
+        &format!("h2c://{server}"),
+        None,
+    )
+    .await;
+    let ch = channel(gw.listen).await;
+    let mut health = HealthClient::new(ch.clone());
+    // Unary: its answer and its trailers (grpc-status 0) through.
+    let r = health
+        .check(HealthCheckRequest {
+            service: "svc".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.get_ref().status, ServingStatus::Serving as i32);
+    assert!(
+        r.metadata().get("x-ratelimit-remaining").is_some(),
+        "{:?}",
+        r.metadata()
+    );
+    // A status from the server (NOT_FOUND for an unknown service) comes
+    // back as the server said it, in its trailers.
+    let e = health
+        .check(HealthCheckRequest {
+            service: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    // Server streaming: Watch's first message arrives while the call is
+    // still open.
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: "svc".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(5), watch.message())
+        .await
+        .expect("streamed, not buffered")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    drop(watch);
+    // The limit: 3 calls, then RESOURCE_EXHAUSTED from the gateway.
+    let refused = health
+        .check(HealthCheckRequest {
+            service: "svc".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.metadata().get("retry-after").is_some());
+    // Bidirectional: reflection answers a request while the client's
+    // stream stays open.
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let mut refl = ServerReflectionClient::new(ch);
+    let (end, ended) = tokio::sync::oneshot::channel();
+    let mut answers = refl
+        .server_reflection_info(once_then_open(
+            ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            },
+            ended,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let listed = tokio::time::timeout(std::time::Duration::from_secs(5), answers.message())
+        .await
+        .expect("the answer before the client's stream ends")
+        .unwrap()
+        .unwrap();
+    let Some(MessageResponse::ListServicesResponse(l)) = listed.message_response else {
+        panic!("{listed:?}")
+    };
+    assert!(
+        l.service.iter().any(|s| s.name == "grpc.health.v1.Health"),
+        "{l:?}"
+    );
+    // The client ends its stream; the server's ends after it.
+    drop(end);
+    assert!(
+        answers.message().await.unwrap().is_none(),
+        "the stream ended"
+    );
+    drop((answers, refl, health));
+    gw.shutdown().await;
+}
