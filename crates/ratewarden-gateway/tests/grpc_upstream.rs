@@ -179,3 +179,103 @@ async fn unary_server_and_bidi_streams_through_the_gateway_to_an_h2c_server() {
     drop((answers, refl, health));
     gw.shutdown().await;
 }
+
+/// `count: failures` on gRPC: the outcome is the call's `grpc-status` (a
+/// trailers-only NOT_FOUND, or OK in the trailers at the stream's end),
+/// not its HTTP 200: NOT_FOUND is charged, OK forgives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failures_rule_is_charged_by_not_found_and_forgiven_by_ok() {
+    let server = tonic_server().await;
+    let gw = support::gateway(
+        "rules:\n  - {name: probes, match: {path_prefix: /grpc.health.v1.Health/}, key: [global], limit: 2, window: 1h, count: failures}\n",
+        &format!("h2c://{server}"),
+        None,
+    )
+    .await;
+    let admin = gw.admin.unwrap();
+    let health = HealthClient::new(channel(gw.listen).await);
+    // Whether the rule holds any history for the key.
+    let exists = || async {
+        let v: serde_json::Value = serde_json::from_str(
+            &support::send(admin, "GET", "/v1/keys/probes/global", &[], "")
+                .await
+                .body,
+        )
+        .unwrap();
+        v["exists"].as_bool().unwrap()
+    };
+    let check = |svc: &'static str| {
+        let mut h = health.clone();
+        async move {
+            h.check(HealthCheckRequest {
+                service: svc.into(),
+            })
+            .await
+        }
+    };
+    assert_eq!(check("nope").await.unwrap_err().code(), Code::NotFound);
+    assert!(exists().await, "NOT_FOUND was charged");
+    // OK, in the trailers at the stream's end: the history is cleared.
+    assert!(check("svc").await.is_ok());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while exists().await {
+        assert!(std::time::Instant::now() < deadline, "OK never forgave");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Two failures fit again (without the OK, the second would be over).
+    for _ in 0..2 {
+        assert_eq!(check("nope").await.unwrap_err().code(), Code::NotFound);
+    }
+    let refused = check("svc").await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    drop(health);
+    gw.shutdown().await;
+}
+
+/// `concurrency` holds a slot for as long as a streaming call is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_slot_is_held_until_the_stream_ends() {
+    let server = tonic_server().await;
+    let gw = support::gateway(
+        "rules:\n  - {name: one-watch, match: {path: /grpc.health.v1.Health/Watch}, key: [global], algorithm: concurrency, limit: 1}\n",
+        &format!("h2c://{server}"),
+        None,
+    )
+    .await;
+    let mut health = HealthClient::new(channel(gw.listen).await);
+    let watch = |h: &mut HealthClient<Channel>| {
+        let mut h = h.clone();
+        async move {
+            h.watch(HealthCheckRequest {
+                service: "svc".into(),
+            })
+            .await
+        }
+    };
+    let mut first = watch(&mut health).await.unwrap().into_inner();
+    assert!(first.message().await.unwrap().is_some());
+    let second = watch(&mut health).await.unwrap_err();
+    assert_eq!(
+        second.code(),
+        Code::ResourceExhausted,
+        "the stream holds the slot"
+    );
+    drop(first);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match watch(&mut health).await {
+            Ok(s) => {
+                drop(s);
+                break;
+            }
+            Err(e) => assert_eq!(e.code(), Code::ResourceExhausted),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(health);
+    gw.shutdown().await;
+}

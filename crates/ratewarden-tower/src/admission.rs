@@ -739,6 +739,41 @@ impl<'p> Admitted<'p> {
         Ok(())
     }
 
+    /// What settling this request's `count: failures` rules on a gRPC
+    /// answer's `grpc-status` needs, owned (the status comes in the
+    /// answer's trailers, after the request's own scope); `None` when no
+    /// rule awaits the outcome.
+    pub fn grpc_settlement<S: Store>(
+        &self,
+        limiter: &Arc<Limiter<S>>,
+    ) -> Option<GrpcSettlement<S>> {
+        if !self.pending.as_deref().is_some_and(Pending::awaits_outcome) {
+            return None;
+        }
+        let id = &self.matched.who.identity;
+        let rules: Vec<(Rule, String, String, Vec<u16>)> = self
+            .matched
+            .keyed
+            .iter()
+            .filter_map(|k| {
+                let r = &self.matched.policy.rules[k.rule as usize];
+                let rule = k.rule(self.matched.policy);
+                rule.counts_failures().then(|| {
+                    (
+                        rule.clone(),
+                        k.key(id).to_owned(),
+                        k.group(id).to_owned(),
+                        r.failure_grpc.clone(),
+                    )
+                })
+            })
+            .collect();
+        (!rules.is_empty()).then(|| GrpcSettlement {
+            limiter: limiter.clone(),
+            rules,
+        })
+    }
+
     /// Stage 4b: gives back the `concurrency` leases: the request ended.
     /// (A front end whose request may be dropped before it ends takes a
     /// [`Held`] instead.)
@@ -812,6 +847,40 @@ impl Drop for Held {
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
             rt.spawn(release);
+        }
+    }
+}
+
+/// A request's `count: failures` rules, settled on a gRPC answer's
+/// `grpc-status` (see [`Admitted::grpc_settlement`]).
+pub struct GrpcSettlement<S: Store> {
+    limiter: Arc<Limiter<S>>,
+    /// Each rule, its key and group, and the codes that are failures.
+    rules: Vec<(Rule, String, String, Vec<u16>)>,
+}
+
+impl<S: Store> std::fmt::Debug for GrpcSettlement<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcSettlement")
+            .field("rules", &self.rules.len())
+            .finish()
+    }
+}
+
+impl<S: Store> GrpcSettlement<S> {
+    /// Settles each rule on `code`: a failure when the rule counts it one,
+    /// a success on 0 (OK), nothing otherwise. A store error is not fatal.
+    pub async fn settle(self, code: u16) {
+        for (rule, key, group, failures) in &self.rules {
+            let failure = if failures.contains(&code) {
+                true
+            } else if code == 0 {
+                false
+            } else {
+                continue;
+            };
+            let op = Op::grouped(rule, key, group);
+            let _ = self.limiter.store().settle(&[op], 1, failure).await;
         }
     }
 }

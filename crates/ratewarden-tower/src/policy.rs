@@ -460,6 +460,11 @@ impl std::fmt::Display for Matcher {
 /// The spec's `failure_status` default: 400-499 except 429.
 pub const DEFAULT_FAILURES: [(u16, u16); 2] = [(400, 428), (430, 499)];
 
+/// The gRPC status codes that count as failures by default: the client's
+/// errors (INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED,
+/// FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED).
+pub const DEFAULT_GRPC_FAILURES: [u16; 7] = [3, 5, 6, 7, 9, 11, 16];
+
 /// A rule as a policy applies it.
 #[derive(Debug, Clone)]
 pub struct PolicyRule {
@@ -472,6 +477,10 @@ pub struct PolicyRule {
     /// Upstream statuses that count as failures (`count: failures`), as
     /// inclusive ranges.
     pub failure_status: Vec<(u16, u16)>,
+    /// For a gRPC answer, the `grpc-status` codes that count as failures
+    /// (`failure_grpc_status`); 0 (OK) is a success, any other code
+    /// leaves the key alone.
+    pub failure_grpc: Vec<u16>,
     /// A request without one of the key's parts.
     pub missing: MissingPart,
     /// Parameters chosen by a request value (`tiers:`); `rule` is then
@@ -521,6 +530,7 @@ impl PolicyRule {
             matcher: Matcher::any(),
             key: vec![KeyPart::Identity],
             failure_status: DEFAULT_FAILURES.to_vec(),
+            failure_grpc: DEFAULT_GRPC_FAILURES.to_vec(),
             missing: MissingPart::Identity,
             tiers: None,
         }

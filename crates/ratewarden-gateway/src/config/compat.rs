@@ -152,6 +152,7 @@ fn compat_rule(
         count: None,
         reset_on_success: None,
         failure_status: None,
+        failure_grpc_status: None,
         count_rejected: None,
         cost: None,
         shadow: None,

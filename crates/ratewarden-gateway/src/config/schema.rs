@@ -334,6 +334,8 @@ pub(crate) struct RuleFile {
     pub count: Option<Sp<String>>,
     pub reset_on_success: Option<Sp<bool>>,
     pub failure_status: Option<Vec<Sp<i64>>>,
+    /// The `grpc-status` codes of a gRPC answer that are failures.
+    pub failure_grpc_status: Option<Vec<Sp<i64>>>,
     pub count_rejected: Option<Sp<bool>>,
     pub cost: Option<Sp<i64>>,
     pub shadow: Option<Sp<bool>>,

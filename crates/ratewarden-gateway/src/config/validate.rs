@@ -1368,6 +1368,30 @@ fn rule(
             out
         }
     };
+    let failure_grpc = match &r.failure_grpc_status {
+        None => Some(ratewarden_tower::policy::DEFAULT_GRPC_FAILURES.to_vec()),
+        Some(list) => {
+            let mut out = Some(vec![]);
+            for c in list {
+                if (1..=16).contains(&c.value) {
+                    if let Some(o) = out.as_mut() {
+                        o.push(c.value as u16);
+                    }
+                } else {
+                    d.error(
+                        "failure_grpc_status",
+                        Some(&c.referenced),
+                        format!(
+                            "{} is not a gRPC error code (1-16; 0 is OK, a success)",
+                            c.value
+                        ),
+                    );
+                    out = None;
+                }
+            }
+            out
+        }
+    };
     let matcher = match &r.matcher {
         None => Some(Matcher::any()),
         Some(m) => matcher(d, m, routes),
@@ -1461,6 +1485,7 @@ fn rule(
         matcher: matcher?,
         key: key?,
         failure_status: failure_status?,
+        failure_grpc: failure_grpc?,
         missing: missing?,
         tiers: tiers.map(Box::new),
     })

@@ -252,7 +252,23 @@ async fn answer(
             forward(flow, Request::from_parts(parts, body), &to, &fault).await
         }
     };
-    flow.settle(&admitted, resp.status().as_u16()).await;
+    // A gRPC answer's outcome is its `grpc-status`, not its HTTP 200: in
+    // its headers when trailers-only, else in its trailers, at the end of
+    // the stream.
+    let grpc_answer = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if grpc_answer {
+        if let Some(settlement) = admitted.grpc_settlement(&live.limiter) {
+            match grpc_status(resp.headers()) {
+                Some(code) => settlement.settle(code).await,
+                None => resp = resp.map(|body| settled_at_trailers(body, settlement)),
+            }
+        }
+    } else {
+        flow.settle(&admitted, resp.status().as_u16()).await;
+    }
     add_rate_headers(
         admitted.decision.as_ref(),
         resp.headers_mut(),
@@ -547,4 +563,28 @@ fn echo(req: &Parts, identity: &str) -> Response<Body> {
     r.extensions_mut()
         .insert(crate::observe::metrics::FromUpstream);
     r
+}
+
+/// The `grpc-status` of a header block.
+fn grpc_status(h: &http::HeaderMap) -> Option<u16> {
+    h.get("grpc-status")?.to_str().ok()?.trim().parse().ok()
+}
+
+/// `body`, settling `settlement` on the `grpc-status` of its trailers
+/// when they pass (off the answer's way, in a task of their own).
+fn settled_at_trailers(
+    body: Body,
+    settlement: ratewarden_tower::admission::GrpcSettlement<crate::store::AnyStore>,
+) -> Body {
+    let mut settlement = Some(settlement);
+    http_body_util::BodyExt::map_frame(body, move |frame| {
+        if let Some(t) = frame.trailers_ref()
+            && let Some(code) = grpc_status(t)
+            && let Some(s) = settlement.take()
+        {
+            tokio::spawn(s.settle(code));
+        }
+        frame
+    })
+    .boxed_unsync()
 }
