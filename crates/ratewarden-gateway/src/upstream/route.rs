@@ -58,6 +58,9 @@ pub struct Group {
     pub preserve_host: bool,
     /// Fields set or removed upstream (`request_headers`).
     pub request_headers: crate::config::RequestHeaders,
+    /// A server speaks HTTP/2 (h2c): the group's requests go by hyper's
+    /// path, which streams both ways with trailers.
+    pub h2: bool,
     /// Its answers and its upstream's time, for the metrics.
     pub counts: Arc<crate::observe::metrics::RouteCounts>,
     balance: Balance,
@@ -225,13 +228,15 @@ impl Router {
             })
             .unwrap_or_default();
         let group = |route: &str, spec: &crate::config::GroupSpec| {
+            let servers: Vec<Server> = spec
+                .servers
+                .iter()
+                .map(|s| server(route, s, &pools, metrics))
+                .collect();
             Arc::new(Group {
                 route: route.to_owned(),
-                servers: spec
-                    .servers
-                    .iter()
-                    .map(|s| server(route, s, &pools, metrics))
-                    .collect(),
+                h2: servers.iter().any(|s| s.pool.is_h2()),
+                servers,
                 balance: spec.balance,
                 preserve_host: spec.preserve_host.unwrap_or(preserve_host),
                 counts: metrics.route(route),
@@ -317,12 +322,6 @@ impl Router {
                 );
             }
         }
-    }
-
-    /// Whether a server of `group` speaks HTTP/2 (h2c): its requests go
-    /// by hyper's path, which streams both ways with trailers.
-    pub fn speaks_h2(group: &Group) -> bool {
-        group.servers.iter().any(|s| s.pool.is_h2())
     }
 
     /// Whether there are routes besides the default.

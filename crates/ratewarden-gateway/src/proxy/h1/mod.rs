@@ -352,11 +352,14 @@ async fn serve(
                 };
                 // A route with HTTP/2 servers: hyper's path, which streams
                 // both ways with trailers.
-                if crate::upstream::route::Router::speaks_h2(group) {
+                if group.h2 {
                     return Ok(Some(c.input));
                 }
-                let grpc = crate::proxy::flow::grpc_kind(request.header("content-type"));
+                // (Read again only for a refusal: a gRPC one is answered
+                // as gRPC.)
+                let asked = request;
                 let decided = flow.decide(request, Some(route)).await;
+                let grpc = || crate::proxy::flow::grpc_kind(asked.header("content-type"));
                 // Only what goes upstream needs its target rewritten.
                 let rewritten = match &decided {
                     Decided::Refused(_) => Ok(None),
@@ -369,7 +372,7 @@ async fn serve(
                     }
                 };
                 match (decided, rewritten) {
-                    (Decided::Refused(Refusal::Limited(d)), _) if grpc.is_none() => {
+                    (Decided::Refused(Refusal::Limited(d)), _) if grpc().is_none() => {
                         // The refusing rule's status, else the default.
                         let status = Refusal::limited_status(&d, live.config.status);
                         let how = (status, live.config.headers);
@@ -389,7 +392,7 @@ async fn serve(
                         !head.close
                     }
                     (Decided::Refused(refusal), _) => {
-                        let answer = refusal_answer(&refusal, &live.config, grpc);
+                        let answer = refusal_answer(&refusal, &live.config, grpc());
                         flow.note.status = answer.status().as_u16();
                         write_answer(io, &mut c.out, with_id(answer, &flow.rid), head.close)
                             .await?;
