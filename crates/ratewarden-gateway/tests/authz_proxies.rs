@@ -20,22 +20,6 @@ rules:
   - {name: api, match: {path_prefix: /api/}, limit: 2, window: 1h}
 "#;
 
-/// The README's recipe between `<!-- recipe:NAME -->` markers, without
-/// its code fence.
-fn recipe(name: &str) -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let start = format!("<!-- recipe:{name} -->");
-    let end = format!("<!-- /recipe:{name} -->");
-    let at = readme
-        .find(&start)
-        .unwrap_or_else(|| panic!("no {start} in the README"))
-        + start.len();
-    let block = &readme[at..at + readme[at..].find(&end).unwrap()];
-    let body = block.trim().split_once('\n').unwrap().1;
-    body.trim_end().trim_end_matches("```").to_owned()
-}
-
 fn tool(name: &str, package: &str) -> String {
     for dir in ["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"] {
         let p = format!("{dir}/{name}");
@@ -140,7 +124,7 @@ async fn nginx_auth_request_with_the_readme_recipe() {
     let authz = gw.authz.unwrap();
     let port = free_port();
     let dir = support::scratch_dir("rw-nginx");
-    let server = recipe("nginx")
+    let server = support::recipe("nginx")
         .replace("listen 8080;", &format!("listen 127.0.0.1:{port};"))
         .replace("127.0.0.1:8082", &authz.to_string())
         .replace("127.0.0.1:9000", up.url().trim_start_matches("http://"));
@@ -172,7 +156,7 @@ async fn caddy_forward_auth_with_the_readme_recipe() {
     let authz = gw.authz.unwrap();
     let port = free_port();
     let dir = support::scratch_dir("rw-caddy");
-    let site = recipe("caddy")
+    let site = support::recipe("caddy")
         .replace(":8080", &format!("http://127.0.0.1:{port}"))
         .replace("127.0.0.1:8082", &authz.to_string())
         .replace("127.0.0.1:9000", up.url().trim_start_matches("http://"));

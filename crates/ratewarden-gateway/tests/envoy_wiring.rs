@@ -14,18 +14,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use serde_json::Value;
 
-/// The README's block between `<!-- recipe:NAME -->` markers.
-fn recipe(name: &str) -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let start = format!("<!-- recipe:{name} -->");
-    let end = format!("<!-- /recipe:{name} -->");
-    let at = readme.find(&start).expect("the recipe") + start.len();
-    let block = &readme[at..at + readme[at..].find(&end).unwrap()];
-    let body = block.trim().split_once('\n').unwrap().1;
-    body.trim_end().trim_end_matches("```").to_owned()
-}
-
 fn at<'v>(v: &'v Value, path: &[&str]) -> &'v Value {
     path.iter().fold(v, |v, k| match k.parse::<usize>() {
         Ok(i) => &v[i],
@@ -77,7 +65,8 @@ fn descriptors(
 
 #[tokio::test]
 async fn the_readme_envoy_config_reaches_the_readme_limits() {
-    let envoy: Value = serde_saphyr::from_str(&recipe("envoy-rls")).expect("the Envoy YAML parses");
+    let envoy: Value =
+        serde_saphyr::from_str(&support::recipe("envoy-rls")).expect("the Envoy YAML parses");
     let hcm = at(
         &envoy,
         &[
@@ -135,7 +124,7 @@ async fn the_readme_envoy_config_reaches_the_readme_limits() {
     );
 
     // The gateway on the README's `rls:` block (its port made free).
-    let rls = recipe("envoy-rls-ratewarden").replace("127.0.0.1:8081", "127.0.0.1:0");
+    let rls = support::recipe("envoy-rls-ratewarden").replace("127.0.0.1:8081", "127.0.0.1:0");
     let gw = support::gateway(&rls, "echo", None).await;
     let mut client = RateLimitServiceClient::connect(format!("http://{}", gw.rls.unwrap()))
         .await

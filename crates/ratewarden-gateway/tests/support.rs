@@ -573,3 +573,20 @@ macro_rules! both_paths {
 }
 #[allow(unused_imports)]
 pub(crate) use both_paths;
+
+/// The README's block between `<!-- recipe:NAME -->` and
+/// `<!-- /recipe:NAME -->`, without its code fence: what the recipe
+/// tests run as written.
+pub fn recipe(name: &str) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let start = format!("<!-- recipe:{name} -->");
+    let end = format!("<!-- /recipe:{name} -->");
+    let at = readme
+        .find(&start)
+        .unwrap_or_else(|| panic!("no {start} in the README"))
+        + start.len();
+    let block = &readme[at..at + readme[at..].find(&end).unwrap()];
+    let body = block.trim().split_once('\n').unwrap().1;
+    body.trim_end().trim_end_matches("```").to_owned()
+}
