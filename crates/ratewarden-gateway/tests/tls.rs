@@ -878,3 +878,90 @@ async fn the_tls_hint_shows_curl_the_certificate() {
     );
     bin.wait_for_line(|l| l.contains("--resolve"));
 }
+
+/// gRPC over the TLS listener's h2 (hyper's path), to an h2c tonic server:
+/// a unary call's answer and trailers, a server stream's first message
+/// before the stream ends, and a refusal as RESOURCE_EXHAUSTED, all over
+/// one TLS connection with ALPN h2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_over_the_tls_listener_streams_with_trailers_and_is_refused_as_grpc() {
+    use prost::Message;
+    use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+    // The tonic server.
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("svc", tonic_health::ServingStatus::Serving)
+        .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _reporter = reporter;
+        let incoming = futures_util::stream::unfold(listener, |l| async move {
+            Some((l.accept().await.map(|(s, _)| s), l))
+        });
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    let dir = scratch_dir("rw-tls-grpc");
+    let ca = Ca::new("test ca");
+    let (cert, key) = ca.issue(&["localhost"]);
+    let (c, k) = (put(&dir, "s.pem", &cert), put(&dir, "s.key", &key));
+    let yaml = format!(
+        "tls: {{cert: {}, key: {}}}\nrules:\n  - {{name: calls, match: {{path_prefix: /grpc.health.v1.Health/}}, key: [global], limit: 2, window: 1h}}\n",
+        c.display(),
+        k.display()
+    );
+    let gw = gateway_in(&dir, &yaml, &format!("h2c://{server}")).await;
+    let s = connect(gw.listen, "localhost", client_config(&ca, &[b"h2"], None))
+        .await
+        .unwrap();
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let call = |method: &str| {
+        let msg = HealthCheckRequest {
+            service: "svc".into(),
+        }
+        .encode_to_vec();
+        let mut framed = vec![0u8];
+        framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&msg);
+        Request::post(format!("https://localhost/grpc.health.v1.Health/{method}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from(framed)))
+            .unwrap()
+    };
+    // Unary: one message, then trailers with grpc-status 0.
+    let resp = sender.send_request(call("Check")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap();
+    let trailers = body.trailers().cloned().expect("trailers through");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    let bytes = body.to_bytes();
+    let answer = HealthCheckResponse::decode(&bytes[5..]).unwrap();
+    assert_eq!(answer.status, 1, "SERVING");
+    // Server streaming: the first message arrives, the stream still open.
+    let resp = sender.send_request(call("Watch")).await.unwrap();
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("streamed, not buffered")
+        .unwrap()
+        .unwrap();
+    let data = first.into_data().expect("a message");
+    assert_eq!(HealthCheckResponse::decode(&data[5..]).unwrap().status, 1);
+    drop(body);
+    // The limit (2 calls): refused as gRPC, trailers-only.
+    let resp = sender.send_request(call("Check")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers().get("grpc-status").unwrap(), "8");
+    assert!(resp.headers().get("retry-after").is_some());
+    gw.shutdown().await;
+}
