@@ -965,3 +965,107 @@ async fn grpc_over_the_tls_listener_streams_with_trailers_and_is_refused_as_grpc
     assert!(resp.headers().get("retry-after").is_some());
     gw.shutdown().await;
 }
+
+/// An `https://` upstream that chooses h2 by ALPN (a tonic server behind
+/// TLS, its certificate from a private CA): a gRPC client's calls reach it
+/// over HTTP/2, a unary call and a server stream with their trailers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_choosing_h2_by_alpn_serves_grpc_through_the_gateway() {
+    use tonic::codegen::Service as _;
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    let dir = scratch_dir("rw-tls-h2");
+    let ca = Ca::new("private ca");
+    let (cert, key) = ca.issue(&["localhost"]);
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![der(&cert)],
+            PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("svc", tonic_health::ServingStatus::Serving)
+        .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let h2_connections = Arc::new(AtomicUsize::new(0));
+    let seen = h2_connections.clone();
+    tokio::spawn(async move {
+        let _reporter = reporter;
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let (acceptor, health, seen) = (acceptor.clone(), health.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let mut health = health.clone();
+                    async move { health.call(req).await }
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    let yaml = format!(
+        "upstream_tls: {{ca: {}}}\nrules: []\n",
+        put(&dir, "ca.pem", &ca.pem).display()
+    );
+    let gw = gateway_in(&dir, &yaml, &format!("https://localhost:{port}")).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", gw.listen))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    for _ in 0..3 {
+        let r = client
+            .check(HealthCheckRequest {
+                service: "svc".into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.get_ref().status, ServingStatus::Serving as i32);
+    }
+    let e = client
+        .check(HealthCheckRequest {
+            service: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    let mut watch = client
+        .watch(HealthCheckRequest {
+            service: "svc".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .expect("streamed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    drop((watch, client));
+    assert_eq!(
+        h2_connections.load(Ordering::SeqCst),
+        1,
+        "one HTTP/2 connection, chosen by ALPN, for every call"
+    );
+    gw.shutdown().await;
+}

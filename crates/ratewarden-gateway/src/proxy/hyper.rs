@@ -370,41 +370,7 @@ pub(super) fn aim<B>(
     target: &str,
     group: &crate::upstream::route::Group,
 ) -> Result<(), Box<Response<Body>>> {
-    // HTTP/2 upstream: the URI in absolute form (its `:scheme` and
-    // `:authority`), the host that `Host` would have carried.
-    if server.pool.is_h2() {
-        let authority = if group.preserve_host {
-            req.headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .map(str::to_owned)
-        } else {
-            None
-        }
-        .unwrap_or_else(|| server.label.clone());
-        *req.version_mut() = http::Version::HTTP_2;
-        *req.uri_mut() = match format!("http://{authority}{}{target}", server.prefix).parse::<Uri>()
-        {
-            Ok(u) => u,
-            Err(_) => {
-                return Err(Box::new(crate::answer::problem_response(
-                    StatusCode::BAD_REQUEST,
-                    "request target cannot be forwarded",
-                )));
-            }
-        };
-        req.headers_mut().remove(header::HOST);
-        // gRPC asks for trailers: `TE: trailers` is the one TE HTTP/2 takes.
-        req.headers_mut()
-            .insert(header::TE, http::HeaderValue::from_static("trailers"));
-        for name in &group.request_headers.remove {
-            req.headers_mut().remove(name);
-        }
-        for (name, value) in &group.request_headers.set {
-            req.headers_mut().insert(name.clone(), value.clone());
-        }
-        return Ok(());
-    }
+    // (An HTTP/2 server's request is put in HTTP/2's form by its pool.)
     *req.version_mut() = http::Version::HTTP_11;
     *req.uri_mut() = match format!("{}{target}", server.prefix).parse::<Uri>() {
         Ok(u) => u,

@@ -99,11 +99,24 @@ pub struct Pool {
     /// Idle connections of the HTTP/1.1 path ([`crate::proxy`]), which
     /// speaks to the upstream itself.
     streams: Mutex<Vec<UpstreamIo>>,
-    /// An h2c server (`h2c://`): its one HTTP/2 connection, shared by
-    /// every request (multiplexed), made on first use and again when it
-    /// closes.
-    h2: Option<tokio::sync::Mutex<Option<hyper::client::conn::http2::SendRequest<ClientBody>>>>,
+    /// An h2c server (`h2c://`), or an https one that chose h2 by ALPN:
+    /// its one HTTP/2 connection, shared by every request (multiplexed),
+    /// made on first use and again when it closes.
+    h2: tokio::sync::Mutex<Option<hyper::client::conn::http2::SendRequest<ClientBody>>>,
+    /// HTTP/2 with prior knowledge (`h2c://`).
+    h2c: bool,
+    /// For an https server on hyper's path: a connector offering h2 and
+    /// http/1.1 by ALPN, and what the server chose ([`UNKNOWN`], [`H1`],
+    /// [`H2`]).
+    alpn: Option<(tokio_rustls::TlsConnector, std::sync::atomic::AtomicU8)>,
 }
+
+/// An https server's protocol, not asked yet.
+const UNKNOWN: u8 = 0;
+/// It chose http/1.1 by ALPN.
+const H1: u8 = 1;
+/// It chose h2 by ALPN.
+const H2: u8 = 2;
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -121,6 +134,14 @@ impl Pool {
         tls: Option<ClientTls>,
         h2: bool,
     ) -> Arc<Self> {
+        let alpn = tls.as_ref().map(|t| {
+            let mut config = (*t.config).clone();
+            config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            (
+                tokio_rustls::TlsConnector::from(Arc::new(config)),
+                std::sync::atomic::AtomicU8::new(UNKNOWN),
+            )
+        });
         let tls = tls.map(|t| {
             let connector = tokio_rustls::TlsConnector::from(t.config.clone());
             (t, connector)
@@ -131,13 +152,41 @@ impl Pool {
             tls,
             idle: Mutex::new(Vec::new()),
             streams: Mutex::new(Vec::new()),
-            h2: h2.then(|| tokio::sync::Mutex::new(None)),
+            h2: tokio::sync::Mutex::new(None),
+            h2c: h2,
+            alpn,
         })
     }
 
     /// Whether the server speaks HTTP/2 with prior knowledge (h2c).
     pub fn is_h2(&self) -> bool {
-        self.h2.is_some()
+        self.h2c
+    }
+
+    /// A new connection for hyper's path to an https server, offering h2
+    /// by ALPN; whether the server chose it.
+    async fn connect_alpn(&self) -> Result<(UpstreamIo, bool), UpstreamError> {
+        let (Some((tls, _)), Some((connector, chosen))) = (&self.tls, &self.alpn) else {
+            return Ok((self.connect_stream().await?, false));
+        };
+        let stream =
+            TcpStream::connect(&self.addr)
+                .await
+                .map_err(|source| UpstreamError::Connect {
+                    addr: self.addr.clone(),
+                    source,
+                })?;
+        let _ = stream.set_nodelay(true);
+        let s = connector
+            .connect(tls.server_name.clone(), stream)
+            .await
+            .map_err(|source| UpstreamError::Tls {
+                addr: self.addr.clone(),
+                source,
+            })?;
+        let h2 = s.get_ref().1.alpn_protocol() == Some(b"h2");
+        chosen.store(if h2 { H2 } else { H1 }, Ordering::Relaxed);
+        Ok((UpstreamIo::Tls(Box::new(s)), h2))
     }
 
     /// [`Self::send`] to an h2c server: on its shared connection (made
@@ -149,24 +198,41 @@ impl Pool {
         timeout: Duration,
     ) -> Result<Response<PooledBody>, SendFailed> {
         let deadline = Instant::now() + timeout;
-        let slot = self.h2.as_ref().expect("an h2c pool");
+        let mut req = req;
+        // HTTP/2: the URI in absolute form (its `:scheme` and `:authority`:
+        // the host `Host` would have carried), `TE: trailers` (gRPC asks
+        // for them; the one TE HTTP/2 takes).
+        let scheme = if self.h2c { "http" } else { "https" };
+        let authority = req
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map_or_else(|| self.addr.clone(), str::to_owned);
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        // (A `Host` that makes no authority: the server's address.)
+        let uri = format!("{scheme}://{authority}{path}")
+            .parse()
+            .or_else(|_| format!("{scheme}://{}{path}", self.addr).parse());
+        if let Ok(uri) = uri {
+            *req.uri_mut() = uri;
+        }
+        *req.version_mut() = http::Version::HTTP_2;
+        req.headers_mut().remove(http::header::HOST);
+        req.headers_mut()
+            .insert(http::header::TE, HeaderValue::from_static("trailers"));
+        let slot = &self.h2;
         let mut sender = {
             let mut shared = slot.lock().await;
             match shared.as_ref() {
                 Some(s) if !s.is_closed() => s.clone(),
                 _ => {
                     let made = tokio::time::timeout_at(deadline, async {
-                        let stream = self.connect_stream().await?;
-                        let (sender, conn) =
-                            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                                .handshake(TokioIo::new(stream))
-                                .await?;
-                        tokio::spawn(async move {
-                            if let Err(e) = conn.await {
-                                tracing::debug!(error = %e, "h2c upstream connection ended with an error");
-                            }
-                        });
-                        Ok::<_, UpstreamError>(sender)
+                        let stream = if self.h2c {
+                            self.connect_stream().await?
+                        } else {
+                            self.connect_alpn().await?.0
+                        };
+                        h2_handshake(stream).await
                     })
                     .await;
                     match made {
@@ -276,8 +342,39 @@ impl Pool {
         req: Request<ClientBody>,
         timeout: Duration,
     ) -> Result<Response<PooledBody>, SendFailed> {
-        if self.h2.is_some() {
+        if self.h2c {
             return self.send_h2(req, timeout).await;
+        }
+        // An https server: asked once by ALPN whether it speaks h2.
+        if let Some((_, chosen)) = &self.alpn {
+            match chosen.load(Ordering::Relaxed) {
+                H2 => return self.send_h2(req, timeout).await,
+                UNKNOWN => {
+                    let deadline = Instant::now() + timeout;
+                    match tokio::time::timeout_at(deadline, self.connect_alpn()).await {
+                        // The connection that asked is the first one used.
+                        Ok(Ok((stream, true))) => {
+                            if let Ok(sender) = h2_handshake(stream).await {
+                                *self.h2.lock().await = Some(sender);
+                            }
+                            return self.send_h2(req, timeout).await;
+                        }
+                        Ok(Ok((stream, false))) => {
+                            if let Ok(link) = self.link_on(stream, deadline).await {
+                                self.checkin(link);
+                            }
+                        }
+                        Ok(Err(error)) => {
+                            return Err(SendFailed {
+                                error,
+                                unsent: Some(req),
+                            });
+                        }
+                        Err(_) => return Err(UpstreamError::Timeout(timeout).into()),
+                    }
+                }
+                _ => {}
+            }
         }
         let deadline = Instant::now() + timeout;
         let mut req = req;
@@ -360,6 +457,11 @@ impl Pool {
 
     async fn connect(&self, deadline: Instant) -> Result<Link, UpstreamError> {
         let stream = self.connect_stream().await?;
+        self.link_on(stream, deadline).await
+    }
+
+    /// An HTTP/1.1 connection on `stream`.
+    async fn link_on(&self, stream: UpstreamIo, deadline: Instant) -> Result<Link, UpstreamError> {
         // Flat writes, as on the server side (see `server::serve`).
         let (sender, conn) = http1::Builder::new()
             .writev(false)
@@ -385,6 +487,22 @@ impl Pool {
             idle.push(link);
         }
     }
+}
+
+/// An HTTP/2 connection on `stream`, its task spawned.
+async fn h2_handshake(
+    stream: UpstreamIo,
+) -> Result<hyper::client::conn::http2::SendRequest<ClientBody>, UpstreamError> {
+    let (sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake(TokioIo::new(stream))
+            .await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "HTTP/2 upstream connection ended with an error");
+        }
+    });
+    Ok(sender)
 }
 
 /// `Ready(None)` once `timer` has fired, registering `cx` until then.
