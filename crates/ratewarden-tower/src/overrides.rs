@@ -298,7 +298,7 @@ impl Overrides {
         let mut n = 0;
         for keys in t.values_mut() {
             keys.retain(|_, e| {
-                let keep = e.given.expires_at.is_none_or(|at| self.clock.now() < at);
+                let keep = self.live(&e.given);
                 n += usize::from(!keep);
                 keep
             });

@@ -166,27 +166,14 @@ impl Pool {
     /// A new connection for hyper's path to an https server, offering h2
     /// by ALPN; whether the server chose it.
     async fn connect_alpn(&self) -> Result<(UpstreamIo, bool), UpstreamError> {
-        let (Some((tls, _)), Some((connector, chosen))) = (&self.tls, &self.alpn) else {
+        let Some((connector, chosen)) = &self.alpn else {
             return Ok((self.connect_stream().await?, false));
         };
-        let stream =
-            TcpStream::connect(&self.addr)
-                .await
-                .map_err(|source| UpstreamError::Connect {
-                    addr: self.addr.clone(),
-                    source,
-                })?;
-        let _ = stream.set_nodelay(true);
-        let s = connector
-            .connect(tls.server_name.clone(), stream)
-            .await
-            .map_err(|source| UpstreamError::Tls {
-                addr: self.addr.clone(),
-                source,
-            })?;
-        let h2 = s.get_ref().1.alpn_protocol() == Some(b"h2");
+        let stream = self.connect_with(Some(connector)).await?;
+        let h2 =
+            matches!(&stream, UpstreamIo::Tls(s) if s.get_ref().1.alpn_protocol() == Some(b"h2"));
         chosen.store(if h2 { H2 } else { H1 }, Ordering::Relaxed);
-        Ok((UpstreamIo::Tls(Box::new(s)), h2))
+        Ok((stream, h2))
     }
 
     /// [`Self::send`] to an h2c server: on its shared connection (made
@@ -299,6 +286,15 @@ impl Pool {
     /// https upstream (resuming an earlier session when the upstream
     /// allows: rustls keeps tickets per server name).
     pub async fn connect_stream(&self) -> Result<UpstreamIo, UpstreamError> {
+        self.connect_with(self.tls.as_ref().map(|(_, c)| c)).await
+    }
+
+    /// A new connection, its TLS handshake done by `connector` when there
+    /// is one (the pool's, or the ALPN one of [`Self::connect_alpn`]).
+    async fn connect_with(
+        &self,
+        connector: Option<&tokio_rustls::TlsConnector>,
+    ) -> Result<UpstreamIo, UpstreamError> {
         let stream =
             TcpStream::connect(&self.addr)
                 .await
@@ -309,7 +305,7 @@ impl Pool {
         // Requests are small writes on kept-alive connections: never hold one
         // back waiting for an ACK (nginx sets tcp_nodelay too).
         let _ = stream.set_nodelay(true);
-        let Some((tls, connector)) = &self.tls else {
+        let (Some((tls, _)), Some(connector)) = (&self.tls, connector) else {
             return Ok(UpstreamIo::Plain(stream));
         };
         match connector.connect(tls.server_name.clone(), stream).await {
