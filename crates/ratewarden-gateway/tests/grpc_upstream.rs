@@ -4,6 +4,7 @@
 //! server stream and a bidirectional stream go through with their
 //! trailers, and the limit refuses with RESOURCE_EXHAUSTED.
 
+mod grpc_echo;
 mod support;
 
 use std::net::SocketAddr;
@@ -277,5 +278,116 @@ async fn a_concurrency_slot_is_held_until_the_stream_ends() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     drop(health);
+    gw.shutdown().await;
+}
+
+/// Unary, server-streaming, client-streaming and bidirectional calls of
+/// a tonic service, admitted, then one refused: to an `h2c://` server, and
+/// to the same server given as `http://` with `protocol: h2`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_four_kinds_of_call_to_an_h2c_server_and_to_protocol_h2() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = listener.local_addr().unwrap();
+    let echo = grpc_echo::Echo::default();
+    grpc_echo::serve(listener, echo.clone());
+    // h2c:// as the upstream.
+    let gw = support::gateway(grpc_echo::RULE, &format!("h2c://{server}"), None).await;
+    grpc_echo::all_four(tonic::client::Grpc::new(channel(gw.listen).await), &echo).await;
+    // HTTP/2 has no Upgrade: a WebSocket for this server is a 502 saying so.
+    let ws = support::send(
+        gw.listen,
+        "GET",
+        "/ws",
+        &[("connection", "upgrade"), ("upgrade", "websocket")],
+        "",
+    )
+    .await;
+    assert_eq!(ws.status, 502, "{}", ws.body);
+    assert!(ws.body.contains("HTTP/2 only"), "{}", ws.body);
+    gw.shutdown().await;
+    // http:// with `protocol: h2`, a route's server.
+    let yaml = format!(
+        "routes:\n  - name: grpc\n    match: {{path_prefix: /echo.Echo/}}\n    upstream:\n      servers: [{{url: \"http://{server}\", protocol: h2}}]\n{}",
+        grpc_echo::RULE
+    );
+    let gw = support::gateway(&yaml, "http://127.0.0.1:9", None).await;
+    grpc_echo::all_four(tonic::client::Grpc::new(channel(gw.listen).await), &echo).await;
+    gw.shutdown().await;
+}
+
+/// `protocol:` is checked: an unknown one, and `http1` on an `h2c://`
+/// server, are config errors naming the key.
+#[test]
+fn a_bad_protocol_is_a_config_error() {
+    for (server, want) in [
+        (
+            "{url: \"http://127.0.0.1:1\", protocol: h3}",
+            "`h3` is not a protocol",
+        ),
+        (
+            "{url: \"h2c://127.0.0.1:1\", protocol: http1}",
+            "`protocol: http1` contradicts it",
+        ),
+    ] {
+        let yaml = format!(
+            "upstream: http://127.0.0.1:1\nroutes:\n  - name: g\n    match: {{path_prefix: /}}\n    upstream: {{servers: [{server}]}}\nrules: []\n"
+        );
+        let e = ratewarden_gateway::config::load(
+            &yaml,
+            "a.yaml",
+            &ratewarden_gateway::config::Overrides::default(),
+        )
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("protocol"), "{text}");
+        assert!(text.contains(want), "{text}");
+    }
+}
+
+/// The active check of an HTTP/2 server speaks HTTP/2: with the path of
+/// the gRPC health service's Check, the server is up while it answers
+/// SERVING for the named service and down (ejected) while it does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_server_is_checked_by_the_grpc_health_service() {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("svc", tonic_health::ServingStatus::Serving)
+        .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(tokio_stream_shim::incoming(listener))
+            .await
+            .unwrap();
+    });
+    let yaml = format!(
+        "routes:\n  - name: grpc\n    match: {{path_prefix: /}}\n    upstream:\n      servers: [{{url: \"http://{server}\", protocol: h2}}]\n      health: {{active: {{path: \"/grpc.health.v1.Health/Check?service=svc\", interval: 50ms}}}}\nrules: []\n"
+    );
+    let gw = support::gateway(&yaml, "http://127.0.0.1:9", None).await;
+    let admin = gw.admin.unwrap();
+    let up =
+        |v: u8| format!("ratewarden_upstream_server_up{{route=\"grpc\",server=\"{server}\"}} {v}");
+    let until = |want: String| async move {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let m = support::send(admin, "GET", "/metrics", &[], "").await.body;
+            if m.contains(&want) {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "never `{want}`: {m}");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    until(up(1)).await;
+    reporter
+        .set_service_status("svc", tonic_health::ServingStatus::NotServing)
+        .await;
+    until(up(0)).await;
+    reporter
+        .set_service_status("svc", tonic_health::ServingStatus::Serving)
+        .await;
+    until(up(1)).await;
     gw.shutdown().await;
 }

@@ -7,6 +7,7 @@
 
 #[path = "../../ratewarden/tests/common/mod.rs"]
 mod common;
+mod grpc_echo;
 mod support;
 
 use std::convert::Infallible;
@@ -1068,4 +1069,131 @@ async fn an_https_upstream_choosing_h2_by_alpn_serves_grpc_through_the_gateway()
         "one HTTP/2 connection, chosen by ALPN, for every call"
     );
     gw.shutdown().await;
+}
+
+/// hyper's HTTP/2 client connection as the tower service tonic's client
+/// takes (tonic's own transport here has no TLS).
+#[derive(Clone)]
+struct H2(hyper::client::conn::http2::SendRequest<tonic::body::Body>);
+
+impl tonic::codegen::Service<Request<tonic::body::Body>> for H2 {
+    type Response = Response<Incoming>;
+    type Error = hyper::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Response<Incoming>, hyper::Error>> + Send>,
+    >;
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), hyper::Error>> {
+        self.0.poll_ready(cx)
+    }
+    fn call(&mut self, req: Request<tonic::body::Body>) -> Self::Future {
+        Box::pin(self.0.send_request(req))
+    }
+}
+
+/// A tonic client over TLS (ALPN h2) to `addr`, trusting `ca`.
+async fn tonic_over_tls(addr: SocketAddr, ca: &Ca) -> tonic::client::Grpc<H2> {
+    let s = connect(addr, "localhost", client_config(ca, &[b"h2"], None))
+        .await
+        .unwrap();
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    tonic::client::Grpc::with_origin(H2(sender), "https://localhost".parse().unwrap())
+}
+
+/// The gateway's TLS listener (h2, hyper's path) to an h2c tonic server:
+/// all four kinds of call from a tonic client, then RESOURCE_EXHAUSTED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_four_kinds_of_call_over_the_tls_listener() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = listener.local_addr().unwrap();
+    let echo = grpc_echo::Echo::default();
+    grpc_echo::serve(listener, echo.clone());
+    let dir = scratch_dir("rw-tls-echo");
+    let ca = Ca::new("test ca");
+    let (cert, key) = ca.issue(&["localhost"]);
+    let (c, k) = (put(&dir, "s.pem", &cert), put(&dir, "s.key", &key));
+    let yaml = format!(
+        "tls: {{cert: {}, key: {}}}\n{}",
+        c.display(),
+        k.display(),
+        grpc_echo::RULE
+    );
+    let gw = gateway_in(&dir, &yaml, &format!("h2c://{server}")).await;
+    let client = tonic_over_tls(gw.listen, &ca).await;
+    grpc_echo::all_four(client, &echo).await;
+    gw.shutdown().await;
+}
+
+/// An https upstream speaking h2 only (a tonic server behind a private
+/// CA's certificate): all four kinds of call through the gateway, the
+/// server found by ALPN (`https://`) and given as `protocol: h2`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_four_kinds_of_call_to_an_https_h2_upstream() {
+    let dir = scratch_dir("rw-tls-h2-echo");
+    let ca = Ca::new("private ca");
+    let (cert, key) = ca.issue(&["localhost"]);
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![der(&cert)],
+            PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let echo = grpc_echo::Echo::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let served = echo.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let (acceptor, echo) = (acceptor.clone(), served.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let mut echo = echo.clone();
+                    async move {
+                        use tonic::codegen::Service as _;
+                        echo.call(req.map(tonic::body::Body::new)).await
+                    }
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    let ca_file = put(&dir, "ca.pem", &ca.pem);
+    for server in [
+        format!("https://localhost:{port}"),
+        format!("{{url: \"https://localhost:{port}\", protocol: h2}}"),
+    ] {
+        let yaml = format!(
+            "upstream_tls: {{ca: {}}}\nroutes:\n  - name: grpc\n    match: {{path_prefix: /}}\n    upstream: {{servers: [{server}]}}\n{}",
+            ca_file.display(),
+            grpc_echo::RULE
+        );
+        let gw = gateway_in(&dir, &yaml, "http://127.0.0.1:9").await;
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", gw.listen))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        grpc_echo::all_four(tonic::client::Grpc::new(channel), &echo).await;
+        gw.shutdown().await;
+    }
 }

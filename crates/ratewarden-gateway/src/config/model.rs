@@ -185,6 +185,22 @@ pub struct ServerSpec {
     pub url: Uri,
     /// Its TLS client (https).
     pub tls: Option<ClientTls>,
+    /// The HTTP it is spoken to in (`protocol:`).
+    pub protocol: Protocol,
+}
+
+/// Which HTTP a server is spoken to in (a server's `protocol:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// By its URL: `http://` HTTP/1.1, `https://` h2 or HTTP/1.1 as the
+    /// server chooses by ALPN, `h2c://` HTTP/2 with prior knowledge.
+    #[default]
+    Auto,
+    /// HTTP/1.1 only (an `https://` server is not offered h2).
+    Http1,
+    /// HTTP/2 only: with prior knowledge on `http://` (h2c), by ALPN on
+    /// `https://` (offered alone).
+    H2,
 }
 
 impl Config {
@@ -194,6 +210,7 @@ impl Config {
             Upstream::Url(u) => Some(ServerSpec {
                 url: u.clone(),
                 tls: self.upstream_tls.clone(),
+                protocol: Protocol::Auto,
             }),
             Upstream::Echo => None,
         }

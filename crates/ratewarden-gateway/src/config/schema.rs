@@ -177,9 +177,40 @@ pub(crate) enum RouteUpstreamFile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct GroupFile {
-    pub servers: Vec<String>,
+    pub servers: Vec<ServerFile>,
     pub balance: Option<String>,
     pub health: Option<HealthFile>,
+}
+
+/// One of a group's servers: its URL, or its URL and `protocol`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum ServerFile {
+    Url(String),
+    Full(ServerFullFile),
+}
+
+impl ServerFile {
+    pub(crate) fn url(&self) -> &String {
+        match self {
+            Self::Url(u) => u,
+            Self::Full(f) => &f.url,
+        }
+    }
+
+    pub(crate) fn protocol(&self) -> Option<&String> {
+        match self {
+            Self::Url(_) => None,
+            Self::Full(f) => f.protocol.as_ref(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ServerFullFile {
+    pub url: String,
+    pub protocol: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

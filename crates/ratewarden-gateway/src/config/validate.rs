@@ -336,7 +336,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
     };
     let routes_https = f.routes.iter().any(|r| match &r.upstream.value {
         RouteUpstreamFile::Url(u) => u.starts_with("https://"),
-        RouteUpstreamFile::Group(g) => g.servers.iter().any(|u| u.starts_with("https://")),
+        RouteUpstreamFile::Group(g) => g.servers.iter().any(|u| u.url().starts_with("https://")),
     });
     let upstream_tls =
         super::tls::upstream(d, upstream.as_ref(), f.upstream_tls.as_ref(), routes_https);
@@ -657,6 +657,42 @@ pub(crate) fn parse_upstream(s: &str) -> Result<Upstream, String> {
             "`{s}` is not a URL like http://127.0.0.1:9000 (or h2c://127.0.0.1:50051 for HTTP/2)"
         )),
     }
+}
+
+/// A server's `protocol:` (`http1` or `h2`), checked against its URL.
+fn server_protocol(
+    d: &Diag<'_>,
+    at: Option<&Location>,
+    url: &str,
+    protocol: Option<&String>,
+) -> Option<super::Protocol> {
+    use super::Protocol;
+    let Some(p) = protocol else {
+        return Some(Protocol::Auto);
+    };
+    let p = match p.as_str() {
+        "http1" | "http/1.1" => Protocol::Http1,
+        "h2" | "http2" => Protocol::H2,
+        other => {
+            d.error(
+                "protocol",
+                at,
+                format!(
+                    "`{other}` is not a protocol: `http1`, or `h2` (with prior knowledge on http://, by ALPN on https://)"
+                ),
+            );
+            return None;
+        }
+    };
+    if p == Protocol::Http1 && url.starts_with("h2c://") {
+        d.error(
+            "protocol",
+            at,
+            format!("`{url}` is HTTP/2 by its scheme: `protocol: http1` contradicts it"),
+        );
+        return None;
+    }
+    Some(p)
 }
 
 fn store_spec(
@@ -1200,19 +1236,21 @@ fn routes(
             }
         };
         let up_at = Some(&r.upstream.referenced);
-        let (urls, balance, health): (Vec<&String>, _, _) = match &r.upstream.value {
-            RouteUpstreamFile::Url(u) => (vec![u], None, None),
-            RouteUpstreamFile::Group(g) => (
-                g.servers.iter().collect(),
-                g.balance.as_ref(),
-                g.health.as_ref(),
-            ),
-        };
+        let (urls, balance, health): (Vec<(&String, Option<&String>)>, _, _) =
+            match &r.upstream.value {
+                RouteUpstreamFile::Url(u) => (vec![(u, None)], None, None),
+                RouteUpstreamFile::Group(g) => (
+                    g.servers.iter().map(|s| (s.url(), s.protocol())).collect(),
+                    g.balance.as_ref(),
+                    g.health.as_ref(),
+                ),
+            };
         if urls.is_empty() {
             d.error("servers", up_at, "a route needs at least one server");
         }
         let mut servers = Some(vec![]);
-        for u in urls {
+        for (u, protocol) in urls {
+            let protocol = server_protocol(d, up_at, u, protocol);
             let server = match parse_upstream(u) {
                 Ok(Upstream::Url(url)) => {
                     if url.scheme_str() == Some("https") {
@@ -1234,8 +1272,10 @@ fn routes(
                     None
                 }
             };
-            match (server, servers.as_mut()) {
-                (Some((url, tls)), Some(v)) => v.push(ServerSpec { url, tls }),
+            match (server, protocol, servers.as_mut()) {
+                (Some((url, tls)), Some(protocol), Some(v)) => {
+                    v.push(ServerSpec { url, tls, protocol })
+                }
                 _ => servers = None,
             }
         }

@@ -64,6 +64,18 @@ pub(crate) async fn open(mut t: Tunnel<'_>, on: Option<OnUpgrade>) -> Response<B
             Err(answer) => return *answer,
         };
         let server = chosen.server();
+        // HTTP/2 has no `Upgrade`: an HTTP/2-only server cannot take the
+        // tunnel (the server is not at fault, so not counted as failed).
+        if server.pool.is_h2() {
+            t.attempts.done();
+            return super::forward::upstream_failed(
+                &server.label,
+                super::forward::UpstreamFailure::Broken {
+                    why: "the server speaks HTTP/2 only, which has no Upgrade".into(),
+                    error: "an Upgrade request for an HTTP/2-only server".into(),
+                },
+            );
+        }
         let io = match tokio::time::timeout(t.timeout, server.pool.connect_stream()).await {
             Ok(Ok(io)) => io,
             Ok(Err(e)) => {

@@ -25,6 +25,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+use crate::config::Protocol;
 use crate::tls::ClientTls;
 use crate::wire::stream::UpstreamIo;
 
@@ -103,8 +104,11 @@ pub struct Pool {
     /// its one HTTP/2 connection, shared by every request (multiplexed),
     /// made on first use and again when it closes.
     h2: tokio::sync::Mutex<Option<hyper::client::conn::http2::SendRequest<ClientBody>>>,
-    /// HTTP/2 with prior knowledge (`h2c://`).
-    h2c: bool,
+    /// HTTP/2 only: with prior knowledge (`h2c://`, or `protocol: h2` on
+    /// http://), or by ALPN alone (`protocol: h2` on https://).
+    h2_only: bool,
+    /// The server's `protocol:` (for sharing pools between routes).
+    protocol: Protocol,
     /// For an https server on hyper's path: a connector offering h2 and
     /// http/1.1 by ALPN, and what the server chose ([`UNKNOWN`], [`H1`],
     /// [`H2`]).
@@ -132,11 +136,18 @@ impl Pool {
         addr: String,
         host: Option<HeaderValue>,
         tls: Option<ClientTls>,
-        h2: bool,
+        protocol: Protocol,
     ) -> Arc<Self> {
-        let alpn = tls.as_ref().map(|t| {
+        // https: h2 offered by ALPN beside http/1.1, or alone with
+        // `protocol: h2`; not at all with `protocol: http1`.
+        let offer: &[&[u8]] = match protocol {
+            Protocol::Auto => &[b"h2", b"http/1.1"],
+            Protocol::H2 => &[b"h2"],
+            Protocol::Http1 => &[],
+        };
+        let alpn = tls.as_ref().filter(|_| !offer.is_empty()).map(|t| {
             let mut config = (*t.config).clone();
-            config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            config.alpn_protocols = offer.iter().map(|p| p.to_vec()).collect();
             (
                 tokio_rustls::TlsConnector::from(Arc::new(config)),
                 std::sync::atomic::AtomicU8::new(UNKNOWN),
@@ -153,14 +164,21 @@ impl Pool {
             idle: Mutex::new(Vec::new()),
             streams: Mutex::new(Vec::new()),
             h2: tokio::sync::Mutex::new(None),
-            h2c: h2,
+            h2_only: protocol == Protocol::H2,
+            protocol,
             alpn,
         })
     }
 
-    /// Whether the server speaks HTTP/2 with prior knowledge (h2c).
+    /// Whether the server is spoken to in HTTP/2 only (h2c, or `protocol:
+    /// h2`): its requests must go by hyper's path.
     pub fn is_h2(&self) -> bool {
-        self.h2c
+        self.h2_only
+    }
+
+    /// The server's `protocol:`.
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
     }
 
     /// A new connection for hyper's path to an https server, offering h2
@@ -189,7 +207,7 @@ impl Pool {
         // HTTP/2: the URI in absolute form (its `:scheme` and `:authority`:
         // the host `Host` would have carried), `TE: trailers` (gRPC asks
         // for them; the one TE HTTP/2 takes).
-        let scheme = if self.h2c { "http" } else { "https" };
+        let scheme = if self.tls.is_none() { "http" } else { "https" };
         let authority = req
             .headers()
             .get(http::header::HOST)
@@ -214,7 +232,7 @@ impl Pool {
                 Some(s) if !s.is_closed() => s.clone(),
                 _ => {
                     let made = tokio::time::timeout_at(deadline, async {
-                        let stream = if self.h2c {
+                        let stream = if self.alpn.is_none() {
                             self.connect_stream().await?
                         } else {
                             self.connect_alpn().await?.0
@@ -252,6 +270,16 @@ impl Pool {
                 unsent: None,
             }),
             Err(_) => Err(UpstreamError::Timeout(timeout).into()),
+        }
+    }
+
+    /// A new connection for an active check, and whether it speaks HTTP/2
+    /// (h2c, `protocol: h2`, or h2 chosen by ALPN): the check goes the way
+    /// requests go.
+    pub(crate) async fn connect_check(&self) -> Result<(UpstreamIo, bool), UpstreamError> {
+        match (&self.alpn, self.h2_only) {
+            (Some(_), _) => self.connect_alpn().await,
+            (None, h2) => Ok((self.connect_stream().await?, h2)),
         }
     }
 
@@ -338,7 +366,7 @@ impl Pool {
         req: Request<ClientBody>,
         timeout: Duration,
     ) -> Result<Response<PooledBody>, SendFailed> {
-        if self.h2c {
+        if self.h2_only {
             return self.send_h2(req, timeout).await;
         }
         // An https server: asked once by ALPN whether it speaks h2.
@@ -486,9 +514,14 @@ impl Pool {
 }
 
 /// An HTTP/2 connection on `stream`, its task spawned.
-async fn h2_handshake(
+pub(crate) async fn h2_handshake<B>(
     stream: UpstreamIo,
-) -> Result<hyper::client::conn::http2::SendRequest<ClientBody>, UpstreamError> {
+) -> Result<hyper::client::conn::http2::SendRequest<B>, UpstreamError>
+where
+    B: Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let (sender, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
             .handshake(TokioIo::new(stream))

@@ -346,17 +346,21 @@ fn server(route: &str, s: &ServerSpec, pools: &[Arc<Pool>], metrics: &Metrics) -
         .url
         .authority()
         .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok());
-    let h2 = s.url.scheme_str() == Some("h2c");
+    // HTTP/2 with prior knowledge: `h2c://`, or `protocol: h2` on http://.
+    let protocol = match s.url.scheme_str() {
+        Some("h2c") => crate::config::Protocol::H2,
+        _ => s.protocol,
+    };
     let pool = pools
         .iter()
         .find(|p| {
             p.addr() == addr
                 && p.host() == host_header.as_ref()
                 && p.tls() == s.tls.as_ref()
-                && p.is_h2() == h2
+                && p.protocol() == protocol
         })
         .cloned()
-        .unwrap_or_else(|| Pool::new(addr.clone(), host_header, s.tls.clone(), h2));
+        .unwrap_or_else(|| Pool::new(addr.clone(), host_header, s.tls.clone(), protocol));
     Server {
         prefix: s.url.path().trim_end_matches('/').to_owned(),
         url: s.url.clone(),
@@ -404,14 +408,21 @@ async fn check(group: Weak<Group>, i: usize, a: Active) {
     }
 }
 
-/// `GET path` on a new connection: 2xx or 3xx.
+/// The active check on a new connection, spoken as the server's requests
+/// are (HTTP/1.1, or HTTP/2 for h2c, `protocol: h2` and servers that chose
+/// h2 by ALPN): `GET path` answered 2xx or 3xx, or, for a path of
+/// `/grpc.health.v1.Health/Check` (optionally `?service=NAME`), the gRPC
+/// health check answered SERVING with grpc-status 0.
 async fn probe(pool: &Pool, path: &str) -> Result<(), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = pool.connect_stream().await.map_err(|e| e.to_string())?;
+    let (mut s, h2) = pool.connect_check().await.map_err(|e| e.to_string())?;
     let host = pool
         .host()
         .and_then(|h| h.to_str().ok())
         .unwrap_or("localhost");
+    if h2 {
+        return probe_h2(pool, s, host, path).await;
+    }
     let req = format!(
         "GET {path} HTTP/1.1\r\nhost: {host}\r\nuser-agent: ratewarden-check\r\nconnection: close\r\n\r\n"
     );
@@ -440,5 +451,100 @@ async fn probe(pool: &Pool, path: &str) -> Result<(), String> {
             "answered {}",
             String::from_utf8_lossy(&head[9..]).trim()
         )),
+    }
+}
+
+/// The gRPC health service's Check method.
+const GRPC_HEALTH: &str = "/grpc.health.v1.Health/Check";
+
+/// [`probe`] over HTTP/2.
+async fn probe_h2(
+    pool: &Pool,
+    s: crate::wire::stream::UpstreamIo,
+    host: &str,
+    path: &str,
+) -> Result<(), String> {
+    use http_body_util::{BodyExt, Full};
+    let mut sender = crate::upstream::pool::h2_handshake::<Full<bytes::Bytes>>(s)
+        .await
+        .map_err(|e| e.to_string())?;
+    let scheme = if pool.tls().is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let grpc = path
+        .strip_prefix(GRPC_HEALTH)
+        .filter(|rest| rest.is_empty() || rest.starts_with('?'))
+        .map(|rest| {
+            let service = rest.strip_prefix("?service=").unwrap_or("");
+            // HealthCheckRequest { service }: field 1, a string.
+            let mut msg = Vec::with_capacity(service.len() + 2);
+            if !service.is_empty() && service.len() < 128 {
+                msg.push(0x0a);
+                msg.push(service.len() as u8);
+                msg.extend_from_slice(service.as_bytes());
+            }
+            let mut framed = vec![0u8];
+            framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&msg);
+            framed
+        });
+    let uri = format!(
+        "{scheme}://{host}{}",
+        if grpc.is_some() { GRPC_HEALTH } else { path }
+    );
+    let builder = http::Request::builder()
+        .uri(uri)
+        .version(http::Version::HTTP_2)
+        .header(http::header::USER_AGENT, "ratewarden-check");
+    let is_grpc = grpc.is_some();
+    let req = match grpc {
+        Some(body) => builder
+            .method(http::Method::POST)
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header(http::header::TE, "trailers")
+            .body(Full::new(bytes::Bytes::from(body))),
+        None => builder.body(Full::new(bytes::Bytes::new())),
+    }
+    .map_err(|e| e.to_string())?;
+    sender.ready().await.map_err(|e| e.to_string())?;
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    if !is_grpc {
+        return if status.is_success() || status.is_redirection() {
+            Ok(())
+        } else {
+            Err(format!("answered {status}"))
+        };
+    }
+    if status != http::StatusCode::OK {
+        return Err(format!("answered {status}"));
+    }
+    // Trailers-only (an error) carries grpc-status in the head.
+    let head_status = resp.headers().get("grpc-status").cloned();
+    // A health answer is a few bytes: read at most 1 KiB of it.
+    let body = http_body_util::Limited::new(resp.into_body(), 1024)
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let grpc_status =
+        head_status.or_else(|| body.trailers().and_then(|t| t.get("grpc-status").cloned()));
+    match grpc_status.as_ref().map(|v| v.as_bytes()) {
+        Some(b"0") => {}
+        Some(other) => {
+            return Err(format!(
+                "gRPC health check: grpc-status {}",
+                String::from_utf8_lossy(other)
+            ));
+        }
+        None => return Err("gRPC health check: no grpc-status".into()),
+    }
+    // HealthCheckResponse { status: SERVING (1) }: field 1, varint 1.
+    let bytes = body.to_bytes();
+    if bytes.get(5..7) == Some(&[0x08, 0x01][..]) {
+        Ok(())
+    } else {
+        Err("gRPC health check: not SERVING".into())
     }
 }
