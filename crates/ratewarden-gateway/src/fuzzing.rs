@@ -420,8 +420,11 @@ pub fn differential(data: &[u8]) {
     }
 }
 
-/// `RateLimitRequest` read by the RLS listener's own decoder and by prost:
-/// both refuse `data`, or both read the same fields.
+/// `RateLimitRequest` read by the RLS listener's own decoder and by prost
+/// with envoy-types' messages: both refuse `data`, or both read the same
+/// fields. (envoy-types comes with the `fuzzing` feature, which the fuzz
+/// targets and this crate's tests turn on.)
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn rls_request(data: &[u8]) {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
@@ -483,8 +486,7 @@ pub fn authz_dialect(data: &[u8]) {
     let trusted_proxy = choice & 0x10 != 0;
     let trusted = move |ip: std::net::IpAddr| trusted_proxy && ip == proxy;
     let asked = if choice & 0x3 == 3 {
-        let Ok(check) = envoy_types::pb::envoy::service::auth::v3::CheckRequest::decode(rest)
-        else {
+        let Ok(check) = crate::front::envoy_auth::CheckRequest::decode(rest) else {
             return;
         };
         describe_check(&check, proxy, &trusted)

@@ -31,12 +31,10 @@ use crate::answer::{Body, empty_body};
 use crate::gateway::Gateway;
 use crate::proxy::forward::rule_path;
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderValue as PbHeader, HeaderValueOption};
-use envoy_types::pb::envoy::service::auth::v3::{
-    CheckRequest, CheckResponse, DeniedHttpResponse, OkHttpResponse, check_response,
+use super::envoy_auth::{
+    CheckRequest, CheckResponse, DeniedHttpResponse, HeaderValue as PbHeader, HeaderValueOption,
+    HttpResponse, HttpStatus, OkHttpResponse, RpcStatus,
 };
-use envoy_types::pb::envoy::r#type::v3::HttpStatus;
-use envoy_types::pb::google::rpc::Status as RpcStatus;
 
 /// The gRPC method Envoy calls.
 pub const CHECK: &str = "/envoy.service.auth.v3.Authorization/Check";
@@ -280,12 +278,8 @@ pub fn describe_check(
         .source
         .as_ref()
         .and_then(|s| s.address.as_ref())
-        .and_then(|a| match &a.address {
-            Some(envoy_types::pb::envoy::config::core::v3::address::Address::SocketAddress(s)) => {
-                s.address.parse::<IpAddr>().ok()
-            }
-            _ => None,
-        });
+        .and_then(|a| a.socket_address.as_ref())
+        .and_then(|s| s.address.parse::<IpAddr>().ok());
     let host = (!http.host.is_empty()).then_some(http.host.as_str());
     let target = if http.path.is_empty() {
         "/"
@@ -531,11 +525,9 @@ async fn grpc_check(
                     code: OK,
                     ..Default::default()
                 }),
-                http_response: Some(check_response::HttpResponse::OkResponse(OkHttpResponse {
+                http_response: Some(HttpResponse::OkResponse(OkHttpResponse {
                     response_headers_to_add: to_client,
-                    ..Default::default()
                 })),
-                ..Default::default()
             }
         }
         Verdict::Refused(refusal) => {
@@ -562,16 +554,13 @@ async fn grpc_check(
                     code,
                     ..Default::default()
                 }),
-                http_response: Some(check_response::HttpResponse::DeniedResponse(
-                    DeniedHttpResponse {
-                        status: Some(HttpStatus {
-                            code: i32::from(status.as_u16()),
-                        }),
-                        headers,
-                        body: String::from_utf8_lossy(&body).into_owned(),
-                    },
-                )),
-                ..Default::default()
+                http_response: Some(HttpResponse::DeniedResponse(DeniedHttpResponse {
+                    status: Some(HttpStatus {
+                        code: i32::from(status.as_u16()),
+                    }),
+                    headers,
+                    body: String::from_utf8_lossy(&body).into_owned(),
+                })),
             }
         }
     };
@@ -584,8 +573,6 @@ fn option(name: &str, value: &str) -> HeaderValueOption {
         header: Some(PbHeader {
             key: name.to_ascii_lowercase(),
             value: value.to_owned(),
-            ..Default::default()
         }),
-        ..Default::default()
     }
 }

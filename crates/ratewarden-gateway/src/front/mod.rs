@@ -4,5 +4,6 @@
 
 pub mod admin;
 pub mod authz;
+pub mod envoy_auth;
 pub mod rls;
 pub mod ui;

@@ -23,7 +23,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use ratewarden::{Mode, Op, Rule};
 use ratewarden_tower::admission::{OpsRefusal, decide_ops};
 use tokio::net::TcpListener;
@@ -31,6 +30,13 @@ use tokio::sync::watch;
 
 use crate::gateway::Gateway;
 use config::{Domains, Found, Limit};
+
+/// `RateLimitResponse.Code` of Envoy's `envoy.service.ratelimit.v3`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Code {
+    Ok = 1,
+    OverLimit = 2,
+}
 
 /// The descriptors of `envoy/service/ratelimit/v3/rls.proto` and the files
 /// it imports, for server reflection: taken from envoy-types' own
