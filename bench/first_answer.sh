@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # From exec to the first answered request: ratewarden on its built-in
-# defaults (no config file, the echo upstream) and nginx (one worker,
-# `return 200`), alternating, ROUNDS times each; COLD=1 drops the page
-# cache before each start (root), as a first start after a deploy would
-# find it. Prints each start's milliseconds and the medians (issue 38).
+# defaults (no config file, the echo upstream), ratewarden on a Redis
+# config (a redis-server started here, up before the gateway: the first
+# request is decided on Redis), and nginx (one worker, `return 200`),
+# alternating, ROUNDS times each; COLD=1 drops the page cache before each
+# start (root), as a first start after a deploy would find it. Prints each
+# start's milliseconds and the medians (issue 38).
 #
 #   bash bench/first_answer.sh [BIN]      # ROUNDS=5
 set -euo pipefail
@@ -14,11 +16,18 @@ if [ $# -gt 0 ]; then BIN=$1; else
   BIN=$PWD/target/release/ratewarden
 fi
 . bench/lib.sh
-install_missing nginx:nginx-light
-python3 - "$BIN" "$ROUNDS" "${COLD:-0}" "$WORK" <<'PY'
+install_missing nginx:nginx-light redis-server:redis-server
+redis_on_cpu0
+REDIS_PORT=$PORT
+python3 - "$BIN" "$ROUNDS" "${COLD:-0}" "$WORK" "$REDIS_PORT" <<'PY'
 import os, socket, statistics, subprocess, sys, time, urllib.request
 
 binary, rounds, cold, work = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+redis_port = sys.argv[5]
+redis_conf = os.path.join(work, "redis.yaml")
+with open(redis_conf, "w") as f:
+    f.write(f"upstream: echo\nstore: {{type: redis, url: \"redis://127.0.0.1:{redis_port}\"}}\n"
+            "rules:\n  - {name: per-client, limit: 1000000, window: 1m}\n")
 
 def free_port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
@@ -47,14 +56,19 @@ def nginx_argv(port):
                 f"location / {{ return 200 \"ok\"; }} }} }}\n")
     return ["nginx", "-p", d, "-c", os.path.join(d, "nginx.conf")]
 
-times = {"ratewarden": [], "nginx": []}
+times = {"ratewarden": [], "rw-redis": [], "nginx": []}
 for _ in range(rounds):
     p = free_port()
     times["ratewarden"].append(first_answer(
         [binary, "serve", "--listen", f"127.0.0.1:{p}", "--admin-listen", "127.0.0.1:0"], p))
     p = free_port()
+    times["rw-redis"].append(first_answer(
+        [binary, "serve", "--config", redis_conf, "--listen", f"127.0.0.1:{p}",
+         "--admin-listen", "127.0.0.1:0"], p))
+    p = free_port()
     times["nginx"].append(first_answer(nginx_argv(p), p))
 for name, t in times.items():
     print(f"{name:<11} " + " ".join(f"{x:7.1f}" for x in t) + f"   median {statistics.median(t):7.1f} ms")
-print(f"ratewarden / nginx (medians): {statistics.median(times['ratewarden']) / statistics.median(times['nginx']):.2f}")
+for name in ("ratewarden", "rw-redis"):
+    print(f"{name} / nginx (medians): {statistics.median(times[name]) / statistics.median(times['nginx']):.2f}")
 PY

@@ -18,6 +18,7 @@
 //! - [`simulate`]: `ratewarden simulate`, on the same admission path.
 
 pub mod answer;
+pub mod cli;
 pub mod config;
 pub mod front;
 #[doc(hidden)]
