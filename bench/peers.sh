@@ -91,9 +91,10 @@ run() {
   wait_port "$p"
   # Warm: a first short run, not counted.
   taskset -c 1 wrk -t1 -c64 -d1s "http://127.0.0.1:$p/" > /dev/null
-  t0=$(awk '{print $14 + $15}' "/proc/$worker/stat")
+  read -r u0 s0 < <(awk '{print $14, $15}' "/proc/$worker/stat")
   out=$(taskset -c 1 wrk -t1 -c64 -d${D}s --latency "http://127.0.0.1:$p/")
-  t1=$(awk '{print $14 + $15}' "/proc/$worker/stat")
+  read -r u1 s1 < <(awk '{print $14, $15}' "/proc/$worker/stat")
+  t0=$((u0 + s0)); t1=$((u1 + s1))
   for pid in $pids; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   reqs=$(awk '/requests in/ {print $1}' <<< "$out")
@@ -105,15 +106,15 @@ v = sys.stdin.read().strip()
 for unit, f in (('us', 1), ('ms', 1000), ('s', 1000000)):
     if v.endswith(unit):
         print(round(float(v[:-len(unit)]) * f)); break")
-  echo "$rps $(python3 -c "print(round(($t1 - $t0) / $TICK * 1e6 / $reqs, 3))") $p99"
+  echo "$rps $(python3 -c "print(round(($t1 - $t0) / $TICK * 1e6 / $reqs, 3))") $p99 $(python3 -c "print(round(($u1 - $u0) / $TICK * 1e6 / $reqs, 3), round(($s1 - $s0) / $TICK * 1e6 / $reqs, 3))")"
 }
 
 declare -A SUM_CPU SUM_RPS SUM_P99
-for mode in forwarding rejecting; do
+for mode in ${MODES:-forwarding rejecting}; do
   for _ in $(seq "$ROUNDS"); do
     for name in ratewarden nginx haproxy; do
-      read -r rps cpu p99 < <(run "$name" "$mode")
-      printf '%-10s %-11s %8s req/s %9s us CPU/req  p99 %6s us\n' "$name" "$mode" "$rps" "$cpu" "$p99"
+      read -r rps cpu p99 user sys < <(run "$name" "$mode")
+      printf '%-10s %-11s %8s req/s %9s us CPU/req (user %s, system %s)  p99 %6s us\n' "$name" "$mode" "$rps" "$cpu" "$user" "$sys" "$p99"
       k="$name $mode"
       SUM_CPU[$k]=$(python3 -c "print(${SUM_CPU[$k]:-0} + $cpu)")
       SUM_RPS[$k]=$(python3 -c "print(${SUM_RPS[$k]:-0} + $rps)")
@@ -123,7 +124,7 @@ for mode in forwarding rejecting; do
 done
 echo
 echo "means over $ROUNDS rounds, and ratewarden / peer:"
-for mode in forwarding rejecting; do
+for mode in ${MODES:-forwarding rejecting}; do
   for name in ratewarden nginx haproxy; do
     k="$name $mode"
     printf '%-10s %-11s %8.0f req/s %9.3f us CPU/req  p99 %6.0f us\n' "$name" "$mode" \
