@@ -7,10 +7,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
 use crate::config::{self, Config, Overrides, Upstream};
 use crate::gateway;
 use crate::server::{self, Source};
+use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(

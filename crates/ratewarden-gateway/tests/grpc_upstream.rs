@@ -19,6 +19,11 @@ use tonic_health::pb::health_client::HealthClient;
 /// A tonic server on a free port: health (SERVING for `svc`) and
 /// reflection.
 async fn tonic_server() -> SocketAddr {
+    tonic_server_reporting().await.0
+}
+
+/// [`tonic_server`], and its health reporter, to change what it says.
+async fn tonic_server_reporting() -> (SocketAddr, tonic_health::server::HealthReporter) {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("svc", tonic_health::ServingStatus::Serving)
@@ -29,8 +34,9 @@ async fn tonic_server() -> SocketAddr {
         .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let kept = reporter.clone();
     tokio::spawn(async move {
-        let _reporter = reporter;
+        let _reporter = kept;
         tonic::transport::Server::builder()
             .add_service(health)
             .add_service(reflection)
@@ -38,7 +44,7 @@ async fn tonic_server() -> SocketAddr {
             .await
             .unwrap();
     });
-    addr
+    (addr, reporter)
 }
 
 mod tokio_stream_shim {
@@ -349,19 +355,7 @@ fn a_bad_protocol_is_a_config_error() {
 /// SERVING for the named service and down (ejected) while it does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_server_is_checked_by_the_grpc_health_service() {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status("svc", tonic_health::ServingStatus::Serving)
-        .await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(health)
-            .serve_with_incoming(tokio_stream_shim::incoming(listener))
-            .await
-            .unwrap();
-    });
+    let (server, reporter) = tonic_server_reporting().await;
     let yaml = format!(
         "routes:\n  - name: grpc\n    match: {{path_prefix: /}}\n    upstream:\n      servers: [{{url: \"http://{server}\", protocol: h2}}]\n      health: {{active: {{path: \"/grpc.health.v1.Health/Check?service=svc\", interval: 50ms}}}}\nrules: []\n"
     );

@@ -972,56 +972,17 @@ async fn grpc_over_the_tls_listener_streams_with_trailers_and_is_refused_as_grpc
 /// over HTTP/2, a unary call and a server stream with their trailers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_upstream_choosing_h2_by_alpn_serves_grpc_through_the_gateway() {
-    use tonic::codegen::Service as _;
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
     let dir = scratch_dir("rw-tls-h2");
     let ca = Ca::new("private ca");
-    let (cert, key) = ca.issue(&["localhost"]);
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![der(&cert)],
-            PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-        )
-        .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("svc", tonic_health::ServingStatus::Serving)
         .await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
     let h2_connections = Arc::new(AtomicUsize::new(0));
-    let seen = h2_connections.clone();
-    tokio::spawn(async move {
-        let _reporter = reporter;
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                continue;
-            };
-            let (acceptor, health, seen) = (acceptor.clone(), health.clone(), seen.clone());
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-                    seen.fetch_add(1, Ordering::SeqCst);
-                }
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let mut health = health.clone();
-                    async move { health.call(req).await }
-                });
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
-            });
-        }
-    });
+    let port = h2_tls_server(&ca, health, h2_connections.clone()).await;
     let yaml = format!(
         "upstream_tls: {{ca: {}}}\nrules: []\n",
         put(&dir, "ca.pem", &ca.pem).display()
@@ -1069,6 +1030,61 @@ async fn an_https_upstream_choosing_h2_by_alpn_serves_grpc_through_the_gateway()
         "one HTTP/2 connection, chosen by ALPN, for every call"
     );
     gw.shutdown().await;
+}
+
+/// A TLS server on a free port of 127.0.0.1 that speaks h2 only (ALPN),
+/// with a certificate for `localhost` from `ca`, serving the tonic service
+/// `svc`; each connection that chose h2 is counted in `h2_connections`.
+/// Returns its port.
+async fn h2_tls_server<S>(ca: &Ca, svc: S, h2_connections: Arc<AtomicUsize>) -> u16
+where
+    S: tonic::codegen::Service<
+            Request<tonic::body::Body>,
+            Response = Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let (cert, key) = ca.issue(&["localhost"]);
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![der(&cert)],
+            PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let (acceptor, svc, seen) = (acceptor.clone(), svc.clone(), h2_connections.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+                let service = service_fn(move |req: Request<Incoming>| {
+                    let mut svc = svc.clone();
+                    async move { svc.call(req.map(tonic::body::Body::new)).await }
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    port
 }
 
 /// hyper's HTTP/2 client connection as the tower service tonic's client
@@ -1138,45 +1154,8 @@ async fn all_four_kinds_of_call_over_the_tls_listener() {
 async fn all_four_kinds_of_call_to_an_https_h2_upstream() {
     let dir = scratch_dir("rw-tls-h2-echo");
     let ca = Ca::new("private ca");
-    let (cert, key) = ca.issue(&["localhost"]);
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![der(&cert)],
-            PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-        )
-        .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let echo = grpc_echo::Echo::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let served = echo.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                continue;
-            };
-            let (acceptor, echo) = (acceptor.clone(), served.clone());
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let mut echo = echo.clone();
-                    async move {
-                        use tonic::codegen::Service as _;
-                        echo.call(req.map(tonic::body::Body::new)).await
-                    }
-                });
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
-            });
-        }
-    });
+    let port = h2_tls_server(&ca, echo.clone(), Arc::new(AtomicUsize::new(0))).await;
     let ca_file = put(&dir, "ca.pem", &ca.pem);
     for server in [
         format!("https://localhost:{port}"),
