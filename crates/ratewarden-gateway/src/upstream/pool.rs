@@ -104,10 +104,8 @@ pub struct Pool {
     /// its one HTTP/2 connection, shared by every request (multiplexed),
     /// made on first use and again when it closes.
     h2: tokio::sync::Mutex<Option<hyper::client::conn::http2::SendRequest<ClientBody>>>,
-    /// HTTP/2 only: with prior knowledge (`h2c://`, or `protocol: h2` on
-    /// http://), or by ALPN alone (`protocol: h2` on https://).
-    h2_only: bool,
-    /// The server's `protocol:` (for sharing pools between routes).
+    /// The server's `protocol:` (`H2` for `h2c://` too): `H2` is HTTP/2
+    /// only, with prior knowledge on http://, by ALPN alone on https://.
     protocol: Protocol,
     /// For an https server on hyper's path: a connector offering h2 and
     /// http/1.1 by ALPN, and what the server chose ([`UNKNOWN`], [`H1`],
@@ -164,7 +162,6 @@ impl Pool {
             idle: Mutex::new(Vec::new()),
             streams: Mutex::new(Vec::new()),
             h2: tokio::sync::Mutex::new(None),
-            h2_only: protocol == Protocol::H2,
             protocol,
             alpn,
         })
@@ -173,7 +170,12 @@ impl Pool {
     /// Whether the server is spoken to in HTTP/2 only (h2c, or `protocol:
     /// h2`): its requests must go by hyper's path.
     pub fn is_h2(&self) -> bool {
-        self.h2_only
+        self.protocol == Protocol::H2
+    }
+
+    /// The scheme of its requests' URIs: `https` for a TLS server.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
     }
 
     /// The server's `protocol:`.
@@ -181,8 +183,9 @@ impl Pool {
         self.protocol
     }
 
-    /// A new connection for hyper's path to an https server, offering h2
-    /// by ALPN; whether the server chose it.
+    /// A new connection for hyper's path, offering h2 by ALPN to an https
+    /// server that may be offered it; whether the server chose it (a
+    /// cleartext server, or one not offered h2: false).
     async fn connect_alpn(&self) -> Result<(UpstreamIo, bool), UpstreamError> {
         let Some((connector, chosen)) = &self.alpn else {
             return Ok((self.connect_stream().await?, false));
@@ -207,7 +210,7 @@ impl Pool {
         // HTTP/2: the URI in absolute form (its `:scheme` and `:authority`:
         // the host `Host` would have carried), `TE: trailers` (gRPC asks
         // for them; the one TE HTTP/2 takes).
-        let scheme = if self.tls.is_none() { "http" } else { "https" };
+        let scheme = self.scheme();
         let authority = req
             .headers()
             .get(http::header::HOST)
@@ -232,12 +235,7 @@ impl Pool {
                 Some(s) if !s.is_closed() => s.clone(),
                 _ => {
                     let made = tokio::time::timeout_at(deadline, async {
-                        let stream = if self.alpn.is_none() {
-                            self.connect_stream().await?
-                        } else {
-                            self.connect_alpn().await?.0
-                        };
-                        h2_handshake(stream).await
+                        h2_handshake(self.connect_alpn().await?.0).await
                     })
                     .await;
                     match made {
@@ -277,10 +275,8 @@ impl Pool {
     /// (h2c, `protocol: h2`, or h2 chosen by ALPN): the check goes the way
     /// requests go.
     pub(crate) async fn connect_check(&self) -> Result<(UpstreamIo, bool), UpstreamError> {
-        match (&self.alpn, self.h2_only) {
-            (Some(_), _) => self.connect_alpn().await,
-            (None, h2) => Ok((self.connect_stream().await?, h2)),
-        }
+        let (stream, chose_h2) = self.connect_alpn().await?;
+        Ok((stream, chose_h2 || self.is_h2()))
     }
 
     /// The TLS client, for an https upstream.
@@ -366,7 +362,7 @@ impl Pool {
         req: Request<ClientBody>,
         timeout: Duration,
     ) -> Result<Response<PooledBody>, SendFailed> {
-        if self.h2_only {
+        if self.is_h2() {
             return self.send_h2(req, timeout).await;
         }
         // An https server: asked once by ALPN whether it speaks h2.
