@@ -465,26 +465,20 @@ async fn probe_h2(
     path: &str,
 ) -> Result<(), String> {
     use http_body_util::{BodyExt, Full};
+    use prost::Message as _;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
     let mut sender = crate::upstream::pool::h2_handshake::<Full<bytes::Bytes>>(s)
         .await
         .map_err(|e| e.to_string())?;
-    let scheme = if pool.tls().is_some() {
-        "https"
-    } else {
-        "http"
-    };
+    let scheme = pool.scheme();
     let grpc = path
         .strip_prefix(GRPC_HEALTH)
         .filter(|rest| rest.is_empty() || rest.starts_with('?'))
         .map(|rest| {
-            let service = rest.strip_prefix("?service=").unwrap_or("");
-            // HealthCheckRequest { service }: field 1, a string.
-            let mut msg = Vec::with_capacity(service.len() + 2);
-            if !service.is_empty() && service.len() < 128 {
-                msg.push(0x0a);
-                msg.push(service.len() as u8);
-                msg.extend_from_slice(service.as_bytes());
-            }
+            let service = rest.strip_prefix("?service=").unwrap_or("").to_owned();
+            let msg = HealthCheckRequest { service }.encode_to_vec();
+            // One uncompressed message, length-prefixed.
             let mut framed = vec![0u8];
             framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
             framed.extend_from_slice(&msg);
@@ -540,11 +534,19 @@ async fn probe_h2(
         }
         None => return Err("gRPC health check: no grpc-status".into()),
     }
-    // HealthCheckResponse { status: SERVING (1) }: field 1, varint 1.
+    // One uncompressed message, length-prefixed: SERVING?
     let bytes = body.to_bytes();
-    if bytes.get(5..7) == Some(&[0x08, 0x01][..]) {
-        Ok(())
-    } else {
-        Err("gRPC health check: not SERVING".into())
+    let message = match bytes.split_first_chunk::<5>() {
+        Some(([0, len @ ..], message)) if u32::from_be_bytes(*len) as usize == message.len() => {
+            message
+        }
+        _ => return Err("gRPC health check: not one uncompressed message".into()),
+    };
+    match HealthCheckResponse::decode(message) {
+        Ok(r) if r.status == ServingStatus::Serving as i32 => Ok(()),
+        Ok(_) => Err("gRPC health check: not SERVING".into()),
+        Err(e) => Err(format!(
+            "gRPC health check: the answer does not decode: {e}"
+        )),
     }
 }
