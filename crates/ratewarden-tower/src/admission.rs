@@ -717,26 +717,34 @@ impl<'p> Admitted<'p> {
         status: StatusCode,
         classify: Option<&(dyn Fn(StatusCode) -> Option<bool> + Send + Sync)>,
     ) -> Result<(), StoreError> {
-        if !self.pending.as_deref().is_some_and(Pending::awaits_outcome) {
-            return Ok(());
-        }
-        let id = &self.matched.who.identity;
-        for k in &self.matched.keyed {
-            let r = &self.matched.policy.rules[k.rule as usize];
-            let rule = k.rule(self.matched.policy);
-            if !rule.counts_failures() {
-                continue;
-            }
+        for (r, rule, key, group) in self.awaiting_outcome() {
             let failure = match classify {
                 Some(f) => f(status),
                 None => Some(r.is_failure(status.as_u16())),
             };
             if let Some(failure) = failure {
-                let op = Op::grouped(rule, k.key(id), k.group(id));
+                let op = Op::grouped(rule, key, group);
                 limiter.store().settle(&[op], 1, failure).await?;
             }
         }
         Ok(())
+    }
+
+    /// The `count: failures` rules whose outcome this request awaits: each
+    /// policy rule, the rule decided (its tier's or override's), the key
+    /// and its group. None when nothing awaits an outcome.
+    fn awaiting_outcome(&self) -> impl Iterator<Item = (&PolicyRule, &Rule, &str, &str)> {
+        let awaits = self.pending.as_deref().is_some_and(Pending::awaits_outcome);
+        let id = &self.matched.who.identity;
+        self.matched
+            .keyed
+            .iter()
+            .filter(move |_| awaits)
+            .map(move |k| {
+                let r = &self.matched.policy.rules[k.rule as usize];
+                (r, k.rule(self.matched.policy), k.key(id), k.group(id))
+            })
+            .filter(|(_, rule, _, _)| rule.counts_failures())
     }
 
     /// What settling this request's `count: failures` rules on a gRPC
@@ -747,25 +755,15 @@ impl<'p> Admitted<'p> {
         &self,
         limiter: &Arc<Limiter<S>>,
     ) -> Option<GrpcSettlement<S>> {
-        if !self.pending.as_deref().is_some_and(Pending::awaits_outcome) {
-            return None;
-        }
-        let id = &self.matched.who.identity;
         let rules: Vec<(Rule, String, String, Vec<u16>)> = self
-            .matched
-            .keyed
-            .iter()
-            .filter_map(|k| {
-                let r = &self.matched.policy.rules[k.rule as usize];
-                let rule = k.rule(self.matched.policy);
-                rule.counts_failures().then(|| {
-                    (
-                        rule.clone(),
-                        k.key(id).to_owned(),
-                        k.group(id).to_owned(),
-                        r.failure_grpc.clone(),
-                    )
-                })
+            .awaiting_outcome()
+            .map(|(r, rule, key, group)| {
+                (
+                    rule.clone(),
+                    key.to_owned(),
+                    group.to_owned(),
+                    r.failure_grpc.clone(),
+                )
             })
             .collect();
         (!rules.is_empty()).then(|| GrpcSettlement {
