@@ -158,6 +158,26 @@ async fn get(
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// An HTTP/2 connection over TLS to `addr` as `localhost`, trusting `ca`,
+/// h2 chosen by ALPN (asserted).
+async fn h2_over_tls<B>(addr: SocketAddr, ca: &Ca) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: http_body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let s = connect(addr, "localhost", client_config(ca, &[b"h2"], None))
+        .await
+        .unwrap();
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
 /// A gateway started from `yaml` written to a file in `dir` (so that it
 /// watches the file and the TLS files it names).
 async fn gateway_in(dir: &Path, yaml: &str, upstream: &str) -> ratewarden_gateway::server::Running {
@@ -197,15 +217,7 @@ async fn the_tls_listener_serves_http1_and_h2_and_limits_over_both() {
     assert_eq!(get(&mut h, "/again").await.0, 200);
 
     // h2, chosen by ALPN: the same rule counts across both.
-    let s = connect(gw.listen, "localhost", client_config(&ca, &[b"h2"], None))
-        .await
-        .unwrap();
-    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let mut sender = h2_over_tls(gw.listen, &ca).await;
     let mut statuses = vec![];
     for _ in 0..2 {
         let req = Request::get("https://localhost/h2")
@@ -916,15 +928,7 @@ async fn grpc_over_the_tls_listener_streams_with_trailers_and_is_refused_as_grpc
         k.display()
     );
     let gw = gateway_in(&dir, &yaml, &format!("h2c://{server}")).await;
-    let s = connect(gw.listen, "localhost", client_config(&ca, &[b"h2"], None))
-        .await
-        .unwrap();
-    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let mut sender = h2_over_tls(gw.listen, &ca).await;
     let call = |method: &str| {
         let msg = HealthCheckRequest {
             service: "svc".into(),
@@ -1111,15 +1115,7 @@ impl tonic::codegen::Service<Request<tonic::body::Body>> for H2 {
 
 /// A tonic client over TLS (ALPN h2) to `addr`, trusting `ca`.
 async fn tonic_over_tls(addr: SocketAddr, ca: &Ca) -> tonic::client::Grpc<H2> {
-    let s = connect(addr, "localhost", client_config(ca, &[b"h2"], None))
-        .await
-        .unwrap();
-    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-    let (sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let sender = h2_over_tls(addr, ca).await;
     tonic::client::Grpc::with_origin(H2(sender), "https://localhost".parse().unwrap())
 }
 
