@@ -410,6 +410,10 @@ pub fn classify(e: redis::RedisError) -> StoreError {
 /// assert!(check_url("redis://:secret@127.0.0.1:6379/0").is_ok());
 /// assert!(check_url("redis://127.0.0.1:notaport").is_err());
 /// assert!(check_url("http://127.0.0.1:6379").is_err());
+/// // redis:// is not a special scheme to `url`: a host is opaque, never
+/// // mapped through IDNA (the build links no Unicode tables for it).
+/// assert!(check_url("redis://bücher.example:6379").is_ok());
+/// assert!(check_url("redis://xn--bcher-kva.example:6380").is_ok());
 /// ```
 pub fn check_url(url: &str) -> Result<(), String> {
     redis::Client::open(url)
