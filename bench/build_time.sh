@@ -5,6 +5,7 @@
 # other (a build takes both cores: never two at once). Prints wall-clock
 # and CPU seconds per commit, and where the build spent its time
 # (`--timings`: the longest units and when the gateway crate started).
+# With KEEP_TIMINGS=DIR, each commit's cargo-timing.html is kept there.
 # Sources must be downloaded already (`cargo fetch`): network time is not
 # build time. Each build uses its own git worktree under $WORK.
 #
@@ -30,5 +31,9 @@ units = json.loads(re.search(r"const UNIT_DATA = (\[.*?\]);\n", open(sys.argv[1]
 for u in sorted(units, key=lambda u: -u["duration"])[:6]:
     print(f"    {u['duration']:6.1f} s  {u['name']} {u['target'].strip()}  (from {u['start']:.0f} s)")
 PY
+  if [ -n "${KEEP_TIMINGS:-}" ]; then
+    mkdir -p "$KEEP_TIMINGS"
+    cp "$wt/target/cargo-timings/cargo-timing.html" "$KEEP_TIMINGS/$(git rev-parse --short "$commit").html"
+  fi
   git worktree remove --force "$wt"
 done

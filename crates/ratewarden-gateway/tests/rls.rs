@@ -521,6 +521,66 @@ async fn reflection_lists_the_service_and_health_answers() {
     gw.shutdown().await;
 }
 
+/// grpc.health.v1 as tonic-health and grpc-go answer it: Check of the
+/// server (empty), the service and `ratelimit` SERVING, of any other name
+/// NOT_FOUND; Watch sends the status (SERVICE_UNKNOWN for an unknown name)
+/// and stays open; another method is UNIMPLEMENTED.
+#[tokio::test]
+async fn health_checks_and_watches_as_grpc_health_v1() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let gw = gateway(FIFTY, "{type: memory}", None).await;
+    let channel = Channel::from_shared(format!("http://{}", gw.rls.unwrap()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel.clone());
+    let ask = |s: &str| HealthCheckRequest { service: s.into() };
+    for name in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "ratelimit",
+    ] {
+        let got = health.check(ask(name)).await.unwrap().into_inner();
+        assert_eq!(got.status(), ServingStatus::Serving, "{name:?}");
+    }
+    let unknown = health.check(ask("no.such.Service")).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
+    assert!(unknown.message().contains("no.such.Service"), "{unknown:?}");
+
+    let mut watch = health.watch(ask("ratelimit")).await.unwrap().into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status(), ServingStatus::Serving);
+    // Open: no second message and no end while nothing changes.
+    let more = tokio::time::timeout(Duration::from_millis(200), watch.message()).await;
+    assert!(more.is_err(), "the watch ended or sent again: {more:?}");
+    drop(watch);
+    let mut watch = health.watch(ask("nope")).await.unwrap().into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status(), ServingStatus::ServiceUnknown);
+    drop(watch);
+
+    // A method the service does not have; the connection still answers.
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = http::uri::PathAndQuery::from_static("/grpc.health.v1.Health/List");
+    let err = grpc
+        .unary::<HealthCheckRequest, tonic_health::pb::HealthCheckResponse, _>(
+            tonic::Request::new(ask("")),
+            path,
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented, "{err:?}");
+    let got = health.check(ask("")).await.unwrap().into_inner();
+    assert_eq!(got.status(), ServingStatus::Serving);
+    gw.shutdown().await;
+}
+
 /// A finished stream of `items` for a client-streaming call.
 fn tokio_stream_of<T: Send + 'static>(
     items: Vec<T>,

@@ -464,10 +464,11 @@ async fn probe_h2(
     host: &str,
     path: &str,
 ) -> Result<(), String> {
+    use crate::wire::grpc::{
+        HealthCheckRequest, HealthCheckResponse, ServingStatus, framed, unframe,
+    };
     use http_body_util::{BodyExt, Full};
     use prost::Message as _;
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
     let mut sender = crate::upstream::pool::h2_handshake::<Full<bytes::Bytes>>(s)
         .await
         .map_err(|e| e.to_string())?;
@@ -477,12 +478,7 @@ async fn probe_h2(
         .filter(|rest| rest.is_empty() || rest.starts_with('?'))
         .map(|rest| {
             let service = rest.strip_prefix("?service=").unwrap_or("").to_owned();
-            let msg = HealthCheckRequest { service }.encode_to_vec();
-            // One uncompressed message, length-prefixed.
-            let mut framed = vec![0u8];
-            framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-            framed.extend_from_slice(&msg);
-            framed
+            framed(&HealthCheckRequest { service })
         });
     let uri = format!(
         "{scheme}://{host}{}",
@@ -536,11 +532,8 @@ async fn probe_h2(
     }
     // One uncompressed message, length-prefixed: SERVING?
     let bytes = body.to_bytes();
-    let message = match bytes.split_first_chunk::<5>() {
-        Some(([0, len @ ..], message)) if u32::from_be_bytes(*len) as usize == message.len() => {
-            message
-        }
-        _ => return Err("gRPC health check: not one uncompressed message".into()),
+    let Some(message) = unframe(&bytes) else {
+        return Err("gRPC health check: not one uncompressed message".into());
     };
     match HealthCheckResponse::decode(message) {
         Ok(r) if r.status == ServingStatus::Serving as i32 => Ok(()),

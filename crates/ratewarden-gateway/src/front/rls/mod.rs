@@ -11,15 +11,18 @@
 //! included; limitador checks, then updates in a second round trip.)
 //!
 //! The server ([`serve`]) is HTTP/2 on its own listener (`rls.listen`),
-//! with `grpc.health.v1` and server reflection (v1 and v1alpha).
+//! with `grpc.health.v1` ([`health`]) and, in a build with the
+//! `reflection` feature, server reflection (v1 and v1alpha).
 
 /// The descriptor configuration is config's (`config::rls`): config is a
 /// leaf that imports none of the modules that run what it describes.
 pub use crate::config::rls as config;
 pub use crate::config::rls::{RlsSpec, descriptor_files};
+mod health;
+#[cfg(feature = "reflection")]
+mod reflection;
 pub(crate) mod wire;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +32,73 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::gateway::Gateway;
+use crate::wire::grpc::unframe;
 use config::{Domains, Found, Limit};
+
+/// A call that fails: its gRPC status code and message, answered
+/// trailers-only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    code: u8,
+    message: String,
+}
+
+impl Status {
+    fn new(code: u8, message: impl Into<String>) -> Self {
+        Status {
+            code,
+            message: message.into(),
+        }
+    }
+    fn cancelled(message: impl Into<String>) -> Self {
+        Self::new(1, message)
+    }
+    fn invalid_argument(message: impl Into<String>) -> Self {
+        Self::new(3, message)
+    }
+    fn deadline_exceeded(message: impl Into<String>) -> Self {
+        Self::new(4, message)
+    }
+    fn not_found(message: impl Into<String>) -> Self {
+        Self::new(5, message)
+    }
+    fn resource_exhausted(message: impl Into<String>) -> Self {
+        Self::new(8, message)
+    }
+    fn failed_precondition(message: impl Into<String>) -> Self {
+        Self::new(9, message)
+    }
+    fn unimplemented(message: impl Into<String>) -> Self {
+        Self::new(12, message)
+    }
+    fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(14, message)
+    }
+
+    /// The gRPC status code.
+    pub fn code(&self) -> u8 {
+        self.code
+    }
+
+    /// What went wrong, in words.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The trailers-only answer: `grpc-status` and `grpc-message`
+    /// (percent-encoded, as gRPC requires) in the head.
+    fn head(&self) -> http::Response<()> {
+        let mut r = http::Response::new(());
+        let h = r.headers_mut();
+        h.insert(http::header::CONTENT_TYPE, APPLICATION_GRPC);
+        h.insert(GRPC_STATUS, http::HeaderValue::from(u16::from(self.code)));
+        if let Ok(v) = http::HeaderValue::from_str(&crate::proxy::flow::grpc_percent(&self.message))
+        {
+            h.insert(GRPC_MESSAGE, v);
+        }
+        r
+    }
+}
 
 /// `RateLimitResponse.Code` of Envoy's `envoy.service.ratelimit.v3`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,29 +132,29 @@ const MAX_MESSAGE: usize = 4 << 20;
 async fn should_rate_limit(
     gw: &Gateway,
     req: http::Request<h2::RecvStream>,
-) -> Result<bytes::Bytes, tonic::Status> {
+) -> Result<bytes::Bytes, Status> {
     if req
         .headers()
         .get(GRPC_ENCODING)
         .is_some_and(|e| e.as_bytes() != b"identity")
     {
-        return Err(tonic::Status::unimplemented(
+        return Err(Status::unimplemented(
             "compressed requests are not accepted (grpc-accept-encoding: identity)",
         ));
     }
-    let body = read_whole(gw, req.into_body(), MAX_MESSAGE + 5).await?;
+    let body = read_whole(gw, req.into_body(), MAX_MESSAGE).await?;
     let Some(message) = unframe(&body) else {
-        return Err(tonic::Status::invalid_argument(
+        return Err(Status::invalid_argument(
             "the request is not one uncompressed, length-prefixed gRPC message",
         ));
     };
-    let request = wire::decode(message).map_err(|e| {
-        tonic::Status::invalid_argument(format!("the request does not decode: {e}"))
-    })?;
+    let request = wire::decode(message)
+        .map_err(|e| Status::invalid_argument(format!("the request does not decode: {e}")))?;
     decide(gw, &request).await
 }
 
-/// A request body, whole, up to `max` bytes. One DATA frame (a unary
+/// A request body, whole: one message of up to `max_message` bytes and
+/// its frame's head. One DATA frame (a unary
 /// call's usual shape, an empty END_STREAM frame aside) is taken as it is.
 ///
 /// Within `client_body_timeout`, as a proxied request's body: a client
@@ -97,8 +166,8 @@ async fn should_rate_limit(
 async fn read_whole(
     gw: &Gateway,
     mut body: h2::RecvStream,
-    max: usize,
-) -> Result<bytes::Bytes, tonic::Status> {
+    max_message: usize,
+) -> Result<bytes::Bytes, Status> {
     use std::future::Future as _;
     use std::task::Poll;
     let mut first = bytes::Bytes::new();
@@ -120,20 +189,19 @@ async fn read_whole(
         })
         .await
         .map_err(|limit| {
-            tonic::Status::deadline_exceeded(format!(
+            Status::deadline_exceeded(format!(
                 "the request's body did not come within {limit:?} (client_body_timeout)"
             ))
         })?;
         let Some(chunk) = next else { break };
-        let chunk = chunk.map_err(|e| {
-            tonic::Status::cancelled(format!("the request could not be read whole: {e}"))
-        })?;
+        let chunk = chunk
+            .map_err(|e| Status::cancelled(format!("the request could not be read whole: {e}")))?;
         if !chunk.is_empty() {
             let _ = body.flow_control().release_capacity(chunk.len());
         }
-        if first.len() + rest.as_ref().map_or(0, |r| r.len()) + chunk.len() > max {
-            return Err(tonic::Status::resource_exhausted(format!(
-                "the request is over {MAX_MESSAGE} bytes"
+        if first.len() + rest.as_ref().map_or(0, |r| r.len()) + chunk.len() > max_message + 5 {
+            return Err(Status::resource_exhausted(format!(
+                "the request is over {max_message} bytes"
             )));
         }
         if chunk.is_empty() {
@@ -153,28 +221,21 @@ async fn read_whole(
     Ok(rest.map_or(first, bytes::BytesMut::freeze))
 }
 
-/// The message of a body holding exactly one uncompressed gRPC frame.
-fn unframe(body: &[u8]) -> Option<&[u8]> {
-    let (head, message) = body.split_at_checked(5)?;
-    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    (head[0] == 0 && len == message.len()).then_some(message)
-}
-
 const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
 const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
 const APPLICATION_GRPC: http::HeaderValue = http::HeaderValue::from_static("application/grpc");
 
 /// Sends a unary call's answer: the head, the message, `grpc-status: 0`;
 /// or, for an error, a trailers-only status.
 fn send_unary(
     respond: &mut h2::server::SendResponse<bytes::Bytes>,
-    answer: Result<bytes::Bytes, tonic::Status>,
+    answer: Result<bytes::Bytes, Status>,
 ) {
     let message = match answer {
         Ok(m) => m,
         Err(s) => {
-            let (head, _) = s.into_http::<()>().into_parts();
-            let _ = respond.send_response(http::Response::from_parts(head, ()), true);
+            let _ = respond.send_response(s.head(), true);
             return;
         }
     };
@@ -191,89 +252,6 @@ fn send_unary(
         trailers.insert(GRPC_STATUS, http::HeaderValue::from_static("0"));
         let _ = send.send_trailers(trailers);
     }
-}
-
-/// A request body from h2, as tonic's services read one.
-struct H2Body(h2::RecvStream);
-
-impl http_body::Body for H2Body {
-    type Data = bytes::Bytes;
-    type Error = h2::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, h2::Error>>> {
-        use std::task::Poll;
-        match self.0.poll_data(cx) {
-            Poll::Ready(Some(Ok(d))) => {
-                let _ = self.0.flow_control().release_capacity(d.len());
-                Poll::Ready(Some(Ok(http_body::Frame::data(d))))
-            }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-            Poll::Ready(None) => match self.0.poll_trailers(cx) {
-                Poll::Ready(Ok(Some(t))) => Poll::Ready(Some(Ok(http_body::Frame::trailers(t)))),
-                Poll::Ready(Ok(None)) => Poll::Ready(None),
-                Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
-                Poll::Pending => Poll::Pending,
-            },
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
-    }
-}
-
-/// Sends a tonic service's answer (health, reflection: streams of any
-/// length), as much at a time as the client's window takes.
-async fn send_streamed(
-    respond: &mut h2::server::SendResponse<bytes::Bytes>,
-    answer: http::Response<tonic::body::Body>,
-) {
-    use http_body::Body as _;
-    use http_body_util::BodyExt as _;
-    let (head, mut body) = answer.into_parts();
-    let end = body.is_end_stream();
-    let Ok(mut send) = respond.send_response(http::Response::from_parts(head, ()), end) else {
-        return;
-    };
-    if end {
-        return;
-    }
-    while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(f) => f,
-            Err(_) => {
-                send.send_reset(h2::Reason::INTERNAL_ERROR);
-                return;
-            }
-        };
-        let mut data = match frame.into_data() {
-            Ok(d) => d,
-            Err(frame) => {
-                if let Ok(t) = frame.into_trailers() {
-                    let _ = send.send_trailers(t);
-                }
-                return;
-            }
-        };
-        while !data.is_empty() {
-            send.reserve_capacity(data.len());
-            match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
-                Some(Ok(0)) => continue,
-                Some(Ok(n)) => {
-                    let chunk = data.split_to(n.min(data.len()));
-                    if send.send_data(chunk, false).is_err() {
-                        return;
-                    }
-                }
-                _ => return,
-            }
-        }
-    }
-    let _ = send.send_data(bytes::Bytes::new(), true);
 }
 
 /// What became of one descriptor before the store was asked.
@@ -363,20 +341,20 @@ fn op_key(entries: &[(&str, &str)]) -> String {
 type Few<T> = wire::Few<T, 4>;
 
 /// Decides one `ShouldRateLimit` call: its answer, as one gRPC frame.
-pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Bytes, tonic::Status> {
+pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Bytes, Status> {
     if req.domain.is_empty() {
-        return Err(tonic::Status::invalid_argument(
+        return Err(Status::invalid_argument(
             "rate limit domain must not be empty",
         ));
     }
     if req.descriptors.is_empty() {
-        return Err(tonic::Status::invalid_argument(
+        return Err(Status::invalid_argument(
             "rate limit descriptor list must not be empty",
         ));
     }
     let live = gw.live();
     let Some(spec) = live.config.rls.as_ref() else {
-        return Err(tonic::Status::failed_precondition(
+        return Err(Status::failed_precondition(
             "no `rls:` in the running configuration",
         ));
     };
@@ -483,7 +461,7 @@ pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Byte
     }
     let store_failed = |e: &ratewarden::StoreError| {
         tracing::warn!(domain = %req.domain, error = %e, "rls: the store could not decide; on_error: deny: UNAVAILABLE");
-        tonic::Status::unavailable(format!("the limiter's store could not decide: {e}"))
+        Status::unavailable(format!("the limiter's store could not decide: {e}"))
     };
     // Refunds first (they give room back), settled like `/v1/report`;
     // then peeked for their status.
@@ -684,33 +662,13 @@ fn until_boundary(window: Duration) -> Duration {
 }
 
 /// What a connection's calls are answered by.
-struct Services<H, R, A> {
+struct Services {
     gw: Arc<Gateway>,
-    health: H,
-    reflection: R,
-    reflection_alpha: A,
+    #[cfg(feature = "reflection")]
+    reflection: reflection::Reflection,
 }
 
-/// A tonic service, as health and reflection are.
-trait Grpc:
-    tonic::codegen::Service<
-        http::Request<tonic::body::Body>,
-        Response = http::Response<tonic::body::Body>,
-        Error = Infallible,
-    > + Clone
-{
-}
-
-impl<S> Grpc for S where
-    S: tonic::codegen::Service<
-            http::Request<tonic::body::Body>,
-            Response = http::Response<tonic::body::Body>,
-            Error = Infallible,
-        > + Clone
-{
-}
-
-impl<H: Grpc, R: Grpc, A: Grpc> Services<H, R, A> {
+impl Services {
     /// Answers one call (one HTTP/2 stream).
     async fn call(
         &self,
@@ -722,33 +680,20 @@ impl<H: Grpc, R: Grpc, A: Grpc> Services<H, R, A> {
             let answer = should_rate_limit(&self.gw, req).await;
             return send_unary(&mut respond, answer);
         }
-        // Boxed: tonic's futures are large, and every call's future is as
-        // large as its largest branch (it is moved when the call starts).
-        Box::pin(self.tonic(req, respond)).await;
-    }
-
-    /// Health, reflection, or UNIMPLEMENTED, through tonic.
-    async fn tonic(
-        &self,
-        req: http::Request<h2::RecvStream>,
-        mut respond: h2::server::SendResponse<bytes::Bytes>,
-    ) {
-        let (head, body) = req.into_parts();
-        let req = http::Request::from_parts(head, tonic::body::Body::new(H2Body(body)));
-        let path = req.uri().path();
-        let answer = if path.starts_with("/grpc.health.v1.Health/") {
-            self.health.clone().call(req).await
-        } else if path.starts_with("/grpc.reflection.v1.ServerReflection/") {
-            self.reflection.clone().call(req).await
-        } else if path.starts_with("/grpc.reflection.v1alpha.ServerReflection/") {
-            self.reflection_alpha.clone().call(req).await
-        } else {
-            Ok(tonic::Status::unimplemented("no such service or method here").into_http())
-        };
-        match answer {
-            Ok(a) => send_streamed(&mut respond, a).await,
-            Err(never) => match never {},
+        if path.starts_with(health::SERVICE_PATH) {
+            return health::call(&self.gw, req, respond).await;
         }
+        #[cfg(feature = "reflection")]
+        if reflection::serves(path) {
+            // Boxed: tonic's futures are large, and every call's future is
+            // as large as its largest branch (it is moved when the call
+            // starts).
+            return Box::pin(self.reflection.call(req, respond)).await;
+        }
+        send_unary(
+            &mut respond,
+            Err(Status::unimplemented("no such service or method here")),
+        );
     }
 }
 
@@ -756,10 +701,7 @@ impl<H: Grpc, R: Grpc, A: Grpc> Services<H, R, A> {
 /// connection's task (no task spawned per call, no body channel between
 /// tasks), and what they answer is written when the connection is next
 /// driven, several answers to a write. Settings as hyper's defaults.
-async fn connection<H: Grpc, R: Grpc, A: Grpc>(
-    stream: tokio::net::TcpStream,
-    services: &Services<H, R, A>,
-) {
+async fn connection(stream: tokio::net::TcpStream, services: &Services) {
     use futures_util::StreamExt as _;
     use std::task::Poll;
     let mut builder = h2::server::Builder::new();
@@ -805,34 +747,18 @@ async fn connection<H: Grpc, R: Grpc, A: Grpc>(
     .await;
 }
 
-/// Serves the rate limit service, health and reflection on `listener`
+/// Serves the rate limit service, health (and reflection) on `listener`
 /// (HTTP/2, cleartext) until `stop` turns true.
 pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Receiver<bool>) {
-    let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_service_status(SERVICE, tonic_health::ServingStatus::Serving)
-        .await;
-    // envoyproxy/ratelimit's deployments probe the name `ratelimit`.
-    health_reporter
-        .set_service_status("ratelimit", tonic_health::ServingStatus::Serving)
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(DESCRIPTORS)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1();
-    let reflection_alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(DESCRIPTORS)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha();
-    let (Ok(reflection), Ok(reflection_alpha)) = (reflection, reflection_alpha) else {
+    #[cfg(feature = "reflection")]
+    let Some(reflection) = reflection::Reflection::new() else {
         tracing::error!("rls: the reflection descriptors do not load; not serving");
         return;
     };
     let services = Arc::new(Services {
         gw,
-        health,
+        #[cfg(feature = "reflection")]
         reflection,
-        reflection_alpha,
     });
     loop {
         let accepted = tokio::select! {
