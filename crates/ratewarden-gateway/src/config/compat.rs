@@ -10,65 +10,12 @@
 use std::str::FromStr;
 
 use ratewarden::algorithm::Kind;
-use serde::Deserialize;
+use ratewarden_schema::compat::CompatFile;
 
 use super::diag::Diag;
 use super::model::{Config, Overrides};
 use super::schema::*;
 use super::validate::validate;
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct CompatFile {
-    #[serde(rename = "rateLimiter")]
-    rate_limiter: Root,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Root {
-    strategy: Option<Sp<String>>,
-    identity: Option<CompatIdentity>,
-    client: Option<Limit>,
-    #[serde(default)]
-    apis: Vec<Api>,
-    target: Option<Sp<String>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CompatIdentity {
-    key: Option<Sp<String>>,
-    header: Option<Sp<String>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Limit {
-    limit: Sp<i64>,
-    window_seconds: Option<Sp<i64>>,
-    refill_seconds: Option<Sp<i64>>,
-    expire_seconds: Option<Sp<i64>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Api {
-    identifier: Sp<String>,
-    path: ApiPath,
-    method: Option<Sp<String>>,
-    limit: Sp<i64>,
-    window_seconds: Option<Sp<i64>>,
-    refill_seconds: Option<Sp<i64>>,
-    expire_seconds: Option<Sp<i64>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ApiPath {
-    expression: Sp<String>,
-    value: Sp<String>,
-}
 
 fn strategy(d: &Diag<'_>, s: &Option<Sp<String>>) -> Option<Kind> {
     let Some(s) = s else {

@@ -24,7 +24,6 @@ mod validate;
 
 pub use diag::{ConfigError, ConfigErrors, parse_duration, suggest};
 pub use model::*;
-pub(crate) use schema::DistributionFile;
 pub(crate) use validate::distribution;
 pub use validate::{BODY_TIMEOUT, HEADER_TIMEOUT, MAX_BODY_SIZE, parse_size};
 
@@ -40,11 +39,10 @@ pub fn load(text: &str, file: &str, overrides: &Overrides) -> Result<Config, Con
         .lines()
         .any(|l| l.trim_end().starts_with("rateLimiter:"));
     let config = if is_compat {
-        let f: compat::CompatFile =
-            serde_saphyr::from_str(text).map_err(|e| parse_error(file, text, &e))?;
+        let f = ratewarden_schema::compat::file(text).map_err(|e| parse_error(file, text, &e))?;
         compat::translate(f, &d, overrides)
     } else {
-        let (parsed, errors, mended) = parse_all::<schema::File>(file, text);
+        let (parsed, errors, mended) = parse_all(file, text, ratewarden_schema::file);
         let reported: Vec<u64> = errors.iter().map(|e| e.line).collect();
         for e in errors {
             d.push(e);
@@ -71,15 +69,16 @@ const MAX_PARSE_ERRORS: usize = 100;
 /// nothing is close to is taken out, with its block. What was parsed last,
 /// the errors, and the lines mended (a later error there, or a "required"
 /// one for a key taken out, follows from one already reported).
-fn parse_all<T: serde::de::DeserializeOwned>(
+fn parse_all<T>(
     file: &str,
     text: &str,
+    parse: fn(&str) -> Result<T, serde_saphyr::Error>,
 ) -> (Option<T>, Vec<ConfigError>, Vec<(u64, String)>) {
     let mut now = text.to_owned();
     let (mut errors, mut mended) = (vec![], vec![]);
     // Each round mends the text or ends; bounded all the same.
     for _ in 0..MAX_PARSE_ERRORS * 4 {
-        let e = match serde_saphyr::from_str::<T>(&now) {
+        let e = match parse(&now) {
             Ok(v) => return (Some(v), errors, mended),
             Err(e) => e,
         };

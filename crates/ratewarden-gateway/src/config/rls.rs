@@ -73,7 +73,7 @@ pub(super) fn read_files(
     for name in names {
         let shown = name.display().to_string();
         match std::fs::read_to_string(&name) {
-            Ok(text) => match serde_saphyr::from_str::<DomainFile>(&text) {
+            Ok(text) => match ratewarden_schema::rls::file(&text) {
                 Ok(f) => files.push((shown, f)),
                 Err(e) => {
                     d.push(super::diag::parse_error(&shown, &text, &e));
@@ -113,96 +113,7 @@ use std::time::Duration;
 
 use ratewarden::algorithm::Kind;
 use ratewarden::{HeaderStyle, Rule};
-use serde::Deserialize;
-
-/// One configuration file's root (or one entry of `rls.domains`).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct DomainFile {
-    pub domain: Option<Scalar>,
-    #[serde(default)]
-    pub descriptors: Vec<DescriptorFile>,
-}
-
-/// A descriptor as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct DescriptorFile {
-    pub key: Option<Scalar>,
-    pub value: Option<Scalar>,
-    pub rate_limit: Option<RateLimitFile>,
-    #[serde(default)]
-    pub descriptors: Vec<DescriptorFile>,
-    #[serde(default)]
-    pub shadow_mode: bool,
-    #[serde(default)]
-    pub detailed_metric: bool,
-    // envoyproxy/ratelimit's keys this service does not implement: refused
-    // by name rather than accepted and ignored.
-    pub quota_mode: Option<serde::de::IgnoredAny>,
-    pub value_to_metric: Option<serde::de::IgnoredAny>,
-    pub share_threshold: Option<serde::de::IgnoredAny>,
-    pub metadata: Option<serde::de::IgnoredAny>,
-}
-
-/// `rate_limit:` as written, with ratewarden's extension.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RateLimitFile {
-    pub unit: Option<String>,
-    pub requests_per_unit: Option<u64>,
-    #[serde(default)]
-    pub unlimited: bool,
-    pub name: Option<Scalar>,
-    #[serde(default)]
-    pub replaces: Vec<ReplacesFile>,
-    pub algorithm: Option<String>,
-    pub window: Option<String>,
-    pub burst: Option<u64>,
-    pub min_interval: Option<String>,
-    pub penalty: Option<String>,
-    pub distribution: Option<crate::config::DistributionFile>,
-}
-
-/// One `replaces:` entry.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ReplacesFile {
-    pub name: Scalar,
-}
-
-/// A YAML scalar read as text, as Go's YAML reads a string field
-/// (`value: 200` is `"200"`).
-#[derive(Debug, Clone)]
-pub(crate) struct Scalar(pub String);
-
-impl<'de> Deserialize<'de> for Scalar {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = Scalar;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string, number or boolean")
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_owned()))
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-            fn visit_f64<E>(self, v: f64) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-            fn visit_bool<E>(self, v: bool) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
+pub(crate) use ratewarden_schema::rls::{DescriptorFile, DomainFile, RateLimitFile, Scalar};
 
 /// Envoy's `RateLimitResponse.RateLimit.Unit` values.
 pub const UNITS: [(&str, i32, u64); 7] = [
