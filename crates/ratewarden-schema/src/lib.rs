@@ -10,7 +10,7 @@
 //! was the largest part of the gateway crate's compile (a third of its
 //! LLVM IR), compiled at the end of the build with nothing beside it. Here
 //! it compiles beside the rest of the build, as soon as serde-saphyr is
-//! built, and at `opt-level = 1` (the workspace's profile): it runs once
+//! built, and at `opt-level = 0` (the workspace's profile): it runs once
 //! per config load. The parse functions ([`file`], [`compat::file`],
 //! [`rls::file`]) are where serde-saphyr is instantiated, so that none of
 //! it is compiled again in the gateway.
