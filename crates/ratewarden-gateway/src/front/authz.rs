@@ -429,12 +429,7 @@ fn in_dialect(dialect: Dialect, mut answer: Response<Body>) -> Response<Body> {
 /// status.
 fn grpc_answer(message: Option<Bytes>, code: i32, text: &str) -> Response<Body> {
     let mut trailers = HeaderMap::new();
-    trailers.insert("grpc-status", HeaderValue::from(code));
-    if !text.is_empty()
-        && let Ok(v) = HeaderValue::from_str(&crate::proxy::flow::grpc_percent(text))
-    {
-        trailers.insert("grpc-message", v);
-    }
+    crate::wire::grpc::put_status(&mut trailers, code, text);
     let mut r = match message {
         Some(m) => {
             let mut framed = BytesMut::with_capacity(5 + m.len());

@@ -366,10 +366,7 @@ pub(crate) fn grpc_refusal(refusal: &Refusal, config: &Config, kind: Grpc) -> Re
         insert_headers(&mut meta, d.header_fields(config.headers));
     }
     let mut trailers = HeaderMap::new();
-    trailers.insert("grpc-status", http::HeaderValue::from(u16::from(code)));
-    if let Ok(v) = http::HeaderValue::from_str(&grpc_percent(&message)) {
-        trailers.insert("grpc-message", v);
-    }
+    crate::wire::grpc::put_status(&mut trailers, i32::from(code), &message);
     let mut r = match kind {
         Grpc::Native => {
             let mut r = Response::new(crate::answer::empty_body());
@@ -416,17 +413,4 @@ pub(crate) fn grpc_refusal(refusal: &Refusal, config: &Config, kind: Grpc) -> Re
     };
     r.headers_mut().extend(meta);
     r
-}
-
-/// `grpc-message`'s percent-encoding: bytes outside 0x20-0x7E, and `%`.
-pub(crate) fn grpc_percent(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if (0x20..0x7f).contains(&b) && b != b'%' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }

@@ -1,4 +1,5 @@
-//! gRPC's length-prefixed framing ([`framed`], [`unframe`]), and
+//! gRPC's length-prefixed framing ([`framed`], [`unframe`]), a status as
+//! headers ([`put_status`]), and
 //! `grpc.health.v1`'s two messages (`grpc/health/v1/health.proto`),
 //! declared for prost with the proto's field numbers: what the RLS
 //! listener's health service answers and what the active check of a gRPC
@@ -35,6 +36,31 @@ pub enum ServingStatus {
     NotServing = 2,
     /// Only from `Watch`: no such service.
     ServiceUnknown = 3,
+}
+
+/// Puts a gRPC status in `headers` (trailers, or the head of a
+/// trailers-only answer): `grpc-status: code`, and `grpc-message` when
+/// `message` is not empty, percent-encoded as gRPC requires.
+pub fn put_status(headers: &mut http::HeaderMap, code: i32, message: &str) {
+    headers.insert("grpc-status", http::HeaderValue::from(code));
+    if !message.is_empty()
+        && let Ok(v) = http::HeaderValue::from_str(&percent(message))
+    {
+        headers.insert("grpc-message", v);
+    }
+}
+
+/// `grpc-message`'s percent-encoding: bytes outside 0x20-0x7E, and `%`.
+pub fn percent(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// `message` as one gRPC frame: uncompressed, length-prefixed.
@@ -101,6 +127,24 @@ mod tests {
             .unwrap();
             assert_eq!(back.status(), theirs);
         }
+    }
+
+    #[test]
+    fn a_status_is_its_code_and_its_message_percent_encoded() {
+        let mut h = http::HeaderMap::new();
+        put_status(&mut h, 8, "rate limited by rule `a`; 100% é\n");
+        assert_eq!(h["grpc-status"], "8");
+        assert_eq!(
+            h["grpc-message"],
+            "rate limited by rule `a`; 100%25 %C3%A9%0A"
+        );
+        let mut h = http::HeaderMap::new();
+        put_status(&mut h, 0, "");
+        assert_eq!(h["grpc-status"], "0");
+        assert!(
+            h.get("grpc-message").is_none(),
+            "an empty message is left out"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! which envoyproxy/ratelimit's deployments probe. Their status does not
 //! change while the listener serves.
 
-use super::{APPLICATION_GRPC, SERVICE, Status, read_whole, send_unary};
+use super::{APPLICATION_GRPC, SERVICE, Status, read_message, send_unary};
 use crate::gateway::Gateway;
 use crate::wire::grpc::{HealthCheckRequest, HealthCheckResponse, ServingStatus, framed};
 use prost::Message as _;
@@ -70,18 +70,13 @@ pub(super) async fn call(
     let _ = std::future::poll_fn(|cx| send.poll_reset(cx)).await;
 }
 
-/// The call's request, read whole and decoded.
+/// The call's request, read ([`read_message`]) and decoded.
 async fn request(
     gw: &Gateway,
     req: http::Request<h2::RecvStream>,
 ) -> Result<HealthCheckRequest, Status> {
-    let body = read_whole(gw, req.into_body(), MAX_MESSAGE).await?;
-    let message = crate::wire::grpc::unframe(&body).ok_or_else(|| {
-        Status::invalid_argument(
-            "the request is not one uncompressed, length-prefixed gRPC message",
-        )
-    })?;
-    HealthCheckRequest::decode(message)
+    let message = read_message(gw, req, MAX_MESSAGE).await?;
+    HealthCheckRequest::decode(&message[..])
         .map_err(|e| Status::invalid_argument(format!("the request does not decode: {e}")))
 }
 

@@ -91,11 +91,7 @@ impl Status {
         let mut r = http::Response::new(());
         let h = r.headers_mut();
         h.insert(http::header::CONTENT_TYPE, APPLICATION_GRPC);
-        h.insert(GRPC_STATUS, http::HeaderValue::from(u16::from(self.code)));
-        if let Ok(v) = http::HeaderValue::from_str(&crate::proxy::flow::grpc_percent(&self.message))
-        {
-            h.insert(GRPC_MESSAGE, v);
-        }
+        crate::wire::grpc::put_status(h, i32::from(self.code), &self.message);
         r
     }
 }
@@ -133,6 +129,21 @@ async fn should_rate_limit(
     gw: &Gateway,
     req: http::Request<h2::RecvStream>,
 ) -> Result<bytes::Bytes, Status> {
+    let message = read_message(gw, req, MAX_MESSAGE).await?;
+    let request = wire::decode(&message)
+        .map_err(|e| Status::invalid_argument(format!("the request does not decode: {e}")))?;
+    decide(gw, &request).await
+}
+
+/// A unary call's request message, at most `max_message` bytes: one
+/// uncompressed, length-prefixed frame (a compressed call is refused with
+/// UNIMPLEMENTED), read whole by [`read_whole`]. The listener's methods
+/// all read theirs here.
+async fn read_message(
+    gw: &Gateway,
+    req: http::Request<h2::RecvStream>,
+    max_message: usize,
+) -> Result<bytes::Bytes, Status> {
     if req
         .headers()
         .get(GRPC_ENCODING)
@@ -142,15 +153,13 @@ async fn should_rate_limit(
             "compressed requests are not accepted (grpc-accept-encoding: identity)",
         ));
     }
-    let body = read_whole(gw, req.into_body(), MAX_MESSAGE).await?;
-    let Some(message) = unframe(&body) else {
+    let body = read_whole(gw, req.into_body(), max_message).await?;
+    if unframe(&body).is_none() {
         return Err(Status::invalid_argument(
             "the request is not one uncompressed, length-prefixed gRPC message",
         ));
-    };
-    let request = wire::decode(message)
-        .map_err(|e| Status::invalid_argument(format!("the request does not decode: {e}")))?;
-    decide(gw, &request).await
+    }
+    Ok(body.slice(5..))
 }
 
 /// A request body, whole: one message of up to `max_message` bytes and
@@ -223,7 +232,6 @@ async fn read_whole(
 
 const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
 const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
-const GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
 const APPLICATION_GRPC: http::HeaderValue = http::HeaderValue::from_static("application/grpc");
 
 /// Sends a unary call's answer: the head, the message, `grpc-status: 0`;
