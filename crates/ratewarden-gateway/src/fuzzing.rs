@@ -424,7 +424,6 @@ pub fn differential(data: &[u8]) {
 /// with envoy-types' messages: both refuse `data`, or both read the same
 /// fields. (envoy-types comes with the `fuzzing` feature, which the fuzz
 /// targets and this crate's tests turn on.)
-#[cfg(any(test, feature = "fuzzing"))]
 pub fn rls_request(data: &[u8]) {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{

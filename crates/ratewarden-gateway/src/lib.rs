@@ -21,6 +21,9 @@ pub mod answer;
 pub mod cli;
 pub mod config;
 pub mod front;
+// Only for the fuzz targets and the tests (the `fuzzing` feature): not
+// compiled into the gateway (issue 38, the build).
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gateway;
