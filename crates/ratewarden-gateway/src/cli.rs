@@ -297,23 +297,30 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// The log as `log:` says (`RUST_LOG` wins over its level); colours only
-/// on a terminal (and never with `NO_COLOR`), so files get plain text.
+/// The log as `log:` says (`RUST_LOG` wins over its level, when it reads
+/// as a filter); colours only on a terminal (and never with `NO_COLOR`),
+/// so files get plain text.
 fn init_log(spec: &config::LogSpec) {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&spec.level));
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|v| config::log_filter(&v).ok())
+        .or_else(|| config::log_filter(&spec.level).ok())
+        .unwrap_or_default();
     let ansi = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi);
+    let fmt = tracing_subscriber::fmt::layer().with_ansi(ansi);
+    let registry = tracing_subscriber::registry().with(filter);
     match spec.format {
-        config::LogFormat::Text => b.init(),
-        config::LogFormat::Json => b
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
+        config::LogFormat::Text => registry.with(fmt).init(),
+        config::LogFormat::Json => registry
+            .with(
+                fmt.json()
+                    .flatten_event(true)
+                    .with_current_span(false)
+                    .with_span_list(false),
+            )
             .init(),
     }
 }

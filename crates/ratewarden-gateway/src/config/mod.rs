@@ -29,6 +29,17 @@ pub use validate::{BODY_TIMEOUT, HEADER_TIMEOUT, MAX_BODY_SIZE, parse_size};
 
 use diag::{Diag, parse_error};
 
+/// `log.level` (and `RUST_LOG`) as a filter: a level (`error`, `warn`,
+/// `info`, `debug`, `trace`, `off`), or comma-separated `target=level`
+/// directives with an optional bare default level, as in
+/// `warn,ratewarden_gateway=debug`. tracing-subscriber's `Targets`, not
+/// its `EnvFilter`: the span and field directives that only `EnvFilter`
+/// reads would build regular-expression DFAs into every release build
+/// (issue 38, the build).
+pub fn log_filter(spec: &str) -> Result<tracing_subscriber::filter::Targets, String> {
+    spec.trim().parse().map_err(|e| format!("{e}"))
+}
+
 /// Parses and validates a configuration text; `file` names it in errors.
 /// `${VAR}` and `${VAR:-default}` are read from the environment first.
 pub fn load(text: &str, file: &str, overrides: &Overrides) -> Result<Config, ConfigErrors> {
@@ -308,4 +319,45 @@ fn take_out(text: &str, line: u64) -> Option<String> {
     let mut t = out.join("\n");
     t.push('\n');
     Some(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing::Level;
+
+    use super::*;
+
+    #[test]
+    fn log_filter_reads_levels_and_target_directives() {
+        let f = log_filter("info").unwrap();
+        assert!(f.would_enable("anything", &Level::INFO));
+        assert!(!f.would_enable("anything", &Level::DEBUG));
+        let f = log_filter(" warn,ratewarden_gateway::proxy=debug ").unwrap();
+        assert!(f.would_enable("ratewarden_gateway::proxy::flow", &Level::DEBUG));
+        assert!(!f.would_enable("ratewarden_gateway::server", &Level::INFO));
+        assert!(f.would_enable("ratewarden_gateway::server", &Level::WARN));
+        assert!(!log_filter("off").unwrap().would_enable("x", &Level::ERROR));
+        // A bare word that is no level names a target, as in RUST_LOG.
+        let f = log_filter("hyper").unwrap();
+        assert!(f.would_enable("hyper::proto", &Level::TRACE));
+        assert!(!f.would_enable("ratewarden_gateway", &Level::ERROR));
+        for bad in ["a=loud", "a=b=c", "info,=x"] {
+            assert!(log_filter(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_log_level_that_is_no_filter_is_a_config_error() {
+        let e = load(
+            "log: {level: \"ratewarden=loud\"}\n",
+            "t.yaml",
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("log.level") && e.contains("not a level or filter"),
+            "{e}"
+        );
+    }
 }

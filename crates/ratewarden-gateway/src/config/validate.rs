@@ -553,7 +553,7 @@ fn log_spec(d: &Diag<'_>, f: Option<&Sp<LogFile>>) -> Option<LogSpec> {
         Some(v) => d.check(
             "log.level",
             Some(&v.referenced),
-            tracing_subscriber::EnvFilter::try_new(&v.value)
+            super::log_filter(&v.value)
                 .map(|_| v.value.clone())
                 .map_err(|e| {
                     format!(
