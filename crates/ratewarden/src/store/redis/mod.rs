@@ -1054,51 +1054,82 @@ impl RedisStore {
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
+        // Only the wait is generic: the breaker's admission and the
+        // outcome's accounting are compiled once, not once per call's type
+        // (issue 38, the build).
+        let admit = self.admit()?;
+        let timeout = self.inner.config.timeout;
+        let res = match tokio::time::timeout(timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(self.timed_out(timeout)),
+        };
+        match res {
+            Ok(v) => {
+                self.answered();
+                Ok(v)
+            }
+            Err(e) => Err(self.failed(admit, e)),
+        }
+    }
+
+    /// The breaker's word on a call about to be made: refused while open
+    /// (counted), or let through (perhaps as the probe).
+    fn admit(&self) -> Result<Admit, StoreError> {
         let admit = self.inner.breaker.admit_as();
         if admit == Admit::Refused {
             let e = StoreError::unavailable("circuit open: redis failing");
             self.count(&e);
             return Err(e);
         }
+        Ok(admit)
+    }
+
+    /// What a call that ran out of `timeout` is: unavailable when no
+    /// connection was made (nothing was sent), late otherwise.
+    fn timed_out(&self, timeout: Duration) -> StoreError {
+        if self.pick().is_none() {
+            StoreError::unavailable(format!("not connected within {timeout:?}"))
+        } else {
+            StoreError::Late(format!("no answer within {timeout:?}"))
+        }
+    }
+
+    /// A call answered (well, or with the server's own error): the server
+    /// is there. Tells the breaker, and logs a recovery.
+    fn answered(&self) {
+        self.inner
+            .last_answer
+            .store(self.inner.clock.now().get(), Ordering::Relaxed);
+        if let Change::Closed(after) = self.inner.breaker.success() {
+            tracing::info!(redis = %self.target(), outage = ?after.as_duration(), "redis answering again: circuit closed");
+        }
+    }
+
+    /// A call that failed with `error`: tells the breaker, the counters
+    /// and the log, and gives back the error the caller sees.
+    fn failed(&self, admit: Admit, error: StoreError) -> StoreError {
         let timeout = self.inner.config.timeout;
-        let res = match tokio::time::timeout(timeout, call).await {
-            Ok(r) => r,
-            Err(_) if self.pick().is_none() => Err(StoreError::unavailable(format!(
-                "not connected within {timeout:?}"
-            ))),
-            Err(_) => Err(StoreError::Late(format!("no answer within {timeout:?}"))),
-        };
         // A late answer in an outage (a probe, or a call while calls are
         // failing for want of the server) is part of that outage: the
         // server is going or gone, not busy (a cluster client's probe during
         // a failover waits on the dead node's slots). Such a call may have been
         // applied just before it went: the README's outage bound counts
         // the calls in flight then.
-        let res = match res {
-            Err(StoreError::Late(e)) if admit == Admit::Probe || self.inner.breaker.failing() => {
-                Err(StoreError::unavailable(format!(
-                    "{e}, while redis is failing"
-                )))
+        let error = match error {
+            StoreError::Late(e) if admit == Admit::Probe || self.inner.breaker.failing() => {
+                StoreError::unavailable(format!("{e}, while redis is failing"))
             }
             other => other,
         };
         // Log lines on changes only (and the target, a string made from
         // the URL, made only for them): an outage is three lines (the first
         // failure, the circuit opening, the recovery), not one per call.
-        match &res {
-            Ok(_) | Err(StoreError::Server(_) | StoreError::Protocol(_)) => {
-                // Answered: the server is there, whatever it said.
-                self.inner
-                    .last_answer
-                    .store(self.inner.clock.now().get(), Ordering::Relaxed);
-                if let Change::Closed(after) = self.inner.breaker.success() {
-                    tracing::info!(redis = %self.target(), outage = ?after.as_duration(), "redis answering again: circuit closed");
-                }
-                if let Err(e) = &res {
-                    self.count(e);
-                }
+        match &error {
+            StoreError::Server(_) | StoreError::Protocol(_) => {
+                self.answered();
+                self.count(&error);
             }
-            Err(late @ StoreError::Late(e)) => {
+            late @ StoreError::Late(e) => {
                 self.count(late);
                 self.inner.breaker.late();
                 let silent =
@@ -1110,7 +1141,7 @@ impl RedisStore {
                     self.reconnect();
                 }
             }
-            Err(e) => {
+            e => {
                 self.count(e);
                 // Connect afresh on the next call: a restarted server's
                 // new connection, or under Sentinel the new master's.
@@ -1128,7 +1159,7 @@ impl RedisStore {
                 }
             }
         }
-        res
+        error
     }
 
     /// Groups of ops that can go in one script call: all of them on a
