@@ -202,21 +202,21 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     let mut tasks = vec![];
     if let Some(l) = authz_listener {
         let gw = gateway.clone();
-        tasks.push(tokio::spawn(serve(
+        tasks.push(crate::wire::spawn(serve(
             l,
             stopped.clone(),
             timeouts,
-            move |req, client| {
+            Arc::new(move |req, client| {
                 let gw = gw.clone();
-                async move { crate::front::authz::handle(&gw, req, client).await }
-            },
+                Box::pin(async move { crate::front::authz::handle(&gw, req, client).await })
+            }),
             gateway.clone(),
             false,
             None,
         )));
     }
     if let Some(l) = rls_listener {
-        tasks.push(tokio::spawn(crate::front::rls::serve(
+        tasks.push(crate::wire::spawn(crate::front::rls::serve(
             l,
             gateway.clone(),
             stopped.clone(),
@@ -225,14 +225,14 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     {
         let gw = gateway.clone();
         let tls = Tls::of(&gateway, |c| c.tls.as_ref());
-        tasks.push(tokio::spawn(serve(
+        tasks.push(crate::wire::spawn(serve(
             listener,
             stopped.clone(),
             timeouts,
-            move |req, client| {
+            Arc::new(move |req, client| {
                 let gw = gw.clone();
-                async move { crate::proxy::hyper::handle(&gw, req, client).await }
-            },
+                Box::pin(async move { crate::proxy::hyper::handle(&gw, req, client).await })
+            }),
             gateway.clone(),
             true,
             tls,
@@ -241,14 +241,14 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     if let Some(l) = admin_listener {
         let gw = gateway.clone();
         let tls = Tls::of(&gateway, |c| c.admin_tls.as_ref());
-        tasks.push(tokio::spawn(serve(
+        tasks.push(crate::wire::spawn(serve(
             l,
             stopped.clone(),
             timeouts,
-            move |req, _peer| {
+            Arc::new(move |req, _peer| {
                 let gw = gw.clone();
-                async move { crate::front::admin::handle(&gw, req).await }
-            },
+                Box::pin(async move { crate::front::admin::handle(&gw, req).await })
+            }),
             gateway.clone(),
             false,
             tls,
@@ -258,12 +258,12 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     // first runs: a SIGHUP in between would meet the default action and kill
     // the process.
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    tasks.push(tokio::spawn(sync_overrides(
+    tasks.push(crate::wire::spawn(sync_overrides(
         gateway.clone(),
         overrides,
         stopped.clone(),
     )));
-    tasks.push(tokio::spawn(housekeeping(
+    tasks.push(crate::wire::spawn(housekeeping(
         gateway.clone(),
         source,
         stopped,
@@ -319,6 +319,21 @@ struct Timeouts {
     head: Duration,
 }
 
+/// How a listener answers a request: one type for the three listeners
+/// (proxy, admin, authz), so that hyper's server, HTTP/1.1 and HTTP/2, is
+/// compiled once and not once per listener (issue 38, the build). A request
+/// that hyper reads pays one boxed future for it; the proxy's own HTTP/1.1
+/// path does not go through here.
+type Handler = Arc<
+    dyn Fn(
+            http::Request<hyper::body::Incoming>,
+            crate::proxy::forward::Client,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = http::Response<crate::gateway::Body>> + Send>,
+        > + Send
+        + Sync,
+>;
+
 /// Accepts connections (HTTP/1 and HTTP/2) until told to stop, then drains;
 /// closes connections idle for `timeouts.idle` (see [`crate::wire::idle`]). With
 /// `proxy`, HTTP/1 connections start on the gateway's own HTTP/1.1 path
@@ -326,22 +341,15 @@ struct Timeouts {
 /// does not take. With `tls`, each connection's handshake comes first, in
 /// its own task, within `client_header_timeout`; ALPN `h2` goes to hyper.
 #[allow(clippy::too_many_arguments)]
-async fn serve<F, Fut>(
+async fn serve(
     listener: TcpListener,
     mut stop: watch::Receiver<bool>,
     timeouts: Timeouts,
-    handler: F,
+    handler: Handler,
     gw: Arc<Gateway>,
     proxy: bool,
     tls: Option<Tls>,
-) where
-    F: Fn(http::Request<hyper::body::Incoming>, crate::proxy::forward::Client) -> Fut
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    Fut: std::future::Future<Output = http::Response<crate::gateway::Body>> + Send + 'static,
-{
+) {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // One flat buffer per response instead of a head/body iovec pair: most
@@ -378,7 +386,7 @@ async fn serve<F, Fut>(
                 let builder = builder.clone();
                 let acceptor = tls.as_ref().map(|t| tokio_rustls::TlsAcceptor::from(t.config(&gw)));
                 let (gw, stop) = (gw.clone(), stop.clone());
-                tokio::spawn(async move {
+                crate::wire::spawn(async move {
                     let io = match acceptor {
                         None => ClientIo::Plain(stream),
                         Some(acceptor) => {

@@ -548,7 +548,7 @@ fn settled_at_trailers(
             && let Some(code) = grpc_status(t)
             && let Some(s) = settlement.take()
         {
-            tokio::spawn(s.settle(code));
+            crate::wire::spawn(s.settle(code));
         }
         frame
     })

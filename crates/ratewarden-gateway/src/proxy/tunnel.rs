@@ -97,7 +97,7 @@ pub(crate) async fn open(mut t: Tunnel<'_>, on: Option<OnUpgrade>) -> Response<B
         let exchanged = tokio::time::timeout(t.timeout, async {
             let (mut sender, conn) =
                 hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
-            tokio::spawn(async move {
+            crate::wire::spawn(async move {
                 let _ = conn.with_upgrades().await;
             });
             sender.send_request(req).await
@@ -132,7 +132,7 @@ pub(crate) async fn open(mut t: Tunnel<'_>, on: Option<OnUpgrade>) -> Response<B
             .extensions_mut()
             .insert(crate::observe::metrics::FromUpstream);
         let (held, idle) = (t.held.take(), t.idle);
-        tokio::spawn(async move {
+        crate::wire::spawn(async move {
             let (Some(client), Ok(server)) = (on, up.await) else {
                 return;
             };

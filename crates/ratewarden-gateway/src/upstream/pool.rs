@@ -487,7 +487,7 @@ impl Pool {
             .writev(false)
             .handshake(TokioIo::new(stream))
             .await?;
-        tokio::spawn(async move {
+        crate::wire::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
@@ -522,7 +522,7 @@ where
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
             .handshake(TokioIo::new(stream))
             .await?;
-    tokio::spawn(async move {
+    crate::wire::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "HTTP/2 upstream connection ended with an error");
         }

@@ -276,7 +276,7 @@ impl Router {
         for (r, (_, _, g)) in routes.iter().zip(&router.routes) {
             if let Some(a) = &r.group.active {
                 for i in 0..g.servers.len() {
-                    tokio::spawn(check(Arc::downgrade(g), i, a.clone()));
+                    crate::wire::spawn(check(Arc::downgrade(g), i, a.clone()));
                 }
             }
         }

@@ -778,7 +778,7 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Rec
         };
         let _ = stream.set_nodelay(true);
         let services = services.clone();
-        tokio::spawn(async move { connection(stream, &services).await });
+        crate::wire::spawn(async move { connection(stream, &services).await });
     }
 }
 
