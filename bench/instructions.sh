@@ -6,6 +6,9 @@
 #   bash bench/instructions.sh CONFIG.yaml BIN_A BIN_B [CONFIG_B.yaml]   # N1=500 N2=2500 requests
 #
 # With CONFIG_B, B runs on that config (BIN_A and BIN_B may be the same file).
+# H2=1 sends HTTP/2 (h2c) instead, which hyper serves: then everything the
+# process runs is counted (start-up cancels out in the difference below),
+# since `serve_connection` is the HTTP/1.1 path's.
 #
 # Each build runs as a proxy (--workers 1) under callgrind, collecting only
 # inside `serve_connection` (one client connection's task: parsing, the
@@ -28,12 +31,14 @@ wait_port "$UP"
 count() {
   local rw out=$WORK/cg.out
   rw=$(port)
-  RUST_LOG=off valgrind --tool=callgrind --toggle-collect='*serve_connection*' \
+  local collect=(--toggle-collect='*serve_connection*') proto=(--h1)
+  [ -z "${H2:-}" ] || { collect=(); proto=(); }
+  RUST_LOG=off valgrind --tool=callgrind "${collect[@]}" \
     --callgrind-out-file="$out" "$1" serve -c "$CONF" --listen 127.0.0.1:$rw \
     --upstream http://127.0.0.1:$UP --workers 1 > /dev/null 2> "$WORK/valgrind.log" &
   local p=$!
   for _ in $(seq 300); do (echo > /dev/tcp/127.0.0.1/$rw) 2>/dev/null && break; sleep 0.1; done
-  h2load --h1 -n "$2" -c 4 -m 1 "http://127.0.0.1:$rw/" | grep -q "$2 succeeded\|$2 done" \
+  h2load "${proto[@]}" -n "$2" -c 4 -m 1 "http://127.0.0.1:$rw/" | grep -q "$2 succeeded\|$2 done" \
     || { echo "h2load did not complete $2 requests" >&2; exit 1; }
   kill -INT $p; wait $p 2>/dev/null || true
   awk '/^summary:/ {print $2}' "$out"
