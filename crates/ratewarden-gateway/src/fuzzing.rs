@@ -270,6 +270,7 @@ pub fn forwarded(data: &[u8]) {
     let peer: IpAddr = "10.1.2.3".parse().expect("literal");
     let c = ClientIp {
         forwarded: true,
+        header: ratewarden_tower::identity::ForwardHeader::Forwarded,
         trusted_proxies: vec![
             "10.0.0.0/8".parse().expect("literal"),
             "::/0".parse().expect("literal"),
@@ -468,6 +469,138 @@ pub fn rls_request(data: &[u8]) {
     }
 }
 
+/// The one walker of forwarding chains ([`ClientIp::behind`]) against a
+/// model written plainly (every hop of the named header gathered, then
+/// walked from the right), for each header an operator can name and a
+/// trust set the first byte chooses: the same client, whatever the other
+/// two headers say (a header not named is never read), and always the peer
+/// or an address written in the named header. Input: a choice byte, then
+/// `name: value` lines.
+pub fn forwarded_walk(data: &[u8]) {
+    use ratewarden_tower::identity::{ForwardHeader, MAX_HEADER_BYTES, MAX_HOPS};
+    let Some((&choice, rest)) = data.split_first() else {
+        return;
+    };
+    let header = [
+        ForwardHeader::XForwardedFor,
+        ForwardHeader::Forwarded,
+        ForwardHeader::XRealIp,
+    ][usize::from(choice % 3)];
+    let trusted_proxies: Vec<ipnet::IpNet> = match (choice >> 2) & 3 {
+        0 => vec!["10.0.0.0/8".parse().expect("literal")],
+        1 => vec![
+            "0.0.0.0/0".parse().expect("literal"),
+            "::/0".parse().expect("literal"),
+        ],
+        2 => vec![
+            "10.0.0.0/8".parse().expect("literal"),
+            "2001:db8::/32".parse().expect("literal"),
+        ],
+        _ => vec![],
+    };
+    let c = ClientIp {
+        forwarded: true,
+        header,
+        trusted_proxies,
+        ipv6_prefix: 64,
+    };
+    let mut headers = HeaderMap::new();
+    for line in rest.split(|b| *b == b'\n') {
+        let Some(colon) = line.iter().position(|b| *b == b':') else {
+            continue;
+        };
+        let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(line[..colon].trim_ascii()),
+            HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
+        ) else {
+            continue;
+        };
+        headers.append(n, v);
+    }
+    let peer: IpAddr = "10.1.2.3".parse().expect("literal");
+    let got = c.resolve(peer, ratewarden_tower::view::Fields::Map(&headers));
+    // The model.
+    let node = |s: &str| -> Option<IpAddr> {
+        let s = s.trim().trim_matches('"');
+        if let Ok(ip) = s.parse() {
+            return Some(ip);
+        }
+        if let Some(rest) = s.strip_prefix('[') {
+            return rest.split_once(']')?.0.parse().ok();
+        }
+        let (host, port) = s.rsplit_once(':')?;
+        port.parse::<u16>().ok()?;
+        host.parse().ok()
+    };
+    let want = {
+        let fields: Vec<&[u8]> = headers
+            .get_all(header.name())
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect();
+        let mut hops: Vec<Option<IpAddr>> = vec![];
+        for f in &fields {
+            match ratewarden_tower::view::text(f) {
+                None => hops.push(None),
+                Some(t) => {
+                    for hop in t.split(',') {
+                        hops.push(match header {
+                            ForwardHeader::Forwarded => hop
+                                .split(';')
+                                .filter_map(|p| p.trim().split_once('='))
+                                .find(|(k, _)| k.trim().eq_ignore_ascii_case("for"))
+                                .and_then(|(_, v)| node(v)),
+                            _ => node(hop),
+                        });
+                    }
+                }
+            }
+        }
+        let mut client = peer;
+        if fields.iter().map(|f| f.len()).sum::<usize>() <= MAX_HEADER_BYTES {
+            for hop in hops.into_iter().rev().take(MAX_HOPS) {
+                match hop {
+                    Some(ip) => {
+                        client = ip;
+                        if !c.trusted(ip) {
+                            break;
+                        }
+                    }
+                    None => break,
+                }
+            }
+        }
+        if c.trusted(peer) { client } else { peer }
+    };
+    assert_eq!(got, want, "{header:?}");
+    // The headers not named, however spoofed, change nothing.
+    let mut spoofed = headers.clone();
+    for other in ["forwarded", "x-forwarded-for", "x-real-ip"] {
+        if other != header.name() {
+            spoofed.append(
+                HeaderName::from_static(other),
+                HeaderValue::from_static("for=203.0.113.66, 203.0.113.66"),
+            );
+        }
+    }
+    assert_eq!(
+        c.resolve(peer, ratewarden_tower::view::Fields::Map(&spoofed)),
+        got,
+        "a header not named was read"
+    );
+    if got != peer {
+        let text: String = headers
+            .get_all(header.name())
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).to_ascii_lowercase())
+            .collect();
+        assert!(
+            got.is_ipv6() || text.contains(&got.to_string()),
+            "{got} not in {text:?}"
+        );
+    }
+}
+
 /// The authorisation listener's dialects (`front::authz`): any hook
 /// request, from a trusted proxy or not, is described or refused, never
 /// panics; what is described is a path a rule can see, carries none of the
@@ -483,7 +616,14 @@ pub fn authz_dialect(data: &[u8]) {
     };
     let proxy: std::net::IpAddr = [127, 0, 0, 1].into();
     let trusted_proxy = choice & 0x10 != 0;
-    let trusted = move |ip: std::net::IpAddr| trusted_proxy && ip == proxy;
+    let trusted = ClientIp {
+        trusted_proxies: if trusted_proxy {
+            vec!["127.0.0.1/32".parse().expect("literal")]
+        } else {
+            vec![]
+        },
+        ..ClientIp::default()
+    };
     let asked = if choice & 0x3 == 3 {
         let Ok(check) = crate::front::envoy_auth::CheckRequest::decode(rest) else {
             return;

@@ -203,6 +203,7 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     if let Some(l) = authz_listener {
         let gw = gateway.clone();
         tasks.push(crate::wire::spawn(serve(
+            "authz",
             l,
             stopped.clone(),
             timeouts,
@@ -226,6 +227,7 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
         let gw = gateway.clone();
         let tls = Tls::of(&gateway, |c| c.tls.as_ref());
         tasks.push(crate::wire::spawn(serve(
+            "proxy",
             listener,
             stopped.clone(),
             timeouts,
@@ -242,6 +244,7 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
         let gw = gateway.clone();
         let tls = Tls::of(&gateway, |c| c.admin_tls.as_ref());
         tasks.push(crate::wire::spawn(serve(
+            "admin",
             l,
             stopped.clone(),
             timeouts,
@@ -342,6 +345,7 @@ type Handler = Arc<
 /// its own task, within `client_header_timeout`; ALPN `h2` goes to hyper.
 #[allow(clippy::too_many_arguments)]
 async fn serve(
+    role: &'static str,
     listener: TcpListener,
     mut stop: watch::Receiver<bool>,
     timeouts: Timeouts,
@@ -365,6 +369,7 @@ async fn serve(
         .header_read_timeout(timeouts.head);
     let idle = timeouts.idle;
     let port = listener.local_addr().map_or(0, |a| a.port());
+    let mut failures = crate::wire::AcceptFailures::default();
     loop {
         tokio::select! {
             conn = listener.accept() => {
@@ -372,8 +377,7 @@ async fn serve(
                     Ok(c) => c,
                     Err(e) => {
                         // Out of file descriptors and the like: back off, keep serving.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        failures.failed(role, &e).await;
                         continue;
                     }
                 };

@@ -84,6 +84,15 @@ impl AnyStore {
         }
     }
 
+    /// The in-process store this gateway decides with: the store itself,
+    /// or Redis's fallback for `on_error: local`.
+    pub fn memory(&self) -> &MemoryStore {
+        match self {
+            AnyStore::Memory(m) => m,
+            AnyStore::Redis(f) => f.inner().local(),
+        }
+    }
+
     /// Gateways sharing the store, as it last knew (1 for memory).
     pub fn instances(&self) -> u64 {
         match self {
@@ -168,6 +177,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(s) => s.release(leases).await,
             AnyStore::Redis(s) => Box::pin(s.release(leases)).await,
+        }
+    }
+
+    async fn renew(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.renew(leases).await,
+            AnyStore::Redis(s) => Box::pin(s.renew(leases)).await,
         }
     }
 

@@ -96,7 +96,7 @@ async fn nginx_gets_403_with_the_status_it_should_give_and_envoy_http_gets_the_p
     let nginx = [
         ("x-original-method", "POST"),
         ("x-original-uri", "/api/orders?id=3"),
-        ("x-real-ip", "203.0.113.9"),
+        ("x-forwarded-for", "203.0.113.9"),
     ];
     for _ in 0..2 {
         assert_eq!(send(a, "GET", "/authz/nginx", &nginx, "").await.status, 200);
@@ -112,13 +112,28 @@ async fn nginx_gets_403_with_the_status_it_should_give_and_envoy_http_gets_the_p
         &[
             ("x-original-method", "GET"),
             ("x-original-uri", "/"),
-            ("x-real-ip", "198.51.100.66"),
+            ("x-forwarded-for", "198.51.100.66"),
         ],
         "",
     )
     .await;
     assert_eq!(denied.status, 403);
     assert_eq!(denied.header("x-ratewarden-status"), Some("403"));
+    // `X-Real-IP` is not the header the operator named (`identity.header`,
+    // X-Forwarded-For by default): never read, the client is the proxy.
+    let not_named = send(
+        a,
+        "GET",
+        "/authz/nginx",
+        &[
+            ("x-original-method", "GET"),
+            ("x-original-uri", "/"),
+            ("x-real-ip", "198.51.100.66"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(not_named.status, 200, "{:?}", not_named.headers);
     // Envoy's HTTP dialect: the method and headers are the original's, the
     // path follows the prefix.
     let envoy = [("x-forwarded-for", "203.0.113.10"), ("host", "app.example")];

@@ -8,10 +8,9 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
-use support::{Upstream, gateway, send};
+use support::{Stopped, Upstream, free_port, gateway, send, tool, wait_until_up};
 
 const YAML: &str = r#"identity: {from: header, header: X-User}
 deny: [mallory]
@@ -19,43 +18,6 @@ authz: {listen: 127.0.0.1:0}
 rules:
   - {name: api, match: {path_prefix: /api/}, limit: 2, window: 1h}
 "#;
-
-fn tool(name: &str, package: &str) -> String {
-    for dir in ["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"] {
-        let p = format!("{dir}/{name}");
-        if std::path::Path::new(&p).exists() {
-            return p;
-        }
-    }
-    panic!("no `{name}`: `apt-get install {package}` (./test installs it)");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A proxy process, killed when dropped, and its directory (removed
-/// after it).
-struct Proxy(Child, #[allow(dead_code)] support::Scratch);
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn wait_until_up(addr: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(Instant::now() < deadline, "{addr} never opened");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// The checks every proxy passes; `headers_on_200`: whether it shows the
 /// client the rate-limit headers of an admitted request.
@@ -118,30 +80,15 @@ async fn through(addr: SocketAddr, up: &Upstream, headers_on_200: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nginx_auth_request_with_the_readme_recipe() {
-    let nginx = tool("nginx", "nginx-light");
     let up = Upstream::start().await;
     let gw = gateway(YAML, "echo", None).await;
     let authz = gw.authz.unwrap();
     let port = free_port();
-    let dir = support::scratch_dir("rw-nginx");
     let server = support::recipe("nginx")
         .replace("listen 8080;", &format!("listen 127.0.0.1:{port};"))
         .replace("127.0.0.1:8082", &authz.to_string())
         .replace("127.0.0.1:9000", up.url().trim_start_matches("http://"));
-    let d = dir.display();
-    let conf = format!(
-        "worker_processes 1;\nerror_log {d}/error.log warn;\npid {d}/nginx.pid;\ndaemon off;\n\
-         events {{ worker_connections 256; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/cb;\n\
-         proxy_temp_path {d}/pt;\n fastcgi_temp_path {d}/ft;\n uwsgi_temp_path {d}/ut;\n scgi_temp_path {d}/st;\n{server}\n}}\n"
-    );
-    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
-    let child = Command::new(nginx)
-        .args(["-p", &d.to_string(), "-c", &format!("{d}/nginx.conf")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let _proxy = Proxy(child, dir);
+    let _proxy = support::nginx(&server);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     wait_until_up(addr).await;
     through(addr, &up, true).await;
@@ -181,7 +128,7 @@ async fn caddy_forward_auth_with_the_readme_recipe() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let _proxy = Proxy(child, dir);
+    let _proxy = Stopped(child, Some(dir));
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     wait_until_up(addr).await;
     // Caddy puts an admitted request's rate-limit headers on the request

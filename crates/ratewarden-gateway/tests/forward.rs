@@ -204,7 +204,21 @@ async fn the_upstream_prefix_comes_before_the_target(path: Path) {
 
 async fn x_forwarded_for_carries_the_chain_and_the_peer(path: Path) {
     let up = Upstream::start().await;
+    // By default a client's chain is replaced by its address (it is no
+    // trusted proxy): an app that believes one hop sees the client.
     let gw = gateway("rules: []\n", &up.url(), None).await;
+    let r = send(
+        path,
+        gw.listen,
+        "GET",
+        "/",
+        &[("x-forwarded-for", "203.0.113.1, 10.0.0.2")],
+    )
+    .await;
+    assert_eq!(field(&r.body, "xff"), "127.0.0.1");
+    gw.shutdown().await;
+    // nginx's way, asked for: the chain, then the peer.
+    let gw = gateway("x_forwarded_for: append\nrules: []\n", &up.url(), None).await;
     let r = send(
         path,
         gw.listen,

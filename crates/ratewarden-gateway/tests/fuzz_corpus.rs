@@ -50,6 +50,14 @@ fn forwarded() {
 }
 
 #[test]
+fn forwarded_walk() {
+    corpus(
+        "forwarded_walk",
+        ratewarden_gateway::fuzzing::forwarded_walk,
+    );
+}
+
+#[test]
 fn config() {
     corpus("config", ratewarden_gateway::fuzzing::config);
 }

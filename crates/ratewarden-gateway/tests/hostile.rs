@@ -189,7 +189,7 @@ fn statuses(text: &str) -> Vec<u16> {
 fn counted(gw: &Gateway, rule: &str, decision: &str) -> u64 {
     let text = raw(
         gw.admin,
-        b"GET /metrics HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n",
         Duration::from_secs(2),
     );
     let want = format!("ratewarden_requests_total{{rule=\"{rule}\",decision=\"{decision}\"}} ");

@@ -287,7 +287,8 @@ async fn keys_on_the_host_a_parameter_a_cookie_and_a_path_capture(path: Path) {
 /// Without the header, the part is the client's address: a client cannot
 /// escape by leaving it out, and key-less clients do not share one bucket
 /// (only this test's one address is available here, so the first is shown
-/// by counting, the second by the key `/v1/explain` reports).
+/// by counting, the second by the key `/v1/explain` reports). The address
+/// stands in marked (`%id=`): no value a client sends is that key.
 async fn a_missing_key_part_is_the_identity_by_default(path: Path) {
     let (_up, gw) =
         start("rules:\n  - {name: per-key, limit: 2, window: 1h, key: ['header:X-Api-Key']}\n")
@@ -300,7 +301,7 @@ async fn a_missing_key_part_is_the_identity_by_default(path: Path) {
     );
     let explain = support::send(gw.admin, "GET", "/v1/explain?peer=198.51.100.7", &[], "").await;
     assert!(
-        explain.body.contains("\"key\":\"198.51.100.7\""),
+        explain.body.contains("\"key\":\"%id=198.51.100.7\""),
         "{}",
         explain.body
     );

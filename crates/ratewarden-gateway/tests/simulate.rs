@@ -52,7 +52,7 @@ fn fold(config: &Config, spec: &str) -> Vec<Counts> {
         c.offered += 1;
         match d.rules[0].reason {
             _ if d.allowed => c.admitted += 1,
-            Some(Reason::Limit) => c.limit += 1,
+            Some(Reason::Limit | Reason::Full) => c.limit += 1,
             Some(Reason::Banned) => c.banned += 1,
             Some(Reason::MinInterval) => c.min_interval += 1,
             None => c.other += 1,

@@ -476,9 +476,38 @@ pub fn spawn_binary(
 /// The real binary run with `args`, which must make it serve with an
 /// admin listener; `dir`, if given, is removed when it stops.
 pub fn spawn_binary_with(args: &[&str], env: &[(&str, &str)], dir: Option<Scratch>) -> Binary {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
-        .args(args)
-        .envs(env.iter().copied())
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"));
+    cmd.args(args).envs(env.iter().copied());
+    spawn_command(cmd, dir)
+}
+
+/// The real binary serving `file` (as [`spawn_binary`]) with at most
+/// `nofile` file descriptors (`ulimit -n`, by the shell that starts it).
+pub fn spawn_binary_nofile(file: &std::path::Path, upstream: &str, nofile: u32) -> Binary {
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args([
+        "-c",
+        &format!("ulimit -n {nofile} && exec \"$0\" \"$@\""),
+        env!("CARGO_BIN_EXE_ratewarden"),
+        "serve",
+        "--workers",
+        "1",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--upstream",
+        upstream,
+        "-c",
+        &file.display().to_string(),
+    ]);
+    spawn_command(cmd, None)
+}
+
+/// `cmd`, which must run the binary serving with an admin listener, with
+/// its log read; `dir`, if given, is removed when it stops.
+pub fn spawn_command(mut cmd: std::process::Command, dir: Option<Scratch>) -> Binary {
+    let mut child = cmd
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .stdout(std::process::Stdio::piped())
@@ -589,4 +618,84 @@ pub fn recipe(name: &str) -> String {
     let block = &readme[at..at + readme[at..].find(&end).unwrap()];
     let body = block.trim().split_once('\n').unwrap().1;
     body.trim_end().trim_end_matches("```").to_owned()
+}
+
+/// The path of the tool `name`, from Debian's `package`; a test that needs
+/// it fails saying how to install it when it is missing.
+pub fn tool(name: &str, package: &str) -> String {
+    for dir in ["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"] {
+        let p = format!("{dir}/{name}");
+        if std::path::Path::new(&p).exists() {
+            return p;
+        }
+    }
+    panic!("no `{name}`: `apt-get install {package}` (./test installs it)");
+}
+
+/// A free loopback port (free when asked).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits (at most 15 s) until `addr` accepts connections.
+pub async fn wait_until_up(addr: SocketAddr) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "{addr} never opened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A server process of a test (nginx, Caddy), stopped when dropped: asked
+/// with SIGTERM, then waited for (killed after 5 s). A SIGKILL to nginx's
+/// master left its worker running, orphaned, after the tests had ended.
+pub struct Stopped(pub std::process::Child, pub Option<Scratch>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.0.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) => {
+                    let _ = self.0.kill();
+                    let _ = self.0.wait();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Debian's nginx running `http` (the body of its `http { }` block), one
+/// process (`master_process off`: nothing is left behind when it stops),
+/// in the foreground, its files in a scratch directory; the address is
+/// the caller's to wait for.
+pub fn nginx(http: &str) -> Stopped {
+    let nginx = tool("nginx", "nginx-light");
+    let dir = scratch_dir("rw-nginx");
+    let d = dir.display();
+    let conf = format!(
+        "master_process off;\nworker_processes 1;\nerror_log {d}/error.log warn;\npid {d}/nginx.pid;\ndaemon off;\n\
+         events {{ worker_connections 256; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/cb;\n\
+         proxy_temp_path {d}/pt;\n fastcgi_temp_path {d}/ft;\n uwsgi_temp_path {d}/ut;\n scgi_temp_path {d}/st;\n{http}\n}}\n"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+    let child = std::process::Command::new(nginx)
+        .args(["-p", &d.to_string(), "-c", &format!("{d}/nginx.conf")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    Stopped(child, Some(dir))
 }

@@ -300,7 +300,8 @@ async fn chunked_and_close_delimited_answers_are_relayed_whole() {
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order_and_connection_close_is_honoured() {
     let up = RawUpstream::start().await;
-    let gw = gateway(RULES, &format!("http://{}/base/", up.addr), None).await;
+    let rules = format!("x_forwarded_for: append\n{RULES}");
+    let gw = gateway(&rules, &format!("http://{}/base/", up.addr), None).await;
     let text = raw_exchange(
         gw.listen,
         b"GET /echo?n=1 HTTP/1.1\r\nhost: x\r\n\r\n\
@@ -367,7 +368,8 @@ async fn what_the_http1_path_does_not_take_is_served_by_hyper() {
 #[tokio::test]
 async fn both_paths_append_the_peer_to_every_incoming_x_forwarded_for_field() {
     let up = RawUpstream::start().await;
-    let gw = gateway(RULES, &format!("http://{}", up.addr), None).await;
+    let rules = format!("x_forwarded_for: append\n{RULES}");
+    let gw = gateway(&rules, &format!("http://{}", up.addr), None).await;
     let fields = "x-forwarded-for: 10.0.0.1\r\nx-forwarded-for: 10.0.0.2, 10.0.0.3\r\n";
     let joined = "x-forwarded-for: 10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1\r\n";
     // The HTTP/1.1 path, then hyper's (HTTP/1.0 goes there).

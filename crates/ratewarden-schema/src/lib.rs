@@ -49,6 +49,7 @@ pub struct File {
     pub underscores_in_headers: Option<Sp<bool>>,
     pub preserve_host: Option<Sp<bool>>,
     pub forwarded: Option<Sp<bool>>,
+    pub x_forwarded_for: Option<Sp<String>>,
     pub request_headers: Option<Sp<RequestHeadersFile>>,
     pub tls: Option<Sp<TlsFile>>,
     pub upstream_tls: Option<Sp<UpstreamTlsFile>>,
@@ -257,6 +258,7 @@ pub fn default_admin() -> Option<AdminFile> {
         token: None,
         tls: None,
         token_for_probes: None,
+        hosts: None,
     })
 }
 
@@ -281,6 +283,7 @@ pub struct AdminFile {
     pub token: Option<Sp<String>>,
     pub tls: Option<Sp<TlsFile>>,
     pub token_for_probes: Option<Sp<bool>>,
+    pub hosts: Option<Vec<Sp<String>>>,
 }
 
 /// A listener's TLS: one certificate (`cert` + `key`) or several

@@ -56,6 +56,51 @@ pub fn bounded(s: &str) -> &str {
     &s[..end]
 }
 
+/// The mark that begins every stand-in the admission path makes (the
+/// identity for a missing key part, `anonymous`, an address standing in for
+/// a missing header): every `%` in a value a client sends is escaped as
+/// `%25` (see [`key_part`] and [`client_identity`]), so a client value never
+/// begins with `%` followed by a letter, and no client can pose as a
+/// stand-in, or make its value share another client's stand-in bucket.
+pub const STAND_IN: char = '%';
+
+/// The stand-in for every request that lacks a value, where `anonymous`
+/// says they share one bucket.
+pub const ANONYMOUS: &str = "%anonymous";
+
+/// `value` as a part of a key or an identity a client gave: `%` escaped
+/// (see [`STAND_IN`]), and `:` too when `colons` (a part of a key joined by
+/// `:`); bounded to [`MAX_IDENTITY_BYTES`] first.
+fn escaped(out: &mut String, value: &str, colons: bool) {
+    let value = bounded(value);
+    let special = |c: char| c == '%' || (colons && c == ':');
+    if !value.contains(special) {
+        out.push_str(value);
+        return;
+    }
+    for c in value.chars() {
+        match c {
+            ':' if colons => out.push_str("%3A"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// An identity a client gave (a header's value, a token's claim): bounded,
+/// and `%` escaped so that it never equals a stand-in ([`STAND_IN`]).
+///
+/// ```
+/// use ratewarden_tower::admission::client_identity;
+/// assert_eq!(client_identity("alice"), "alice");
+/// assert_eq!(client_identity("%anonymous"), "%25anonymous");
+/// ```
+pub fn client_identity(value: &str) -> String {
+    let mut out = String::with_capacity(value.len().min(MAX_IDENTITY_BYTES));
+    escaped(&mut out, value, false);
+    out
+}
+
 /// Where a request's identity comes from in this call.
 #[derive(Debug, Clone, Copy)]
 pub enum Identity<'a> {
@@ -181,14 +226,14 @@ impl Policy {
             (Identity::Resolve, IdentitySource::Header { name, .. }) => facts
                 .request
                 .header_text(name.as_str())
-                .map(|v| bounded(v).to_owned()),
+                .map(client_identity),
             (Identity::Resolve, IdentitySource::Claim { claim, .. }) => facts
                 .request
                 .claims
                 .and_then(|c| c.claim(claim))
                 .and_then(|v| {
                     let v = v.trim();
-                    (!v.is_empty()).then(|| bounded(v).to_owned())
+                    (!v.is_empty()).then(|| client_identity(v))
                 }),
             (Identity::Resolve, IdentitySource::Given { .. }) => None,
         };
@@ -209,12 +254,20 @@ impl Policy {
                             limited: false,
                         });
                     }
-                    Missing::Ip => match (ip, self.identity.client_ip()) {
-                        (Some(ip), Some(c)) => c.key(ip),
-                        (Some(ip), None) => crate::identity::ClientIp::default().key(ip),
-                        (None, _) => "anonymous".to_owned(),
+                    // The address itself where identities are addresses;
+                    // where they are a header's or a claim's, the address
+                    // marked as standing in, so that no client can send
+                    // another's address as its identity and spend its
+                    // bucket.
+                    Missing::Ip => match (ip, &self.identity) {
+                        (Some(ip), IdentitySource::Address(c)) => c.key(ip),
+                        (Some(ip), source) => {
+                            let c = source.client_ip().cloned().unwrap_or_default();
+                            format!("{STAND_IN}ip={}", c.key(ip))
+                        }
+                        (None, _) => ANONYMOUS.to_owned(),
                     },
-                    Missing::Anonymous => "anonymous".to_owned(),
+                    Missing::Anonymous => ANONYMOUS.to_owned(),
                     Missing::Reject => {
                         let header = match &self.identity {
                             IdentitySource::Header { name, .. } => Some(name.clone()),
@@ -256,7 +309,7 @@ impl Policy {
             [KeyPart::Identity] => self.given_identity(key.trim(), &self.identity),
             // A key of one hashed part is given in clear, and hashed as
             // the proxy hashes it (a hash given as such is kept).
-            [KeyPart::Hashed(_, h)] if !h.is_hash(key) => h.hash(bounded(key)),
+            [KeyPart::Hashed(_, h)] if !h.is_hash(key) => h.hash(key),
             _ => key.to_owned(),
         }
     }
@@ -441,12 +494,18 @@ fn key_of<'r>(r: &'r PolicyRule, identity: &str, facts: &Facts<'_>) -> Result<St
             other => (other, None),
         };
         match (part_value(part, r, &facts.request), hasher, r.missing) {
-            // The secret never enters the key: only its hash (bounded
-            // first, as the clear value would have been).
-            (Some(v), Some(h), _) => out.push_str(&h.hash(bounded(&v))),
+            // The secret never enters the key: only its hash, of the whole
+            // value (two tokens that share their first bytes are two
+            // keys; only the request's size bounds the value).
+            (Some(v), Some(h), _) => out.push_str(&h.hash(&v)),
             (Some(v), None, _) => key_part(&mut out, &v),
-            (None, _, MissingPart::Identity) => key_part(&mut out, identity),
-            (None, _, MissingPart::Anonymous) => out.push_str("anonymous"),
+            // A stand-in, marked: no value a client sends makes it.
+            (None, _, MissingPart::Identity) => {
+                out.push(STAND_IN);
+                out.push_str("id=");
+                key_part(&mut out, identity);
+            }
+            (None, _, MissingPart::Anonymous) => out.push_str(ANONYMOUS),
             (None, _, MissingPart::Skip) => return Err(Lacking::Skip),
             (None, _, MissingPart::Reject) => return Err(Lacking::Reject(p)),
         }
@@ -499,18 +558,7 @@ fn part_value<'a>(
 /// assert_eq!(k, "GET:a%3Ab%25c");
 /// ```
 pub fn key_part(out: &mut String, value: &str) {
-    let value = bounded(value);
-    if !value.contains([':', '%']) {
-        out.push_str(value);
-        return;
-    }
-    for c in value.chars() {
-        match c {
-            ':' => out.push_str("%3A"),
-            '%' => out.push_str("%25"),
-            c => out.push(c),
-        }
-    }
+    escaped(out, value, true);
 }
 
 /// A matched rule's key and group for one request. Most keys are the
@@ -796,15 +844,21 @@ type Release = Box<
 
 /// A request's `concurrency` leases, given back when this is dropped:
 /// however its answer ends (sent whole, or the client gone). Awaiting
-/// [`Held::release`] gives them back at once instead.
+/// [`Held::release`] gives them back at once instead. While it is held, a
+/// task renews the leases every third of their `max_hold`: a stream or a
+/// tunnel open for longer keeps its slot, and `max_hold` bounds only a
+/// holder that vanished (a gateway that died, a store it lost).
 pub struct Held {
     release: Option<Release>,
+    /// The renewing task, stopped when the leases go back.
+    renewing: Option<tokio::task::AbortHandle>,
 }
 
 impl std::fmt::Debug for Held {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Held")
             .field("armed", &self.release.is_some())
+            .field("renewing", &self.renewing.is_some())
             .finish()
     }
 }
@@ -812,7 +866,28 @@ impl std::fmt::Debug for Held {
 impl Held {
     /// Guards what `admitted` holds; `None` when it holds no lease.
     pub fn take<S: Store>(admitted: &mut Admitted<'_>, limiter: &Arc<Limiter<S>>) -> Option<Self> {
-        let pending = admitted.pending.as_mut()?.take_leases()?;
+        let pending = Arc::new(admitted.pending.as_mut()?.take_leases()?);
+        let renewing = match (pending.renew_every(), tokio::runtime::Handle::try_current()) {
+            (Some(every), Ok(rt)) => {
+                let (limiter, pending) = (limiter.clone(), pending.clone());
+                Some(
+                    rt.spawn(async move {
+                        let mut tick =
+                            tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        loop {
+                            tick.tick().await;
+                            // A renewal that fails (the store down) is
+                            // tried again next time; the lease lapses only
+                            // after `max_hold` without one.
+                            let _ = limiter.renew(&pending).await;
+                        }
+                    })
+                    .abort_handle(),
+                )
+            }
+            _ => None,
+        };
         let limiter = limiter.clone();
         Some(Self {
             release: Some(Box::new(move || {
@@ -822,11 +897,15 @@ impl Held {
                     let _ = limiter.release(&pending).await;
                 })
             })),
+            renewing,
         })
     }
 
     /// Gives the leases back now.
     pub async fn release(mut self) {
+        if let Some(t) = self.renewing.take() {
+            t.abort();
+        }
         if let Some(r) = self.release.take() {
             r().await;
         }
@@ -835,6 +914,9 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
+        if let Some(t) = self.renewing.take() {
+            t.abort();
+        }
         let Some(r) = self.release.take() else { return };
         // Polled once here: the memory store's release is ready at once, so
         // the slot is free before the next request can ask for it. Only a

@@ -6,18 +6,72 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::view::{Fields, text};
 use ipnet::IpNet;
+use smallvec::SmallVec;
 
 /// At most this many hops are read from forwarding headers: a client can send
 /// any number, and walking them must stay cheap.
-const MAX_HOPS: usize = 32;
+pub const MAX_HOPS: usize = 32;
 /// Forwarding headers longer than this are ignored (the peer is the client).
-const MAX_HEADER_BYTES: usize = 4096;
+pub const MAX_HEADER_BYTES: usize = 4096;
+
+/// The forwarding header the operator's proxy sets: the only one read for
+/// the client's address. A proxy sets one and passes the others through as
+/// the client sent them (nginx's usual `proxy_set_header X-Forwarded-For
+/// $proxy_add_x_forwarded_for` leaves a client's `Forwarded` untouched), so
+/// reading any header the operator did not name lets a client choose its
+/// own identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForwardHeader {
+    /// `X-Forwarded-For` (nginx, HAProxy, Caddy, Traefik, Envoy): a chain
+    /// of addresses, the nearest last.
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded`: elements whose `for=` is the address.
+    Forwarded,
+    /// `X-Real-IP` (nginx's `$remote_addr`): one address.
+    XRealIp,
+}
+
+impl ForwardHeader {
+    /// The header's name, in lower case.
+    pub fn name(self) -> &'static str {
+        match self {
+            ForwardHeader::XForwardedFor => "x-forwarded-for",
+            ForwardHeader::Forwarded => "forwarded",
+            ForwardHeader::XRealIp => "x-real-ip",
+        }
+    }
+
+    /// The header named `name` (any case), when it is one of these.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::XForwardedFor, Self::Forwarded, Self::XRealIp]
+            .into_iter()
+            .find(|h| h.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The address of one hop as this header writes it (`None`: not an
+    /// address: `unknown`, an obfuscated identifier, garbage).
+    fn hop(self, hop: &str) -> Option<IpAddr> {
+        match self {
+            ForwardHeader::Forwarded => hop
+                .split(';')
+                .find_map(|pair| {
+                    let (k, v) = pair.trim().split_once('=')?;
+                    k.trim().eq_ignore_ascii_case("for").then(|| v.trim())
+                })
+                .and_then(parse_node),
+            ForwardHeader::XForwardedFor | ForwardHeader::XRealIp => parse_node(hop.trim()),
+        }
+    }
+}
 
 /// How to find the client's address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientIp {
-    /// Read `Forwarded` / `X-Forwarded-For` (only from trusted peers).
+    /// Read the forwarding header (only from trusted peers).
     pub forwarded: bool,
+    /// The forwarding header read: the one the operator's proxy sets.
+    pub header: ForwardHeader,
     /// Proxies whose forwarding headers are believed.
     pub trusted_proxies: Vec<IpNet>,
     /// IPv6 clients are grouped by this prefix length (one /64 is one
@@ -29,6 +83,7 @@ impl Default for ClientIp {
     fn default() -> Self {
         Self {
             forwarded: false,
+            header: ForwardHeader::default(),
             trusted_proxies: vec![],
             ipv6_prefix: 64,
         }
@@ -36,42 +91,71 @@ impl Default for ClientIp {
 }
 
 impl ClientIp {
-    fn trusted(&self, ip: IpAddr) -> bool {
+    /// Whether `ip` is one of the trusted proxies.
+    pub fn trusted(&self, ip: IpAddr) -> bool {
         self.trusted_proxies.iter().any(|net| net.contains(&ip))
     }
 
     /// The client's address: `peer`, unless `peer` is a trusted proxy and
-    /// forwarding is on; then the right-most address in the forwarding chain
-    /// that is not itself a trusted proxy. A chain that is too long or holds
-    /// garbage stops the walk at the last address that could be read, so a
-    /// client cannot make itself anyone but itself.
+    /// forwarding is on; then [`ClientIp::behind`].
     ///
     /// ```
     /// use http::HeaderMap;
-    /// use ratewarden_tower::identity::ClientIp;
+    /// use ratewarden_tower::identity::{ClientIp, ForwardHeader};
     /// use ratewarden_tower::view::Fields;
-    /// let c = ClientIp { forwarded: true, trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()], ipv6_prefix: 64 };
+    /// let c = ClientIp { forwarded: true, trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()], ..ClientIp::default() };
     /// let mut h = HeaderMap::new();
     /// h.insert("x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.1.1.1".parse().unwrap());
+    /// h.insert("forwarded", "for=192.0.2.1".parse().unwrap());
+    /// // The header named (X-Forwarded-For by default); `Forwarded` is not read.
     /// assert_eq!(c.resolve("10.0.0.2".parse().unwrap(), Fields::Map(&h)).to_string(), "203.0.113.9");
     /// // The same header from an untrusted peer is ignored.
     /// assert_eq!(c.resolve("198.51.100.7".parse().unwrap(), Fields::Map(&h)).to_string(), "198.51.100.7");
+    /// // Naming `Forwarded` reads it, and only it.
+    /// let f = ClientIp { header: ForwardHeader::Forwarded, ..c };
+    /// assert_eq!(f.resolve("10.0.0.2".parse().unwrap(), Fields::Map(&h)).to_string(), "192.0.2.1");
     /// ```
     pub fn resolve(&self, peer: IpAddr, headers: Fields<'_>) -> IpAddr {
         if !self.forwarded || !self.trusted(peer) {
             return peer;
         }
-        let hops = forwarded_hops(headers);
+        self.behind(peer, headers)
+    }
+
+    /// The one walker of forwarding chains, for every front end (the
+    /// proxy, `/v1/check`, `/v1/explain`, the authorisation listener): the
+    /// right-most address of [`ClientIp::header`] that is not itself a
+    /// trusted proxy, `peer` when the header is absent. Only that header
+    /// is read. A chain too long (over [`MAX_HEADER_BYTES`] or
+    /// [`MAX_HOPS`] hops) or holding garbage stops the walk at the last
+    /// address that could be read, so a client cannot make itself anyone
+    /// but itself. The caller has checked that `peer` is trusted; no
+    /// allocation for a chain sent in up to two fields.
+    pub fn behind(&self, peer: IpAddr, headers: Fields<'_>) -> IpAddr {
+        let fields: SmallVec<[&[u8]; 2]> = headers.get_all(self.header.name()).collect();
+        if fields.iter().map(|v| v.len()).sum::<usize>() > MAX_HEADER_BYTES {
+            return peer;
+        }
         let mut client = peer;
-        for hop in hops.into_iter().rev().take(MAX_HOPS) {
-            match hop {
-                Some(ip) => {
-                    client = ip;
-                    if !self.trusted(ip) {
-                        break;
-                    }
+        let mut hops = 0;
+        for field in fields.iter().rev() {
+            let Some(field) = text(field) else {
+                return client;
+            };
+            for hop in field.rsplit(',') {
+                if hops == MAX_HOPS {
+                    return client;
                 }
-                None => break,
+                hops += 1;
+                match self.header.hop(hop) {
+                    Some(ip) => {
+                        client = ip;
+                        if !self.trusted(ip) {
+                            return client;
+                        }
+                    }
+                    None => return client,
+                }
             }
         }
         client
@@ -139,45 +223,6 @@ fn v4_key(ip: Ipv4Addr) -> String {
     out
 }
 
-/// The hops of `Forwarded` (RFC 7239 `for=`), or else of `X-Forwarded-For`,
-/// left to right; `None` for a hop that is not an address (`unknown`, an
-/// obfuscated identifier, garbage). Empty when the headers are absent,
-/// too long, or not text.
-fn forwarded_hops(headers: Fields<'_>) -> Vec<Option<IpAddr>> {
-    let joined = |name: &'static str| -> Option<String> {
-        let mut out = String::new();
-        for v in headers.get_all(name) {
-            let v = text(v)?;
-            if !out.is_empty() {
-                out.push(',');
-            }
-            out.push_str(v);
-            if out.len() > MAX_HEADER_BYTES {
-                return None;
-            }
-        }
-        (!out.is_empty()).then_some(out)
-    };
-    if let Some(fwd) = joined("forwarded") {
-        return fwd
-            .split(',')
-            .map(|element| {
-                element
-                    .split(';')
-                    .find_map(|pair| {
-                        let (k, v) = pair.trim().split_once('=')?;
-                        k.trim().eq_ignore_ascii_case("for").then(|| v.trim())
-                    })
-                    .and_then(parse_node)
-            })
-            .collect();
-    }
-    match joined("x-forwarded-for") {
-        Some(xff) => xff.split(',').map(|h| parse_node(h.trim())).collect(),
-        None => vec![],
-    }
-}
-
 /// An address as forwarding headers write it: `1.2.3.4`, `1.2.3.4:80`,
 /// `"[2001:db8::1]:443"`, `2001:db8::1`.
 fn parse_node(s: &str) -> Option<IpAddr> {
@@ -228,7 +273,7 @@ mod tests {
                 "127.0.0.1/32".parse().unwrap(),
                 "10.0.0.0/8".parse().unwrap(),
             ],
-            ipv6_prefix: 64,
+            ..ClientIp::default()
         }
     }
 
@@ -238,8 +283,41 @@ mod tests {
             "forwarded",
             r#"for=192.0.2.60;proto=http, for="[2001:db8:cafe::17]:4711", for=10.0.0.5"#,
         )]);
-        let ip = behind_proxy().resolve("127.0.0.1".parse().unwrap(), Fields::Map(&h));
+        let rfc7239 = ClientIp {
+            header: ForwardHeader::Forwarded,
+            ..behind_proxy()
+        };
+        let ip = rfc7239.resolve("127.0.0.1".parse().unwrap(), Fields::Map(&h));
         assert_eq!(ip, "2001:db8:cafe::17".parse::<IpAddr>().unwrap());
+        // Not named, not read: the peer is the client.
+        let peer = "127.0.0.1".parse().unwrap();
+        assert_eq!(behind_proxy().resolve(peer, Fields::Map(&h)), peer);
+    }
+
+    #[test]
+    fn only_the_named_header_is_read() {
+        let h = headers(&[
+            ("forwarded", "for=203.0.113.1"),
+            ("x-real-ip", "203.0.113.2"),
+            ("x-forwarded-for", "203.0.113.3"),
+        ]);
+        let peer: IpAddr = "10.9.9.9".parse().unwrap();
+        for (header, want) in [
+            (ForwardHeader::Forwarded, "203.0.113.1"),
+            (ForwardHeader::XRealIp, "203.0.113.2"),
+            (ForwardHeader::XForwardedFor, "203.0.113.3"),
+        ] {
+            let c = ClientIp {
+                header,
+                ..behind_proxy()
+            };
+            assert_eq!(c.resolve(peer, Fields::Map(&h)).to_string(), want);
+            assert_eq!(
+                ForwardHeader::from_name(&header.name().to_uppercase()),
+                Some(header)
+            );
+        }
+        assert_eq!(ForwardHeader::from_name("x-client-ip"), None);
     }
 
     #[test]

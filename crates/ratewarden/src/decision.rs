@@ -369,6 +369,11 @@ impl Decision {
                 first.rule.name(),
                 first.rule.spec().min_interval.unwrap_or_default()
             )),
+            Some(Reason::Full) => Some(format!(
+                "the limiter holds as many keys as it may, each banned or at its limit, so rule {} \
+                 cannot count a new one; retry in {retry} s",
+                first.rule.name()
+            )),
             _ if first.rule.spec().penalty.is_some() => Some(format!(
                 "limit of rule {} exceeded; banned for {retry} s",
                 first.rule.name()

@@ -71,6 +71,18 @@ impl Pending {
         })
     }
 
+    /// How often the leases held are renewed while their request goes on
+    /// (a stream, a tunnel): a third of the shortest `max_hold` among
+    /// them, so that two renewals may be lost before a live lease lapses;
+    /// `None` when none is held.
+    pub fn renew_every(&self) -> Option<std::time::Duration> {
+        self.leases
+            .iter()
+            .filter_map(|(r, ..)| r.max_hold())
+            .min()
+            .map(|hold| (hold / 3).max(std::time::Duration::from_millis(10)))
+    }
+
     /// The leases held: (rule name, key, lease).
     pub fn leases(&self) -> impl Iterator<Item = (&str, &str, u64)> {
         self.leases
@@ -162,6 +174,20 @@ impl<S: Store> Limiter<S> {
     /// [`Algorithm::refund`](crate::algorithm::Algorithm::refund).
     pub async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
         self.store.refund(ops, weight).await
+    }
+
+    /// Renews the `concurrency` leases a request holds: it goes on (see
+    /// [`Store::renew`]).
+    pub async fn renew(&self, pending: &Pending) -> Result<(), StoreError> {
+        if pending.leases.is_empty() {
+            return Ok(());
+        }
+        let leases: Vec<(Op<'_>, u64, u64)> = pending
+            .leases
+            .iter()
+            .map(|(rule, key, group, lease, cost)| (Op::grouped(rule, key, group), *lease, *cost))
+            .collect();
+        self.store.renew(&leases).await
     }
 
     /// Gives back the `concurrency` leases a request held: it has ended.

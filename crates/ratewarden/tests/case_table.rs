@@ -357,6 +357,7 @@ fn show_verdict(v: Option<&Verdict>) -> String {
         Some(Reason::Limit) => "limit",
         Some(Reason::Banned) => "banned",
         Some(Reason::MinInterval) => "min_interval",
+        Some(Reason::Full) => "store_full",
     };
     let mut out = format!(
         "{word} remaining={} reset={}",

@@ -448,6 +448,9 @@ impl Store for FirstGrantHangs {
     async fn release(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), ratewarden::StoreError> {
         self.0.release(leases).await
     }
+    async fn renew(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), ratewarden::StoreError> {
+        self.0.renew(leases).await
+    }
     async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), ratewarden::StoreError> {
         self.0.refund(ops, weight).await
     }

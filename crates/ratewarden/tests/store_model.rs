@@ -112,7 +112,9 @@ proptest! {
 }
 
 /// A rejected hot key is answered from its mirror entry; once eviction drops
-/// the key, the store must read it as fresh, not from the stale copy.
+/// the key, the store must read it as fresh, not from the stale copy. (The
+/// key is refused by its minimum gap, not at its limit: a key at its limit
+/// is never evicted for another key's sake.)
 #[test]
 fn an_evicted_key_is_fresh_even_after_being_answered_lock_free() {
     let clock = ManualClock::new(1_700_000_000_000_000);
@@ -121,12 +123,13 @@ fn an_evicted_key_is_fresh_even_after_being_answered_lock_free() {
         .clock(clock.clone())
         .build();
     let short = Rule::builder("short")
-        .limit(1, Duration::from_secs(1))
+        .limit(10, Duration::from_secs(1))
+        .min_interval(Duration::from_secs(1))
         .build()
         .unwrap();
     let long = Rule::builder("long")
         .algorithm(Kind::SlidingWindowLog)
-        .limit(1, Duration::from_secs(3600))
+        .limit(10, Duration::from_secs(3600))
         .build()
         .unwrap();
     let hot = [Op::new(&short, "hot")];
@@ -134,9 +137,10 @@ fn an_evicted_key_is_fresh_even_after_being_answered_lock_free() {
     for _ in 0..3 {
         assert!(!store.decide_now(&hot, 1, Mode::Apply)[0].allowed());
     }
-    // Fill the one shard with keys that expire later: "hot" expires soonest,
-    // so it is evicted first. The fillers are logs, which are never mirrored,
-    // so they cannot overwrite the hot key's mirror entry themselves.
+    // Fill the one shard with keys as light (one use of ten) that expire
+    // later: "hot" expires soonest, so it is evicted first. The fillers are
+    // logs, which are never mirrored, so they cannot overwrite the hot
+    // key's mirror entry themselves.
     for i in 0..store.max_keys() + 10 {
         let k = format!("k{i}");
         store.decide_now(&[Op::new(&long, &k)], 1, Mode::Apply);

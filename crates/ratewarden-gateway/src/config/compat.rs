@@ -192,7 +192,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
                 {
                     Some(IdentityFile {
                         from: Some(nowhere("forwarded".into())),
-                        header: None,
+                        header: Some(h),
                         claim: None,
                         missing: None,
                         trusted_proxies: vec![nowhere("0.0.0.0/0".into()), nowhere("::/0".into())],
@@ -228,6 +228,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         underscores_in_headers: None,
         preserve_host: None,
         forwarded: None,
+        x_forwarded_for: None,
         client_max_body_size: None,
         request_headers: None,
         tls: None,

@@ -10,7 +10,7 @@ use ratewarden::{HeaderStyle, OnError, RedisTls};
 
 pub use crate::tls::{ClientTls, ServerTls};
 
-pub use ratewarden_tower::identity::ClientIp;
+pub use ratewarden_tower::identity::{ClientIp, ForwardHeader};
 pub use ratewarden_tower::policy::{
     Condition, HostPattern, IdentitySource, KeyHasher, KeyPart, Matcher, Missing, MissingPart,
     PathMatch, Pattern, Policy, PolicyRule, Test,
@@ -87,11 +87,15 @@ pub struct Config {
     /// `proto`) on every forwarded request, appended to a trusted proxy's,
     /// a client's replaced.
     pub forwarded: bool,
+    /// `x_forwarded_for: append`: every client's `X-Forwarded-For` goes
+    /// upstream with the peer appended (nginx's
+    /// `$proxy_add_x_forwarded_for`); by default (`replace`) only a
+    /// trusted proxy's is kept, and any other client's is replaced by its
+    /// address, as Traefik and Caddy do: an app behind the gateway that
+    /// trusts its one hop then never believes an address a client wrote.
+    pub x_forwarded_for_append: bool,
     /// `request_headers` at the top level: for the routes without their own.
     pub request_headers: RequestHeaders,
-    /// `identity.trusted_proxies`: peers whose `X-Forwarded-For`,
-    /// `-Host`, `-Proto` and `-Port` are believed.
-    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Which target goes upstream.
     pub upstream_path: UpstreamPath,
     /// Admin listener and token; `None` turns the admin API off.
@@ -110,6 +114,12 @@ pub struct Config {
     /// `/healthz`, `/readyz` and `/metrics` need the admin token too
     /// (`admin.token_for_probes`; off: probes and Prometheus need no secret).
     pub admin_token_for_probes: bool,
+    /// Names besides addresses and `localhost` that the admin listener
+    /// answers under (`admin.hosts`; lower case, without a port): a
+    /// request for any other `Host` is refused before any handler runs,
+    /// so that a page whose name was rebound to the admin listener's
+    /// address (DNS rebinding) cannot drive it.
+    pub admin_hosts: Vec<String>,
     /// The log's format and level (read at start).
     pub log: LogSpec,
     /// The access log, if any (read at start).
@@ -144,7 +154,17 @@ impl Config {
     /// Whether `peer` is one of `identity.trusted_proxies`: its
     /// `X-Forwarded-*` and `Forwarded` fields are believed.
     pub fn trusts(&self, peer: std::net::IpAddr) -> bool {
-        self.trusted_proxies.iter().any(|n| n.contains(&peer))
+        self.policy
+            .identity
+            .client_ip()
+            .is_some_and(|c| c.trusted(peer))
+    }
+
+    /// Whether the `X-Forwarded-For` that `peer` sent goes upstream (with
+    /// the peer appended), or is replaced by the peer alone (see
+    /// [`Config::x_forwarded_for_append`]).
+    pub fn keeps_forwarded_for(&self, peer: std::net::IpAddr) -> bool {
+        self.x_forwarded_for_append || self.trusts(peer)
     }
 }
 

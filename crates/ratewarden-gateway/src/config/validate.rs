@@ -294,6 +294,14 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         &f.upstream_timeout,
         Duration::from_secs(30),
     );
+    let x_forwarded_for_append = match &f.x_forwarded_for {
+        None => Some(false),
+        Some(v) => d.choice(
+            "x_forwarded_for",
+            v,
+            &[("replace", false), ("append", true)],
+        ),
+    };
     let upstream_path = match &f.upstream_path {
         None => Some(UpstreamPath::Original),
         Some(v) => d.choice(
@@ -354,6 +362,13 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         .as_ref()
         .and_then(|a| a.token_for_probes.as_ref())
         .is_some_and(|t| t.value);
+    let admin_hosts = admin_hosts(
+        d,
+        f.admin
+            .as_ref()
+            .and_then(|a| a.hosts.as_deref())
+            .unwrap_or_default(),
+    );
     let mut tls_files = vec![];
     let store = match f.store {
         None => Some(StoreSpec::Memory {
@@ -361,7 +376,6 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         }),
         Some(s) => store_spec(d, s, &mut tls_files),
     };
-    let trusted = trusted_proxies(&f.identity);
     let identity = identity(d, f.identity, f.jwt.is_some());
     let by_header = matches!(
         identity,
@@ -508,11 +522,12 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         underscores_in_headers: f.underscores_in_headers.is_some_and(|u| u.value),
         preserve_host: f.preserve_host.as_ref().is_some_and(|p| p.value),
         forwarded: f.forwarded.as_ref().is_some_and(|p| p.value),
+        x_forwarded_for_append: x_forwarded_for_append?,
         request_headers: top_request_headers?,
-        trusted_proxies: trusted,
         admin: admin?,
         tls_files,
         admin_token_for_probes,
+        admin_hosts: admin_hosts?,
         log: log?,
         access_log: access_log?,
         routes: routes?,
@@ -595,6 +610,36 @@ fn access_spec(d: &Diag<'_>, f: &Sp<AccessLogFile>) -> Option<super::AccessSpec>
         sink,
         format: format?,
     })
+}
+
+/// `admin.hosts`: host names, without a scheme or a port (an address
+/// needs no entry: every address is answered).
+fn admin_hosts(d: &Diag<'_>, list: &[Sp<String>]) -> Option<Vec<String>> {
+    let mut out = Some(vec![]);
+    for h in list {
+        let name = h.value.trim().trim_end_matches('.').to_ascii_lowercase();
+        let valid = !name.is_empty()
+            && name.len() <= 253
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+        if valid {
+            if let Some(o) = out.as_mut() {
+                o.push(name);
+            }
+        } else {
+            d.error(
+                "admin.hosts",
+                Some(&h.referenced),
+                format!(
+                    "`{}` is not a host name: write the name alone (`admin.example.com`), without a scheme or a port",
+                    h.value
+                ),
+            );
+            out = None;
+        }
+    }
+    out
 }
 
 fn admin(
@@ -886,15 +931,6 @@ fn store_spec(
     })
 }
 
-/// `identity.trusted_proxies` as networks (each checked by [`identity`]:
-/// one that does not parse is reported there, and left out here).
-fn trusted_proxies(f: &Option<IdentityFile>) -> Vec<IpNet> {
-    f.iter()
-        .flat_map(|f| &f.trusted_proxies)
-        .filter_map(|t| parse_net(&t.value).ok())
-        .collect()
-}
-
 fn identity(d: &Diag<'_>, f: Option<IdentityFile>, has_jwt: bool) -> Option<IdentitySource> {
     let Some(f) = f else {
         return Some(IdentitySource::Address(ClientIp::default()));
@@ -925,15 +961,7 @@ fn identity(d: &Diag<'_>, f: Option<IdentityFile>, has_jwt: bool) -> Option<Iden
         }
         None => Some(64),
     };
-    let header = opt(&f.header, |h| {
-        d.check(
-            "header",
-            Some(&h.referenced),
-            HeaderName::from_bytes(h.value.as_bytes())
-                .map_err(|_| format!("`{}` is not a header name", h.value)),
-        )
-    });
-    #[derive(Clone, Copy)]
+    #[derive(Clone, Copy, PartialEq)]
     enum From {
         Ip,
         Forwarded,
@@ -953,6 +981,36 @@ fn identity(d: &Diag<'_>, f: Option<IdentityFile>, has_jwt: bool) -> Option<Iden
             ],
         ),
     };
+    // With `from: forwarded`, `header` names the forwarding header the
+    // operator's proxy sets (the only one read); else the identity's own.
+    let forward_header = match (from, &f.header) {
+        (Some(From::Forwarded), Some(h)) => match ForwardHeader::from_name(h.value.trim()) {
+            Some(fh) => Some(fh),
+            None => {
+                d.error(
+                    "header",
+                    Some(&h.referenced),
+                    format!(
+                        "with `from: forwarded`, `header` is the forwarding header your proxy sets: x-forwarded-for (the default: nginx, HAProxy, Caddy, Traefik), forwarded (RFC 7239) or x-real-ip, not `{}`",
+                        h.value
+                    ),
+                );
+                None
+            }
+        },
+        _ => Some(ForwardHeader::default()),
+    };
+    let header = match from {
+        Some(From::Forwarded) => Some(None),
+        _ => opt(&f.header, |h| {
+            d.check(
+                "header",
+                Some(&h.referenced),
+                HeaderName::from_bytes(h.value.as_bytes())
+                    .map_err(|_| format!("`{}` is not a header name", h.value)),
+            )
+        }),
+    };
     let missing = match &f.missing {
         None => Some(Missing::Ip),
         Some(v) => d.choice(
@@ -969,6 +1027,7 @@ fn identity(d: &Diag<'_>, f: Option<IdentityFile>, has_jwt: bool) -> Option<Iden
     let client_ip = |forwarded| {
         Some(ClientIp {
             forwarded,
+            header: forward_header?,
             trusted_proxies: trusted.clone()?,
             ipv6_prefix: ipv6_prefix?,
         })
@@ -1039,7 +1098,11 @@ fn patterns(d: &Diag<'_>, key: &str, list: &[Sp<String>], by_header: bool) -> Op
             Ok(n) => Ok(Pattern::Net(n)),
             Err(m) if !by_header || looks_like_address(v) => Err(m),
             Err(_) if v.is_empty() => Err("an empty entry matches nobody".to_owned()),
-            Err(_) => Ok(Pattern::Identity(v.to_owned())),
+            // Written as the client sends it; compared as identities are
+            // kept (a `%` escaped: see `admission::STAND_IN`).
+            Err(_) => Ok(Pattern::Identity(
+                ratewarden_tower::admission::client_identity(v),
+            )),
         };
         match p {
             Ok(p) => {

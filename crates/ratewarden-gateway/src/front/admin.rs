@@ -350,6 +350,13 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
     let probe = req.method() == Method::GET
         && matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
     let exempt = probe && !live.config.admin_token_for_probes;
+    // Before anything else, the token included: a name rebound to this
+    // listener's address is refused whatever it carries. The probes are
+    // answered under any name, as they are without a token (a scraper
+    // often asks by a service's name; they change nothing and show no key).
+    if !exempt && let Some(r) = misdirected(&req, &live.config.admin_hosts) {
+        return r;
+    }
     if let Some((_, Some(token))) = &live.config.admin
         && !exempt
     {
@@ -360,8 +367,10 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
         let ok = given.is_some_and(|v| {
-            v.strip_prefix("Bearer ").is_some_and(|t| t == token)
-                || crate::front::ui::basic_password(v).is_some_and(|p| p == *token)
+            v.strip_prefix("Bearer ")
+                .is_some_and(|t| same_secret(t.as_bytes(), token.as_bytes()))
+                || crate::front::ui::basic_password(v)
+                    .is_some_and(|p| same_secret(p.as_bytes(), token.as_bytes()))
         });
         if !ok {
             let page = req.uri().path() == "/ui" || req.uri().path().starts_with("/ui/");
@@ -407,6 +416,15 @@ pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
             text.push_str(&format!(
                 "# HELP ratewarden_store_gateways Gateways announced in the shared store lately, as this one last read (each takes its share of a limit during an outage).\n# TYPE ratewarden_store_gateways gauge\nratewarden_store_gateways {}\n",
                 store.instances()
+            ));
+            let memory = store.memory();
+            text.push_str(&format!(
+                "# HELP ratewarden_memory_keys States the in-process store holds (the memory store, or Redis's local fallback), at most store.max_keys.\n\
+                 # TYPE ratewarden_memory_keys gauge\nratewarden_memory_keys {}\n\
+                 # HELP ratewarden_memory_full_total New keys refused because every state of their shard was a ban or a key at its limit (never evicted for another key).\n\
+                 # TYPE ratewarden_memory_full_total counter\nratewarden_memory_full_total {}\n",
+                memory.len(),
+                memory.full_refusals()
             ));
             let (grants, local) = store.leases();
             text.push_str(&format!(
@@ -936,6 +954,57 @@ fn cross_site(req: &Request<Incoming>) -> Option<Response<Body>> {
     Some(problem_response(
         StatusCode::FORBIDDEN,
         "a browser request from another site to the admin API is refused",
+    ))
+}
+
+/// Whether `given` is `secret`, in a time that depends on their lengths
+/// only: every byte is compared, with no exit at the first that differs,
+/// so the answer's timing says nothing of how much of a guess was right.
+fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+    given.len() == secret.len()
+        && given
+            .iter()
+            .zip(secret)
+            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+            == 0
+}
+
+/// A request for a `Host` the admin listener is not reached by: 421. DNS
+/// rebinding points a name the attacker owns at the listener's address,
+/// and a browser then sends that name as `Host` and `Origin` alike (so the
+/// cross-site check cannot tell): the names answered are `localhost`
+/// (`*.localhost` too, which browsers resolve to loopback themselves) and
+/// `admin.hosts`; any address is answered, since a rebinding needs a name.
+/// A request without `Host` (HTTP/1.0, a script) is answered: browsers
+/// always send one. HTTP/2's `:authority` is read where there is no
+/// `Host`.
+fn misdirected(req: &Request<Incoming>, hosts: &[String]) -> Option<Response<Body>> {
+    let raw = match req.headers().get(header::HOST) {
+        Some(h) => h.to_str().unwrap_or("\u{fffd}"),
+        None => req.uri().authority()?.as_str(),
+    };
+    let host = raw.trim();
+    // The name without its port: `[v6]:port`, `name:port`.
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or(rest, |(a, _)| a),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    let answered = name.parse::<std::net::IpAddr>().is_ok()
+        || name == "localhost"
+        || name.ends_with(".localhost")
+        || hosts.contains(&name);
+    if answered {
+        return None;
+    }
+    // (DEBUG: a page can send these as fast as it likes.)
+    tracing::debug!(
+        host = %host.escape_debug(),
+        "admin request for a host it is not reached by refused (421): add it to admin.hosts if it is yours"
+    );
+    Some(problem_response(
+        StatusCode::MISDIRECTED_REQUEST,
+        "the admin API answers only its own address, localhost and admin.hosts",
     ))
 }
 

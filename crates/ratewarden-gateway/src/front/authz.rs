@@ -4,7 +4,7 @@
 //!
 //! | path | proxy | the request it describes |
 //! |---|---|---|
-//! | `/authz/nginx` | nginx `auth_request` | `X-Original-Method`, `X-Original-URI`; the client from `X-Real-IP` or `X-Forwarded-For` |
+//! | `/authz/nginx` | nginx `auth_request` | `X-Original-Method`, `X-Original-URI`; the client from the forwarding header (`X-Forwarded-For`) |
 //! | `/authz/forward` | Traefik ForwardAuth, Caddy `forward_auth` | `X-Forwarded-Method`, `-Uri`, `-Host`, `-Proto`, `-For` |
 //! | `/authz/envoy/...` | Envoy `ext_authz` (HTTP, `path_prefix: /authz/envoy`) | the method, the path after the prefix, the headers |
 //! | gRPC `envoy.service.auth.v3.Authorization/Check` | Envoy `ext_authz` (gRPC) | `attributes.request.http`, `attributes.source.address` |
@@ -25,6 +25,7 @@ use hyper::body::Incoming;
 use prost::Message;
 use ratewarden::Decision;
 use ratewarden_tower::admission::{Facts, Identity, Refusal};
+use ratewarden_tower::identity::ClientIp;
 use ratewarden_tower::view::{Fields, RequestView};
 
 use crate::answer::{Body, empty_body};
@@ -123,38 +124,20 @@ fn text<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
         .map(str::trim)
 }
 
-/// The client a trusted proxy names in `X-Forwarded-For`: from the right,
-/// the first address that is not itself a trusted proxy (the leftmost
-/// when all are); `None` when the field holds no address.
-fn forwarded_for(headers: &HeaderMap, trusted: &dyn Fn(IpAddr) -> bool) -> Option<IpAddr> {
-    let mut client = None;
-    let hops: Vec<&str> = headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .collect();
-    for hop in hops.iter().rev().take(32) {
-        let ip: IpAddr = hop.trim().parse().ok()?;
-        client = Some(ip);
-        if !trusted(ip) {
-            break;
-        }
-    }
-    client
-}
-
 /// What `dialect` says a request is: from the hook's request (`method`,
 /// `target`, `headers`) sent by `proxy`, whose naming of the client is
-/// believed when `trusted` says so. Bytes from a proxy's hook are hostile
-/// like any: a bad method, target or address is refused, never guessed.
+/// believed when `client_ip` trusts it: read from the one forwarding
+/// header the operator names (`identity.header` under `from: forwarded`,
+/// else `X-Forwarded-For`), by the one walker every front end uses
+/// ([`ClientIp::behind`]). Bytes from a proxy's hook are hostile like any:
+/// a bad method, target or address is refused, never guessed.
 pub fn describe(
     dialect: Dialect,
     method: &Method,
     target: &str,
     headers: &HeaderMap,
     proxy: IpAddr,
-    trusted: &dyn Fn(IpAddr) -> bool,
+    client_ip: &ClientIp,
 ) -> Result<Asked, Bad> {
     let need = |name: &str| text(headers, name).ok_or_else(|| Bad(format!("`{name}` is missing")));
     match dialect {
@@ -164,8 +147,7 @@ pub fn describe(
             text(headers, "host"),
             headers,
             proxy,
-            trusted,
-            dialect,
+            client_ip,
         ),
         Dialect::Forward => describe_parts(
             need("x-forwarded-method")?,
@@ -173,8 +155,7 @@ pub fn describe(
             text(headers, "x-forwarded-host").or_else(|| text(headers, "host")),
             headers,
             proxy,
-            trusted,
-            dialect,
+            client_ip,
         ),
         Dialect::Envoy => {
             // The original path follows the prefix; `/authz/envoy` alone
@@ -191,8 +172,7 @@ pub fn describe(
                 text(headers, "host"),
                 headers,
                 proxy,
-                trusted,
-                dialect,
+                client_ip,
             )
         }
     }
@@ -204,8 +184,7 @@ fn describe_parts(
     host: Option<&str>,
     headers: &HeaderMap,
     proxy: IpAddr,
-    trusted: &dyn Fn(IpAddr) -> bool,
-    dialect: Dialect,
+    client_ip: &ClientIp,
 ) -> Result<Asked, Bad> {
     let method = Method::from_bytes(method.as_bytes())
         .map_err(|_| Bad(format!("{method:?} is not a method")))?;
@@ -217,14 +196,8 @@ fn describe_parts(
     let path = rule_path(&method, target)
         .map_err(|e| Bad(format!("the original URI {target:?} is refused: {e:?}")))?
         .into_owned();
-    let client = if trusted(proxy) {
-        let real_ip = match dialect {
-            Dialect::Nginx => text(headers, "x-real-ip").and_then(|v| v.parse().ok()),
-            _ => None,
-        };
-        real_ip
-            .or_else(|| forwarded_for(headers, trusted))
-            .unwrap_or(proxy)
+    let client = if client_ip.trusted(proxy) {
+        client_ip.behind(proxy, Fields::Map(headers))
     } else {
         proxy
     };
@@ -250,7 +223,7 @@ fn describe_parts(
 pub fn describe_check(
     check: &CheckRequest,
     proxy: IpAddr,
-    trusted: &dyn Fn(IpAddr) -> bool,
+    client_ip: &ClientIp,
 ) -> Result<Asked, Bad> {
     let attrs = check
         .attributes
@@ -298,11 +271,10 @@ pub fn describe_check(
         proxy,
         // `source.address` is the client, not a forwarding header: it
         // stands when the proxy is trusted.
-        &|_| false,
-        Dialect::Envoy,
+        &ClientIp::default(),
     )?;
     asked.client = match source {
-        Some(ip) if trusted(proxy) => ip,
+        Some(ip) if client_ip.trusted(proxy) => ip,
         _ => proxy,
     };
     Ok(asked)
@@ -345,7 +317,13 @@ pub async fn handle(
     client: crate::proxy::forward::Client,
 ) -> Response<Body> {
     let live = gw.live();
-    let trusted = |ip: IpAddr| live.config.trusts(ip);
+    let untrusting = ClientIp::default();
+    let client_ip = live
+        .config
+        .policy
+        .identity
+        .client_ip()
+        .unwrap_or(&untrusting);
     let proxy = client.peer.ip();
     let rid = crate::observe::request_id::RequestId::keep_or_make(
         req.headers().get("x-request-id").map(HeaderValue::as_bytes),
@@ -353,7 +331,7 @@ pub async fn handle(
     );
     let path = req.uri().path();
     if path == CHECK {
-        return grpc_check(gw, req, proxy, &trusted, &rid).await;
+        return grpc_check(gw, req, proxy, client_ip, &rid).await;
     }
     let dialect = if path == "/authz/nginx" {
         Dialect::Nginx
@@ -378,7 +356,7 @@ pub async fn handle(
         &target,
         req.headers(),
         proxy,
-        &trusted,
+        client_ip,
     ) {
         Ok(a) => a,
         Err(Bad(why)) => {
@@ -473,7 +451,7 @@ async fn grpc_check(
     gw: &Gateway,
     req: Request<Incoming>,
     proxy: IpAddr,
-    trusted: &(dyn Fn(IpAddr) -> bool + Sync),
+    client_ip: &ClientIp,
     rid: &crate::observe::request_id::RequestId,
 ) -> Response<Body> {
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
@@ -502,7 +480,7 @@ async fn grpc_check(
         Ok(c) => c,
         Err(e) => return grpc_answer(None, INVALID_ARGUMENT, &format!("bad CheckRequest: {e}")),
     };
-    let asked = match describe_check(&check, proxy, trusted) {
+    let asked = match describe_check(&check, proxy, client_ip) {
         Ok(a) => a,
         Err(Bad(why)) => return grpc_answer(None, INVALID_ARGUMENT, &why),
     };

@@ -335,6 +335,7 @@ const PERMISSION_DENIED: u8 = 7;
 const UNAVAILABLE: u8 = 14;
 const UNAUTHENTICATED: u8 = 16;
 const INVALID_ARGUMENT: u8 = 3;
+const DEADLINE_EXCEEDED: u8 = 4;
 
 /// A refusal as gRPC: HTTP 200 with `grpc-status` (8 RESOURCE_EXHAUSTED
 /// for a limit, 7 PERMISSION_DENIED for `deny:`, 14 UNAVAILABLE for a
@@ -365,8 +366,38 @@ pub(crate) fn grpc_refusal(refusal: &Refusal, config: &Config, kind: Grpc) -> Re
     if let Refusal::Limited(d) = refusal {
         insert_headers(&mut meta, d.header_fields(config.headers));
     }
+    grpc_status_answer(kind, code, &message, meta)
+}
+
+/// An edge refusal (see [`Edge`]) of a gRPC request, as gRPC clients
+/// understand it: a body over `client_max_body_size` is 8
+/// RESOURCE_EXHAUSTED (an HTTP 413 reads as UNKNOWN to them), a body or
+/// head that did not come in time 4 DEADLINE_EXCEEDED, anything else 3
+/// INVALID_ARGUMENT; the message says what.
+fn grpc_edge(e: Edge, kind: Grpc) -> Response<Body> {
+    let code = match e {
+        Edge::TooLarge(_) => RESOURCE_EXHAUSTED,
+        Edge::HeadTimeout | Edge::BodyTimeout => DEADLINE_EXCEEDED,
+        _ => INVALID_ARGUMENT,
+    };
+    grpc_status_answer(kind, code, &e.detail(), HeaderMap::new())
+}
+
+/// The answer to `e` for a request of `grpc` kind (see [`grpc_kind`]):
+/// in gRPC's terms for a gRPC request, else the problem body.
+pub(crate) fn edge_answer(e: Edge, grpc: Option<Grpc>) -> Response<Body> {
+    match grpc {
+        Some(kind) => grpc_edge(e, kind),
+        None => e.answer(),
+    }
+}
+
+/// A gRPC status answer of `kind`: trailers-only for gRPC, the trailers as
+/// the body's trailer frame for grpc-web; `meta` (the rate-limit headers)
+/// as metadata.
+fn grpc_status_answer(kind: Grpc, code: u8, message: &str, meta: HeaderMap) -> Response<Body> {
     let mut trailers = HeaderMap::new();
-    crate::wire::grpc::put_status(&mut trailers, i32::from(code), &message);
+    crate::wire::grpc::put_status(&mut trailers, i32::from(code), message);
     let mut r = match kind {
         Grpc::Native => {
             let mut r = Response::new(crate::answer::empty_body());

@@ -39,8 +39,12 @@ pub enum Edge {
     TwoHosts,
     /// A `Host` value that is not `host[:port]`.
     BadHost,
-    /// HTTP/2 `:authority` and `Host` that disagree.
+    /// HTTP/2 `:authority`, or an HTTP/1.1 absolute-form target's
+    /// authority, and `Host` that disagree.
     AuthorityMismatch,
+    /// A target or `:authority` with userinfo (`user@host`): never a
+    /// request's own, and read as a host two ways.
+    Userinfo,
     /// `CONNECT`: this is a gateway, not a forward proxy.
     Connect,
     /// `*` as the target of a method other than `OPTIONS`.
@@ -77,7 +81,10 @@ impl Edge {
             Edge::NoHost => "an HTTP/1.1 request needs a Host header".into(),
             Edge::TwoHosts => "the request has more than one Host header".into(),
             Edge::BadHost => "the Host header is not a valid host[:port]".into(),
-            Edge::AuthorityMismatch => ":authority and Host disagree".into(),
+            Edge::AuthorityMismatch => {
+                "the target's authority (or :authority) and Host disagree".into()
+            }
+            Edge::Userinfo => "userinfo (`user@`) is not taken in a request's authority".into(),
             Edge::Connect => "CONNECT is not served: this is a reverse proxy".into(),
             Edge::Asterisk => "`*` is a target only for OPTIONS".into(),
             Edge::Path(e) => e.to_string(),
@@ -171,6 +178,44 @@ const REG_NAME: [bool; 256] = {
     }
     t
 };
+
+/// Whether `authority` (a target's, or `:authority`) names the same host
+/// and port as the `Host` value `host`: names compared in any case and
+/// without a trailing dot, a missing port read as the scheme's `default`.
+/// One authority per request: rules, routes, the upstream's `Host` and
+/// `X-Forwarded-Host` read the same one, so a request whose two disagree
+/// is refused rather than read one way by a rule and another upstream.
+pub fn same_authority(authority: &str, host: &[u8], default: u16) -> bool {
+    fn split(v: &[u8], default: u16) -> Option<(Vec<u8>, u16)> {
+        let (name, port) = match v.first() {
+            Some(b'[') => {
+                let end = v.iter().position(|&b| b == b']')?;
+                (&v[..=end], &v[end + 1..])
+            }
+            _ => match v.iter().position(|&b| b == b':') {
+                Some(i) => (&v[..i], &v[i..]),
+                None => (v, &[][..]),
+            },
+        };
+        let port = match port {
+            [] | [b':'] => default,
+            [b':', digits @ ..] => std::str::from_utf8(digits).ok()?.parse().ok()?,
+            _ => return None,
+        };
+        let mut name = name.to_ascii_lowercase();
+        while name.last() == Some(&b'.') {
+            name.pop();
+        }
+        Some((name, port))
+    }
+    match (
+        split(authority.as_bytes(), default),
+        split(host.trim_ascii(), default),
+    ) {
+        (Some(a), Some(h)) => a == h,
+        _ => false,
+    }
+}
 
 /// The `Host` check of RFC 9112 §3.2 on an HTTP/1.1 request's `Host` values.
 pub fn check_host<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Result<(), Edge> {
@@ -467,5 +512,28 @@ mod tests {
         );
         assert_eq!(upstream_target("*", norm).unwrap(), "*");
         assert_eq!(upstream_target("/%zz", orig).unwrap(), "/%zz");
+    }
+
+    #[test]
+    fn one_authority_whatever_its_spelling() {
+        assert!(same_authority(
+            "API.example.com:80",
+            b"api.example.com.",
+            80
+        ));
+        assert!(same_authority(
+            "api.example.com",
+            b" api.example.com:80 ",
+            80
+        ));
+        assert!(same_authority("[::1]", b"[::1]:443", 443));
+        assert!(!same_authority("other.example", b"api.example.com", 80));
+        assert!(!same_authority(
+            "api.example.com:8080",
+            b"api.example.com",
+            80
+        ));
+        assert!(!same_authority("api.example.com:x", b"api.example.com", 80));
+        assert!(!same_authority("[::1", b"[::1]", 80));
     }
 }

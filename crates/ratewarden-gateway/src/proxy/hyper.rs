@@ -15,7 +15,7 @@ use crate::answer::{Body, respond};
 use crate::gateway::Gateway;
 use crate::observe::request_id::{self, RequestId};
 use crate::proxy::failover::{Failover, unsent_why};
-use crate::proxy::flow::{Decided, Flow, Line, add_rate_headers, refusal_answer};
+use crate::proxy::flow::{Decided, Flow, Line, add_rate_headers, edge_answer, refusal_answer};
 use crate::proxy::forward::{
     self, Edge, check_host, drops_length, is_hop_by_hop, push_forwarded_for, tls_cause,
 };
@@ -67,10 +67,20 @@ fn strip_underscores(h: &mut HeaderMap) {
 
 /// What the edge refuses of a request hyper parsed: `CONNECT`, a missing,
 /// repeated or invalid `Host` on HTTP/1.1 (a repeated or invalid one on
-/// HTTP/1.0), and an HTTP/2 `:authority` that disagrees with `Host`.
+/// HTTP/1.0), an HTTP/2 `:authority` that disagrees with `Host`, an
+/// HTTP/1.x absolute-form target whose authority disagrees with `Host`
+/// (RFC 9112 §3.2.2 makes the target's win; refusing keeps one authority
+/// for rules, routes and the upstream alike), and userinfo in either.
 pub(crate) fn edge_check(parts: &Parts) -> Result<(), Edge> {
     if parts.method == Method::CONNECT {
         return Err(Edge::Connect);
+    }
+    if parts
+        .uri
+        .authority()
+        .is_some_and(|a| a.as_str().contains('@'))
+    {
+        return Err(Edge::Userinfo);
     }
     let hosts = || {
         parts
@@ -79,8 +89,26 @@ pub(crate) fn edge_check(parts: &Parts) -> Result<(), Edge> {
             .iter()
             .map(HeaderValue::as_bytes)
     };
+    // An absolute-form target (HTTP/1.x): its authority and `Host` name
+    // one host, or the request is refused.
+    let absolute =
+        |hosts: &mut dyn Iterator<Item = &[u8]>| match (parts.uri.authority(), hosts.next()) {
+            (Some(a), Some(h)) => {
+                let default = if parts.uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
+                    443
+                } else {
+                    80
+                };
+                if forward::same_authority(a.as_str(), h, default) {
+                    Ok(())
+                } else {
+                    Err(Edge::AuthorityMismatch)
+                }
+            }
+            _ => Ok(()),
+        };
     match parts.version {
-        Version::HTTP_11 => check_host(hosts()),
+        Version::HTTP_11 => check_host(hosts()).and_then(|()| absolute(&mut hosts())),
         Version::HTTP_2 | Version::HTTP_3 => {
             let mut all = hosts();
             match (parts.uri.authority(), all.next(), all.next()) {
@@ -95,7 +123,7 @@ pub(crate) fn edge_check(parts: &Parts) -> Result<(), Edge> {
         }
         _ => match hosts().count() {
             0 => Ok(()),
-            _ => check_host(hosts()),
+            _ => check_host(hosts()).and_then(|()| absolute(&mut hosts())),
         },
     }
 }
@@ -161,8 +189,15 @@ async fn answer(
     let peer = client.peer;
     let live = flow.live;
     let (mut parts, body) = req.into_parts();
+    // A gRPC request's refusals are gRPC statuses.
+    let grpc = crate::proxy::flow::grpc_kind(
+        parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.as_bytes()),
+    );
     if let Err(e) = edge_check(&parts) {
-        return e.answer();
+        return edge_answer(e, grpc);
     }
     // A declared length over `client_max_body_size` is refused before
     // any rule counts the request (nginx: before it is proxied).
@@ -172,7 +207,7 @@ async fn answer(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
     if max != 0 && declared.is_some_and(|n| n > max) {
-        return Edge::TooLarge(max).answer();
+        return edge_answer(Edge::TooLarge(max), grpc);
     }
     if !live.config.underscores_in_headers {
         strip_underscores(&mut parts.headers);
@@ -180,7 +215,7 @@ async fn answer(
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let path = match flow.rule_path(&parts.method, target) {
         Ok(p) => p.into_owned(),
-        Err(e) => return e.answer(),
+        Err(e) => return edge_answer(e, grpc),
     };
     let request = RequestView {
         method: &parts.method,
@@ -195,12 +230,6 @@ async fn answer(
     let route = flow.route(&request);
     let (admitted, mut held) = match flow.decide(request, route.map(|(n, _)| n)).await {
         Decided::Refused(refusal) => {
-            let grpc = crate::proxy::flow::grpc_kind(
-                parts
-                    .headers
-                    .get(http::header::CONTENT_TYPE)
-                    .map(|v| v.as_bytes()),
-            );
             return refusal_answer(&refusal, &live.config, grpc);
         }
         Decided::Admitted(a, held) => (a, held),
@@ -209,6 +238,7 @@ async fn answer(
         client,
         rfc7239: live.config.forwarded,
         trusted: live.config.trusts(peer.ip()),
+        keep_chain: live.config.keeps_forwarded_for(peer.ip()),
         asked: asked_host(&parts),
     };
     let mut resp = match route.map(|(_, g)| g) {
@@ -248,6 +278,7 @@ async fn answer(
                 timeout: live.config.upstream_timeout,
                 max_body: live.config.client_max_body_size,
                 how: live.config.upstream_path,
+                grpc,
             };
             forward(flow, Request::from_parts(parts, body), &to, &fault).await
         }
@@ -338,11 +369,12 @@ async fn forward(
             // The client's body failed, not the server.
             Err(_) if fault.is_some() => {
                 attempts.done();
-                match fault {
-                    Some(BodyFault::Broke) => Edge::BadBody.answer(),
-                    Some(BodyFault::Stalled) => Edge::BodyTimeout.answer(),
-                    _ => Edge::TooLarge(to.max_body).answer(),
-                }
+                let e = match fault {
+                    Some(BodyFault::Broke) => Edge::BadBody,
+                    Some(BodyFault::Stalled) => Edge::BodyTimeout,
+                    _ => Edge::TooLarge(to.max_body),
+                };
+                edge_answer(e, to.grpc)
             }
             Err(SendFailed {
                 error: UpstreamError::Timeout(t),
@@ -419,6 +451,8 @@ struct Forwarding {
     rfc7239: bool,
     /// The peer is a trusted proxy: its `X-Forwarded-*` are kept.
     trusted: bool,
+    /// Its `X-Forwarded-For` goes on (see `Config::keeps_forwarded_for`).
+    keep_chain: bool,
     /// The Host the client asked for.
     asked: Option<HeaderValue>,
 }
@@ -429,9 +463,13 @@ struct Forwarding {
 /// had none (HTTP/2: `:authority`), for `preserve_host`.
 fn forwarding_fields(h: &mut HeaderMap, f: &Forwarding, rid: &RequestId) {
     let mut xff = Vec::new();
+    let chain = h.get_all(X_FORWARDED_FOR);
     push_forwarded_for(
         &mut xff,
-        h.get_all(X_FORWARDED_FOR).iter().map(HeaderValue::as_bytes),
+        chain
+            .iter()
+            .filter(|_| f.keep_chain)
+            .map(HeaderValue::as_bytes),
         f.client.peer.ip(),
     );
     if let Ok(v) = HeaderValue::from_bytes(&xff) {
@@ -488,6 +526,8 @@ struct Upstreamed<'a> {
     /// `client_max_body_size`, for its 413.
     max_body: u64,
     how: crate::config::UpstreamPath,
+    /// A gRPC request: its refusals are gRPC statuses.
+    grpc: Option<crate::proxy::flow::Grpc>,
 }
 
 /// A body that holds `held` until it is dropped.

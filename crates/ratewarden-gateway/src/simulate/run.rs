@@ -431,6 +431,8 @@ impl<'a> Prepared<'a> {
                                     ratewarden::Reason::Limit => c.limit += 1,
                                     ratewarden::Reason::Banned => c.banned += 1,
                                     ratewarden::Reason::MinInterval => c.min_interval += 1,
+                                    // (A full store refuses as a limit does.)
+                                    ratewarden::Reason::Full => c.limit += 1,
                                 }
                                 run.retry_after[i].push(retry);
                             }

@@ -136,6 +136,26 @@ impl Concurrency {
         }
     }
 
+    /// Renews lease `id` (of `cost`) to lapse `max_hold` from `now`: its
+    /// holder is still there (a stream or a tunnel still open). A lease
+    /// already lapsed or released is left alone: a holder that lost its
+    /// slot does not get it back.
+    pub fn renew(&self, s: &mut State, id: u64, cost: u64, now: Micros) {
+        let Some(i) = s
+            .leases
+            .iter()
+            .position(|l| l.id == id && l.cost == cost && l.expires > now)
+        else {
+            return;
+        };
+        let mut lease = s.leases.remove(i).expect("found");
+        lease.expires = now.saturating_add(self.max_hold);
+        let at = s
+            .leases
+            .partition_point(|l| (l.expires, l.id) < (lease.expires, lease.id));
+        s.leases.insert(at, lease);
+    }
+
     /// See the [module](super) docs: when the last lease lapses.
     pub fn idle_at(&self, s: &State) -> Micros {
         s.leases.back().map_or(Micros::ZERO, |l| l.expires)
@@ -155,6 +175,9 @@ impl Algorithm for Concurrency {
     }
     fn release(&self, s: &mut State, lease: u64, cost: u64) {
         Concurrency::release(self, s, lease, cost)
+    }
+    fn renew(&self, s: &mut State, lease: u64, cost: u64, now: Micros) {
+        Concurrency::renew(self, s, lease, cost, now)
     }
     fn lease(s: &State) -> Option<u64> {
         Some(s.seq)

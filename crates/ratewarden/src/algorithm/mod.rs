@@ -127,6 +127,8 @@ pub trait Algorithm: Clone + PartialEq + Eq + std::fmt::Debug + Send + Sync + 's
     fn idle_at(&self, s: &Self::State) -> Micros;
     /// Releases lease `lease` of `cost` (only `concurrency` has leases).
     fn release(&self, _s: &mut Self::State, _lease: u64, _cost: u64) {}
+    /// Renews lease `lease` of `cost` from `now`: its holder is alive.
+    fn renew(&self, _s: &mut Self::State, _lease: u64, _cost: u64, _now: Micros) {}
     /// Gives back `cost` charged earlier (an Envoy `is_negative_hits`
     /// descriptor): the inverse of [`charge`](Self::charge), never past a
     /// fresh state. `concurrency` has none: its leases are released.
@@ -298,6 +300,17 @@ macro_rules! define {
                 match (self, state) {
                     $(
                         (Params::$variant(p), State::$variant(s)) => Algorithm::release(p, s.borrow_mut(), lease, cost),
+                    )*
+                    _ => {}
+                }
+            }
+
+            /// Renews lease `lease` of `cost` from `now`, if the state
+            /// holds it still.
+            pub fn renew(&self, state: &mut State, lease: u64, cost: u64, now: Micros) {
+                match (self, state) {
+                    $(
+                        (Params::$variant(p), State::$variant(s)) => Algorithm::renew(p, s.borrow_mut(), lease, cost, now),
                     )*
                     _ => {}
                 }

@@ -15,18 +15,34 @@ pub enum Reason {
     Banned,
     /// Too soon after the key's previous admitted request.
     MinInterval,
+    /// A new key, and the memory store has no room for it: every state it
+    /// holds is a ban or a key at its limit, which traffic on other keys
+    /// never evicts (see [`crate::MemoryStore`]).
+    Full,
 }
 
 impl Reason {
-    /// A short machine name: `limit`, `banned`, `min_interval`.
+    /// A short machine name: `limit`, `banned`, `min_interval`,
+    /// `store_full`.
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Limit => "limit",
             Reason::Banned => "banned",
             Reason::MinInterval => "min_interval",
+            Reason::Full => "store_full",
         }
     }
 }
+
+/// How much a key's state carries, for a bounded store choosing what to
+/// forget: [`PROTECTED`] for a key at its limit (forgetting it would admit
+/// at once what its limit refuses), else 0 for a fresh state up to 254 for
+/// one nearly used up, in proportion to the requests it has used of a fresh
+/// key's allowance. A ban is read from the state itself, while it lasts.
+pub type Weight = u8;
+
+/// The weight of a state a store never evicts for another key's sake.
+pub const PROTECTED: Weight = u8::MAX;
 
 /// One key's state under one rule: the algorithm's, plus the modifiers'.
 ///
@@ -191,7 +207,8 @@ impl Rule {
                     state.marks_mut().last = now;
                 }
             }
-            None | Some(Reason::Banned) => {}
+            // A full store recorded nothing of this key: nothing to charge.
+            None | Some(Reason::Banned | Reason::Full) => {}
             Some(reason) => {
                 if c.spec.count_rejected {
                     c.params.charge(&mut state.algo, now, cost);
@@ -215,7 +232,7 @@ impl Rule {
         let c = &self.0;
         match verdict.reason {
             None => admitted && (!self.counts_failures() || c.min_interval > Micros::ZERO),
-            Some(Reason::Banned) => false,
+            Some(Reason::Banned | Reason::Full) => false,
             Some(Reason::MinInterval) => c.spec.count_rejected,
             Some(Reason::Limit) => c.spec.count_rejected || c.spec.penalty.is_some(),
         }
@@ -255,6 +272,69 @@ impl Rule {
     /// Releases lease `lease` of `cost` (a `concurrency` request ended).
     pub fn release(&self, state: &mut KeyState, lease: u64, cost: u64) {
         self.0.params.release(&mut state.algo, lease, cost);
+    }
+
+    /// Renews lease `lease` of `cost` from `now` (a `concurrency` request
+    /// still going: a stream, a tunnel).
+    pub fn renew(&self, state: &mut KeyState, lease: u64, cost: u64, now: Micros) {
+        self.0.params.renew(&mut state.algo, lease, cost, now);
+    }
+
+    /// How long a lease this rule hands out lasts unrenewed (`max_hold`
+    /// of a `concurrency` rule); `None` for a rule without leases.
+    pub fn max_hold(&self) -> Option<std::time::Duration> {
+        self.0
+            .spec
+            .algorithm
+            .holds_leases()
+            .then(|| self.0.spec.max_hold.unwrap_or(super::MAX_HOLD))
+    }
+
+    /// `used` requests of a fresh key's allowance as a [`Weight`] below
+    /// [`PROTECTED`]: any use weighs at least 1, only a fresh state 0.
+    fn scale(&self, used: u64) -> Weight {
+        let n = self.0.capacity;
+        (u128::from(used.min(n)) * 254)
+            .div_ceil(u128::from(n))
+            .min(254) as Weight
+    }
+
+    /// The [`Weight`] of `state` at `now`: protected when the next request
+    /// of the rule's cost would be refused, else the share of a fresh key's
+    /// allowance used.
+    pub fn weight(&self, state: &KeyState, now: Micros) -> Weight {
+        let next = self
+            .0
+            .params
+            .check(&state.algo, now, self.0.spec.cost.get());
+        if !next.allowed {
+            return PROTECTED;
+        }
+        self.scale(
+            self.0
+                .capacity
+                .saturating_sub(next.remaining.saturating_add(1)),
+        )
+    }
+
+    /// The [`Weight`] of `state` once [`commit`](Self::commit) recorded
+    /// `verdict` in it at `now`: read from the verdict for a request admitted
+    /// and charged (its `remaining` is what is left after it: no second
+    /// check on the common path), else checked again.
+    pub fn weight_after(
+        &self,
+        state: &KeyState,
+        now: Micros,
+        verdict: &Verdict,
+        admitted: bool,
+    ) -> Weight {
+        if admitted && verdict.reason.is_none() && !self.counts_failures() {
+            return match verdict.check.remaining {
+                0 => PROTECTED,
+                left => self.scale(self.0.capacity.saturating_sub(left)),
+            };
+        }
+        self.weight(state, now)
     }
 
     /// The time from which `state` reads as fresh and may be forgotten.

@@ -18,7 +18,7 @@ use crate::algorithm::Params;
 use crate::clock::Micros;
 
 pub(crate) use eval::finite;
-pub use eval::{KeyState, Marks, Reason, Verdict};
+pub use eval::{KeyState, Marks, PROTECTED, Reason, Verdict, Weight};
 pub use id::fnv1a;
 pub use spec::{
     Counting, Distribution, MAX_HOLD, Penalty, RuleBuilder, RuleError, RuleSpec, Variant,
@@ -45,6 +45,9 @@ struct Compiled {
     params: Params,
     min_interval: Micros,
     id: u64,
+    /// Requests of its cost a fresh key admits (at least 1): what a key's
+    /// use is measured against for eviction ([`Rule::weight`]).
+    capacity: u64,
     /// The rule as the Redis script takes it, made on first use.
     script_spec: std::sync::OnceLock<Box<str>>,
 }

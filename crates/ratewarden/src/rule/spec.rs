@@ -561,10 +561,15 @@ impl Rule {
         // The id names the rule's state: a rule reloaded with the same name and
         // parameters keeps its keys; change a parameter and it starts afresh.
         let id = fnv1a(canonical(&spec).bytes());
+        let capacity = params
+            .check(&algorithm::State::Fresh, Micros::ZERO, spec.cost.get())
+            .remaining
+            .saturating_add(1);
         Ok(Self(Arc::new(Compiled {
             params,
             min_interval,
             id,
+            capacity,
             spec,
             script_spec: Default::default(),
         })))

@@ -11,10 +11,15 @@
 //! what makes multi-rule decisions all-or-nothing and a hot key exact.
 //!
 //! Memory is bounded by `max_keys`: each shard holds at most its share. When a
-//! shard is full, expired states go first, then the states closest to expiring:
-//! a state near its expiry is nearly a fresh one, so forgetting it changes the
-//! fewest future decisions (an attacker spraying new keys only evicts keys
-//! that carry little, and mostly its own).
+//! shard is full, expired states go first, then the states that carry least:
+//! each slot keeps its [`Weight`] (how much of a fresh key's allowance it has
+//! used, read when it was last written), and the lightest go first, the
+//! soonest to expire among equals. A ban, and a key at its limit, are never
+//! evicted for another key's sake: forgetting either would admit at once what
+//! its rule refuses, so a flood of new keys cannot buy back a ban. When a
+//! shard holds nothing else, a new key is refused ([`Reason::Full`]) until
+//! one of them lapses (nginx answers 503 when its zone cannot take a key);
+//! the bound on memory stays `max_keys` states.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
@@ -22,8 +27,9 @@ use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockWriteGuard};
 
+use crate::algorithm::Check;
 use crate::clock::{Clock, Micros, SystemClock};
-use crate::rule::{KeyState, Verdict};
+use crate::rule::{KeyState, PROTECTED, Reason, Verdict, Weight};
 use crate::store::lease::{self, Ask, Grant};
 use crate::store::mirror::Mirror;
 use crate::store::{KeyInfo, Mode, Op, Store, StoreError, admitted};
@@ -51,12 +57,78 @@ type Map = HashMap<u64, Slot, BuildHasherDefault<PassThrough>>;
 #[derive(Debug)]
 struct Slot {
     state: KeyState,
-    /// When `state` reads as fresh; an expired slot is treated as absent.
-    expires: Micros,
+    /// When `state` reads as fresh (an expired slot is treated as absent),
+    /// and its weight.
+    keep: Keep,
+}
+
+/// A slot's expiry and [`Weight`] in one word: the weight in the top 8
+/// bits, the expiry (µs) in the low 56 (2^56 µs is 2,283 years; a later
+/// one is kept as that). One word keeps an entry at 48 bytes, and orders
+/// slots for eviction as they go: lighter first, sooner to expire among
+/// equals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Keep(u64);
+
+const EXPIRY_MASK: u64 = (1 << 56) - 1;
+
+impl Keep {
+    fn new(expires: Micros, weight: Weight) -> Self {
+        Self((u64::from(weight) << 56) | expires.get().min(EXPIRY_MASK))
+    }
+
+    fn expires(self) -> Micros {
+        Micros::new(self.0 & EXPIRY_MASK)
+    }
+
+    fn weight(self) -> Weight {
+        (self.0 >> 56) as Weight
+    }
+}
+
+impl Slot {
+    /// Whether a lack of room may evict it: neither at its limit nor
+    /// banned.
+    fn evictable(&self, now: Micros) -> bool {
+        self.keep.weight() != PROTECTED && self.state.marks().ban_until <= now
+    }
+
+    /// From when it may be evicted: its ban's end, or (at its limit) its
+    /// expiry, when it is no longer kept at all.
+    fn protected_until(&self) -> Micros {
+        if self.keep.weight() == PROTECTED {
+            self.keep.expires()
+        } else {
+            self.state.marks().ban_until
+        }
+    }
+}
+
+/// No room for a new key in its shard until `until` (see the module docs).
+#[derive(Debug, Clone, Copy)]
+struct Full {
+    until: Micros,
+}
+
+impl Full {
+    /// The refusal of a request on a key that could not be kept.
+    fn verdict(self, now: Micros) -> Verdict {
+        let wait = self.until.saturating_sub(now).max(Micros::from_secs(1));
+        Verdict {
+            check: Check::deny(0, wait, wait),
+            reason: Some(Reason::Full),
+            lease: None,
+        }
+    }
 }
 
 struct Shard {
     map: Map,
+    /// Before this, the shard is known to hold nothing a new key may
+    /// evict (each of its states is banned or at its limit): a new key is
+    /// refused without looking again (a flood of them must not cost a scan
+    /// of the shard each). Reset when a state stops being protected.
+    full_until: Micros,
 }
 
 /// A shard and the lock-free copies of its hot states (see `mirror`). The
@@ -74,6 +146,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Leased slices ([`lease`]), by key hash: only keys with a live one.
     leases: parking_lot::Mutex<std::collections::HashMap<u64, Vec<lease::Holding>>>,
+    /// New keys refused for want of room ([`Reason::Full`]).
+    full_refusals: std::sync::atomic::AtomicU64,
 }
 
 /// The in-process store. Cheap to clone; clones share the state.
@@ -137,6 +211,7 @@ impl MemoryStoreBuilder {
                     .map(|_| Cell {
                         lock: RwLock::new(Shard {
                             map: Map::default(),
+                            full_until: Micros::ZERO,
                         }),
                         mirror: Mirror::default(),
                     })
@@ -145,6 +220,7 @@ impl MemoryStoreBuilder {
                 max_keys: self.max_keys,
                 seed: foldhash::quality::RandomState::default(),
                 leases: Default::default(),
+                full_refusals: Default::default(),
                 clock: self.clock,
             }),
         }
@@ -218,6 +294,14 @@ impl MemoryStore {
             .sum()
     }
 
+    /// New keys refused so far because the store had no room for them:
+    /// every state of their shard was banned or at its limit.
+    pub fn full_refusals(&self) -> u64 {
+        self.inner
+            .full_refusals
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether the store holds nothing.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -233,7 +317,7 @@ impl MemoryStore {
             .map(|cell| {
                 let mut s = lock(cell);
                 let before = s.map.len();
-                s.map.retain(|_, slot| slot.expires > now);
+                s.map.retain(|_, slot| slot.keep.expires() > now);
                 let removed = before - s.map.len();
                 if removed > 0 {
                     cell.mirror.clear();
@@ -275,12 +359,29 @@ impl MemoryStore {
                 .expect("every key's shard is locked")
         };
 
+        // Make room for the new keys before evaluating, so that no eviction
+        // can drop a state between its check and its commit. A shard that
+        // has none refuses its new keys (and so the request: all or
+        // nothing).
+        let mut full: Vec<Option<Full>> = vec![None; ops.len()];
         if mode == Mode::Apply {
-            // Make room before evaluating, so that no eviction can drop a
-            // state between its check and its commit.
             for (g, &sid) in guards.iter_mut().zip(&shard_ids) {
-                let incoming = hashes.iter().filter(|&&h| self.shard_of(h) == sid).count();
-                self.make_room(g, &self.inner.shards[sid].mirror, now, incoming);
+                let new = |h: &u64| {
+                    self.shard_of(*h) == sid
+                        && g.map.get(h).is_none_or(|s| s.keep.expires() <= now)
+                };
+                let incoming = hashes.iter().filter(|h| new(h)).count();
+                if incoming == 0 {
+                    continue;
+                }
+                let is_new: Vec<bool> = hashes.iter().map(new).collect();
+                if let Err(f) = self.make_room(g, &self.inner.shards[sid].mirror, now, incoming) {
+                    for (slot, new) in full.iter_mut().zip(is_new) {
+                        if new {
+                            *slot = Some(f);
+                        }
+                    }
+                }
             }
         }
 
@@ -311,11 +412,17 @@ impl MemoryStore {
                 let state = guards[guard_of(h)]
                     .map
                     .get(&h)
-                    .filter(|s| s.expires > now)
+                    .filter(|s| s.keep.expires() > now)
                     .map_or(&fresh, |s| &s.state);
                 op.rule.verdict(state, now, cost)
             })
             .collect();
+        for (v, f) in verdicts.iter_mut().zip(&full) {
+            if let Some(f) = f {
+                *v = f.verdict(now);
+                self.count_full();
+            }
+        }
         for i in 0..ops.len() {
             verdicts[i] = verdicts[first[i]];
         }
@@ -323,16 +430,20 @@ impl MemoryStore {
         if mode == Mode::Apply {
             let ok = admitted(ops, &verdicts);
             for (i, (op, &h)) in ops.iter().zip(&hashes).enumerate() {
-                if first[i] != i {
+                if first[i] != i || full[i].is_some() {
                     continue;
                 }
                 let v = &mut verdicts[i];
                 let shard = &mut guards[guard_of(h)];
                 let mirror = &self.inner.shards[self.shard_of(h)].mirror;
-                self.update(shard, mirror, h, now, |state| {
+                // (Room was made above: this cannot be refused.)
+                let _ = self.update(shard, mirror, h, now, |state| {
                     op.rule.commit(state, now, costs[i], v, ok);
                     v.lease = op.rule.lease_taken(state, v, ok);
-                    op.rule.idle_at(state)
+                    (
+                        op.rule.idle_at(state),
+                        op.rule.weight_after(state, now, v, ok),
+                    )
                 });
             }
             for i in 0..ops.len() {
@@ -371,10 +482,10 @@ impl MemoryStore {
         let h = self.hash(op);
         let cell = &self.inner.shards[self.shard_of(h)];
         let mut shard = lock(cell);
-        if shard.map.get(&h).is_some_and(|s| s.expires > now) {
-            self.update(&mut shard, &cell.mirror, h, now, |state| {
+        if shard.map.get(&h).is_some_and(|s| s.keep.expires() > now) {
+            let _ = self.update(&mut shard, &cell.mirror, h, now, |state| {
                 op.rule.refund(state, now, cost);
-                op.rule.idle_at(state)
+                (op.rule.idle_at(state), op.rule.weight(state, now))
             });
         }
     }
@@ -401,7 +512,7 @@ impl MemoryStore {
         if mirrored.is_none() {
             let shard = cell.lock.read();
             let fresh = KeyState::default();
-            let live = shard.map.get(&h).filter(|s| s.expires > now);
+            let live = shard.map.get(&h).filter(|s| s.keep.expires() > now);
             let v = rule.verdict(live.map_or(&fresh, |s| &s.state), now, cost);
             if mode == Mode::Peek
                 || (live.is_some() && !rule.records(&v, v.allowed() || rule.is_shadow()))
@@ -413,15 +524,30 @@ impl MemoryStore {
         // state may have changed in between.
         let mut shard = lock(cell);
         let mut verdict = None;
-        self.update(&mut shard, &cell.mirror, h, now, |state| {
+        let kept = self.update(&mut shard, &cell.mirror, h, now, |state| {
             let mut v = rule.verdict(state, now, cost);
             let admitted = v.allowed() || rule.is_shadow();
             rule.commit(state, now, cost, &v, admitted);
             v.lease = rule.lease_taken(state, &v, admitted);
             verdict = Some(v);
-            rule.idle_at(state)
+            (
+                rule.idle_at(state),
+                rule.weight_after(state, now, &v, admitted),
+            )
         });
-        verdict.expect("update runs its closure once")
+        match kept {
+            Ok(()) => verdict.expect("update runs its closure once"),
+            Err(full) => {
+                self.count_full();
+                full.verdict(now)
+            }
+        }
+    }
+
+    fn count_full(&self) {
+        self.inner
+            .full_refusals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Holds a ban on `op`'s key for `left` from now (at least: a longer
@@ -441,83 +567,139 @@ impl MemoryStore {
             return;
         }
         let mut shard = lock(cell);
-        self.update(&mut shard, &cell.mirror, h, now, |state| {
+        // A shard full of bans and keys at their limits has no room for
+        // one more: the ban is not held here (the shared store still holds
+        // it; see the README's memory bound).
+        let _ = self.update(&mut shard, &cell.mirror, h, now, |state| {
             state.hold_ban(until);
             // (Past the ban's end: `idle_at` counts the marks.)
-            op.rule.idle_at(state)
+            (op.rule.idle_at(state), op.rule.weight(state, now))
         });
     }
 
     /// Applies `f` to the live state at `h` (fresh if absent or expired) and
-    /// stores the result with the expiry `f` returns; a state that is already
-    /// idle is not kept, and a new one is kept only after making room.
-    /// `mirror` is the shard's, and the caller holds the shard's write lock.
+    /// stores the result with the expiry and weight `f` returns; a state
+    /// that is already idle is not kept. A new key needs room first, even
+    /// one that records nothing yet (a `count: failures` key is written
+    /// when its outcome comes): without any, `f` is not run and the key is
+    /// refused (`Err`). `mirror` is the shard's, and the caller holds the
+    /// shard's write lock.
     fn update(
         &self,
         shard: &mut Shard,
         mirror: &Mirror,
         h: u64,
         now: Micros,
-        f: impl FnOnce(&mut KeyState) -> Micros,
-    ) {
+        f: impl FnOnce(&mut KeyState) -> (Micros, Weight),
+    ) -> Result<(), Full> {
         match shard.map.get_mut(&h) {
             Some(slot) => {
-                if slot.expires <= now {
+                if slot.keep.expires() <= now {
                     slot.state = KeyState::default();
                 }
-                slot.expires = f(&mut slot.state);
-                if slot.expires <= now {
+                let was = slot.keep.weight();
+                let (expires, weight) = f(&mut slot.state);
+                slot.keep = Keep::new(expires, weight);
+                if was == PROTECTED && weight != PROTECTED {
+                    // Something may be evicted again.
+                    shard.full_until = Micros::ZERO;
+                }
+                if expires <= now {
                     shard.map.remove(&h);
                     mirror.write(h, None);
                 } else {
-                    mirror.write(h, Some((&slot.state, slot.expires)));
+                    mirror.write(h, Some((&slot.state, expires)));
                 }
             }
             None => {
+                self.make_room(shard, mirror, now, 1)?;
                 let mut state = KeyState::default();
-                let expires = f(&mut state);
+                let (expires, weight) = f(&mut state);
                 if expires > now {
-                    self.make_room(shard, mirror, now, 1);
                     mirror.write(h, Some((&state, expires)));
-                    shard.map.insert(h, Slot { state, expires });
+                    shard.map.insert(
+                        h,
+                        Slot {
+                            state,
+                            keep: Keep::new(expires, weight),
+                        },
+                    );
                 }
             }
         }
+        Ok(())
     }
 
-    fn make_room(&self, shard: &mut Shard, mirror: &Mirror, now: Micros, incoming: usize) {
+    /// Room for `incoming` new keys in `shard`: expired states go first,
+    /// then an eighth of the shard at once (amortised O(1) per insert), the
+    /// lightest first and the soonest to expire among equals, exactly
+    /// `evict` slots even on ties; never a ban or a key at its limit.
+    /// `Err` when those are all the shard holds.
+    fn make_room(
+        &self,
+        shard: &mut Shard,
+        mirror: &Mirror,
+        now: Micros,
+        incoming: usize,
+    ) -> Result<(), Full> {
         let cap = self.inner.per_shard;
         if shard.map.capacity() == 0 {
             // The shard's first key: its table, once, at its full size.
             shard.map.reserve(cap);
         }
         if shard.map.len() + incoming <= cap {
-            return;
+            return Ok(());
+        }
+        if now < shard.full_until {
+            return Err(Full {
+                until: shard.full_until,
+            });
         }
         // Whatever goes, its mirrored copy must go with it.
         mirror.clear();
-        shard.map.retain(|_, s| s.expires > now);
+        shard.map.retain(|_, s| s.keep.expires() > now);
         let len = shard.map.len();
         if len + incoming <= cap {
-            return;
+            return Ok(());
         }
-        // Evict an eighth of the shard at once (amortised O(1) per insert),
-        // soonest-to-expire first, exactly `evict` slots even on ties.
-        let evict = (cap / 8).max(len + incoming - cap).min(len);
-        let mut expiries: Vec<Micros> = shard.map.values().map(|s| s.expires).collect();
-        let (_, &mut threshold, _) = expiries.select_nth_unstable(evict - 1);
-        let below = expiries.iter().filter(|&&e| e < threshold).count();
+        let needed = len + incoming - cap;
+        let mut keeps: Vec<Keep> = shard
+            .map
+            .values()
+            .filter(|s| s.evictable(now))
+            .map(|s| s.keep)
+            .collect();
+        if keeps.len() < needed {
+            // Every state here is kept: refuse new keys until the first of
+            // them may go (or a state stops being protected).
+            let until = shard
+                .map
+                .values()
+                .filter(|s| !s.evictable(now))
+                .map(Slot::protected_until)
+                .min()
+                .unwrap_or(now)
+                .max(now + Micros::new(1));
+            shard.full_until = until;
+            return Err(Full { until });
+        }
+        let evict = (cap / 8).max(needed).min(keeps.len());
+        let (_, &mut threshold, _) = keeps.select_nth_unstable(evict - 1);
+        let below = keeps.iter().filter(|&&k| k < threshold).count();
         let mut ties = evict - below;
         shard.map.retain(|_, s| {
-            if s.expires < threshold {
+            if !s.evictable(now) || s.keep > threshold {
+                true
+            } else if s.keep < threshold {
                 false
-            } else if s.expires == threshold && ties > 0 {
+            } else if ties > 0 {
                 ties -= 1;
                 false
             } else {
                 true
             }
         });
+        Ok(())
     }
 }
 
@@ -537,9 +719,11 @@ impl Store for MemoryStore {
             let h = self.hash(op);
             let cell = &self.inner.shards[self.shard_of(h)];
             let mut shard = lock(cell);
-            self.update(&mut shard, &cell.mirror, h, now, |state| {
+            // (A key the decision found room for; another that filled the
+            // shard meanwhile leaves it uncharged.)
+            let _ = self.update(&mut shard, &cell.mirror, h, now, |state| {
                 op.rule.settle(state, now, op.cost(weight), failure);
-                op.rule.idle_at(state)
+                (op.rule.idle_at(state), op.rule.weight(state, now))
             });
         }
         Ok(())
@@ -558,10 +742,26 @@ impl Store for MemoryStore {
             let h = self.hash(op);
             let cell = &self.inner.shards[self.shard_of(h)];
             let mut shard = lock(cell);
-            if shard.map.get(&h).is_some_and(|s| s.expires > now) {
-                self.update(&mut shard, &cell.mirror, h, now, |state| {
+            if shard.map.get(&h).is_some_and(|s| s.keep.expires() > now) {
+                let _ = self.update(&mut shard, &cell.mirror, h, now, |state| {
                     op.rule.release(state, *lease, *cost);
-                    op.rule.idle_at(state)
+                    (op.rule.idle_at(state), op.rule.weight(state, now))
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn renew(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
+        let now = self.now();
+        for (op, lease, cost) in leases {
+            let h = self.hash(op);
+            let cell = &self.inner.shards[self.shard_of(h)];
+            let mut shard = lock(cell);
+            if shard.map.get(&h).is_some_and(|s| s.keep.expires() > now) {
+                let _ = self.update(&mut shard, &cell.mirror, h, now, |state| {
+                    op.rule.renew(state, *lease, *cost, now);
+                    (op.rule.idle_at(state), op.rule.weight(state, now))
                 });
             }
         }
@@ -581,7 +781,7 @@ impl Store for MemoryStore {
         let now = self.now();
         let h = self.hash(&op);
         let shard = self.inner.shards[self.shard_of(h)].lock.read();
-        let live = shard.map.get(&h).filter(|s| s.expires > now);
+        let live = shard.map.get(&h).filter(|s| s.keep.expires() > now);
         let fresh = KeyState::default();
         let state = live.map_or(&fresh, |s| &s.state);
         let check = op.rule.params().check(&state.algo, now, 1);
@@ -602,7 +802,7 @@ impl Store for MemoryStore {
         let cell = &self.inner.shards[self.shard_of(h)];
         let mut shard = lock(cell);
         cell.mirror.write(h, None);
-        Ok(shard.map.remove(&h).is_some_and(|s| s.expires > now))
+        Ok(shard.map.remove(&h).is_some_and(|s| s.keep.expires() > now))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

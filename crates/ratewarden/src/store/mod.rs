@@ -199,6 +199,15 @@ pub trait Store: Send + Sync + 'static {
         leases: &[(Op<'_>, u64, u64)],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Renews `concurrency` leases, `(op, lease, cost)` as for
+    /// [`Store::release`], to lapse `max_hold` from now: their requests are
+    /// still going (a stream, a tunnel), so `max_hold` bounds only a holder
+    /// that vanished. A lease already lapsed or released is left alone.
+    fn renew(
+        &self,
+        leases: &[(Op<'_>, u64, u64)],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Gives back what each op's cost at `weight` charged earlier (an
     /// Envoy `is_negative_hits` descriptor), in one call per store round
     /// trip; a key with no state is left alone.
@@ -439,6 +448,24 @@ impl<P: Store> Fallback<P> {
         }
     }
 
+    /// One decision on the primary, as a request's would be: a key of
+    /// its own under a rule of its own (a window of a second, so the key
+    /// lapses at once), written as every decision writes.
+    async fn probe(&self) -> Result<(), StoreError> {
+        static PROBE: std::sync::OnceLock<crate::Rule> = std::sync::OnceLock::new();
+        let rule = PROBE.get_or_init(|| {
+            crate::Rule::builder("ratewarden-readiness-probe")
+                .algorithm(crate::algorithm::Kind::FixedWindow)
+                .limit(u64::from(u32::MAX), Duration::from_secs(1))
+                .build()
+                .expect("a valid rule")
+        });
+        self.primary
+            .decide(&[Op::new(rule, "probe")], 1, Mode::Apply)
+            .await
+            .map(drop)
+    }
+
     /// Late answers since the store was made.
     pub fn late_answers(&self) -> u64 {
         self.outage.late.load(std::sync::atomic::Ordering::Relaxed)
@@ -620,6 +647,15 @@ impl<P: Store> Store for Fallback<P> {
         }
     }
 
+    async fn renew(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
+        // As for a release: a lease taken locally lives locally.
+        let local = self.local.renew(leases).await;
+        match self.primary.renew(leases).await {
+            Err(_) if self.policy == OnError::Local => local,
+            other => other,
+        }
+    }
+
     /// A grant goes to the primary only: during an outage a gateway
     /// decides directly, and so locally, without leases.
     async fn grant(&self, op: Op<'_>, ask: &lease::Ask) -> Result<lease::Grant, StoreError> {
@@ -638,8 +674,18 @@ impl<P: Store> Store for Fallback<P> {
     /// The primary's ping, which also tells [`Fallback::health`]: an idle
     /// gateway learns of an outage (or of its end) from its readiness
     /// probe. A late answer says nothing of it, as for a decision.
+    ///
+    /// A primary that is *broken* (its decisions failed with errors a
+    /// retry will not mend: a full Redis under `noeviction`, a script
+    /// error) is asked with a decision instead, since a PING it answers
+    /// says nothing of them: readiness follows what decisions see, and
+    /// does not flap between broken and up with each probe.
     async fn ping(&self) -> Result<(), StoreError> {
-        let r = self.primary.ping().await;
+        let r = if self.health().0 == Health::Broken {
+            self.probe().await
+        } else {
+            self.primary.ping().await
+        };
         match &r {
             Ok(()) => self.answered(),
             Err(StoreError::Late(_)) => {}

@@ -768,13 +768,18 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Rec
         #[cfg(feature = "reflection")]
         reflection,
     });
+    let mut failures = crate::wire::AcceptFailures::default();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = stop.wait_for(|s| *s) => return,
         };
-        let Ok((stream, _)) = accepted else {
-            continue;
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                failures.failed("rls", &e).await;
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         let services = services.clone();

@@ -8,7 +8,7 @@ use std::task::Poll;
 
 use bytes::{Buf, BytesMut};
 use http::{Method, StatusCode};
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Sleep;
 
 use super::Conn;
@@ -31,6 +31,49 @@ use ratewarden_tower::admission::{Admitted, Held};
 
 /// Bytes read from the upstream at a time while relaying a body.
 pub(crate) const RELAY: usize = 64 * 1024;
+/// Bytes a client may pipeline while its request waits for the upstream's
+/// answer and the wait still watches it (beyond them it is no longer
+/// watched until the answer comes: the bytes wait in the socket).
+const PIPELINED: usize = 64 * 1024;
+
+/// The status the access log gives a request whose client left before the
+/// upstream answered (nginx's 499): nothing was sent back.
+pub(crate) const CLIENT_GONE: u16 = 499;
+
+/// Runs `fut` (the wait for the upstream's answer) while watching the
+/// client: `None` when the client's connection ends or fails first, so
+/// that the upstream's request is cancelled and the request's leases given
+/// back at once, not at `upstream_timeout` (HTTP/2 learns it from a
+/// stream reset; HTTP/1.1 only by reading). Bytes the client pipelines
+/// meanwhile are kept in `input`, after the request. No extra read for a
+/// client that sends nothing: tokio cleared the socket's readiness at the
+/// request's short read, so the watch only registers for the next event.
+async fn client_stays<S: AsyncRead + Unpin, F: Future>(
+    io: &mut S,
+    input: &mut BytesMut,
+    fut: F,
+) -> Option<F::Output> {
+    let mut fut = pin!(fut);
+    let limit = input.len() + PIPELINED;
+    poll_fn(|cx| {
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        while input.len() < limit {
+            let mut buf = [0u8; 4096];
+            let mut read = ReadBuf::new(&mut buf);
+            match Pin::new(&mut *io).poll_read(cx, &mut read) {
+                Poll::Pending => break,
+                Poll::Ready(Ok(())) if read.filled().is_empty() => return Poll::Ready(None),
+                Poll::Ready(Ok(())) => input.extend_from_slice(read.filled()),
+                Poll::Ready(Err(_)) => return Poll::Ready(None),
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
 /// Runs `fut` until `timer` fires (`None`).
 pub(crate) async fn within<F: Future>(timer: &mut Pin<Box<Sleep>>, fut: F) -> Option<F::Output> {
     let mut fut = pin!(fut);
@@ -90,7 +133,7 @@ async fn ended(held: &mut Option<Held>) {
 impl Conn {
     /// Forwards the request in `input` and relays the answer; `keep` is
     /// false when the client connection must close afterwards.
-    pub(crate) async fn exchange<S: AsyncWrite + Unpin>(
+    pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         &mut self,
         io: &mut S,
         mut to: Forward<'_>,
@@ -112,15 +155,34 @@ impl Conn {
             };
             let server = chosen.server();
             self.request_head(&to, server);
-            let answered = exchange_head(
-                &server.pool,
-                timer,
-                &self.out,
-                &mut self.up,
-                &mut self.up_fields,
-                &head.method,
+            let answered = client_stays(
+                io,
+                &mut self.input,
+                exchange_head(
+                    &server.pool,
+                    timer,
+                    &self.out,
+                    &mut self.up,
+                    &mut self.up_fields,
+                    &head.method,
+                ),
             )
             .await;
+            let Some(answered) = answered else {
+                // The client left: the upstream's request is dropped with
+                // its connection, the leases go back now, nothing is
+                // settled (no answer was seen), and the connection ends.
+                attempts.done();
+                drop(chosen);
+                self.timer = slot;
+                ended(&mut to.held).await;
+                return Ok(Answered {
+                    keep: false,
+                    status: CLIENT_GONE,
+                    from_upstream: false,
+                    bytes: None,
+                });
+            };
             match answered {
                 Ok(a) => {
                     attempts.answered(&chosen);
@@ -259,6 +321,9 @@ impl Conn {
             push_field(out, b"host", h.as_bytes());
         }
         let trusted = live.config.trusts(to.client.peer.ip());
+        // A client's own chain goes on only from a trusted proxy (or
+        // under `x_forwarded_for: append`); else the peer replaces it.
+        let keep_chain = trusted || live.config.x_forwarded_for_append;
         let (mut kept, mut asked) = ([false; 3], None);
         let mut chain: SmallVec<[&[u8]; 2]> = SmallVec::new();
         let forwarded = live.config.forwarded;
@@ -266,7 +331,9 @@ impl Conn {
         for (name, value) in &self.fields {
             let (name, value) = (&input[name.clone()], &input[value.clone()]);
             if name.eq_ignore_ascii_case(b"x-forwarded-for") {
-                chain.push(value);
+                if keep_chain {
+                    chain.push(value);
+                }
             } else if forwarded && name.eq_ignore_ascii_case(b"forwarded") {
                 // A trusted proxy's elements go on, ours after them; a
                 // client's are replaced.

@@ -307,12 +307,17 @@ async fn serve(
             Next::Serve(h) => h,
             Next::Close => return Ok(None),
             Next::Hyper => return Ok(Some(c.input)),
-            Next::Refuse(e) => return refuse(io, &mut c.out, e).await.map(|()| None),
+            Next::Refuse(e) => return refuse(io, &mut c.out, e, None).await.map(|()| None),
         };
         let whole = match c.read_body(io, &head, gw).await? {
             Ok(n) => n,
             Err(Next::Hyper) => return Ok(Some(c.input)),
-            Err(Next::Refuse(e)) => return refuse(io, &mut c.out, e).await.map(|()| None),
+            Err(Next::Refuse(e)) => {
+                // A grpc-web request's refusal is a gRPC status.
+                let grpc =
+                    crate::proxy::flow::grpc_kind(field(&c.input, &c.fields, b"content-type"));
+                return refuse(io, &mut c.out, e, grpc).await.map(|()| None);
+            }
             Err(_) => return Ok(None),
         };
         let live = gw.live();
@@ -485,9 +490,14 @@ fn with_id(
 /// Answers a request the edge refused; the connection then closes (where
 /// the request ends is unknown, or the client cannot be trusted to frame
 /// the next one).
-async fn refuse(io: &mut Watched<ClientIo>, out: &mut Vec<u8>, e: Edge) -> io::Result<()> {
+async fn refuse(
+    io: &mut Watched<ClientIo>,
+    out: &mut Vec<u8>,
+    e: Edge,
+    grpc: Option<crate::proxy::flow::Grpc>,
+) -> io::Result<()> {
     tracing::debug!(status = e.status().as_u16(), reason = %e.detail(), "refused at the edge");
-    write_answer(io, out, e.answer(), true).await
+    write_answer(io, out, crate::proxy::flow::edge_answer(e, grpc), true).await
 }
 
 /// Gives the connection to hyper, the bytes already read to be read again.

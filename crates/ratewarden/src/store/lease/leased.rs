@@ -501,6 +501,10 @@ impl<S: Store> Store for Leased<S> {
         self.inner.release(leases).await
     }
 
+    async fn renew(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
+        self.inner.renew(leases).await
+    }
+
     async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
         self.inner.refund(ops, weight).await
     }

@@ -1389,6 +1389,18 @@ impl Store for RedisStore {
         Ok(())
     }
 
+    async fn renew(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
+        let calls: Vec<Call<'_>> = leases
+            .iter()
+            .map(|(op, lease, cost)| (*op, *cost, *lease))
+            .collect();
+        for batch in self.batches(&calls) {
+            self.run::<redis::Value>(&batch, script::Mode::Renew)
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn inspect(&self, op: Op<'_>) -> Result<KeyInfo, StoreError> {
         let raw: Vec<i64> = self
             .run(&[(op, op.rule.cost(1), 0)], script::Mode::Inspect)

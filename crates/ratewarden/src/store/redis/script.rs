@@ -71,6 +71,8 @@ pub enum Mode {
     Grant = 7,
     /// Ban each op's key for its `cost`, in µs, at least (the admin API).
     Ban = 8,
+    /// Renew each op's lease (its request still going).
+    Renew = 9,
 }
 
 /// Values per op in ARGV: the rule's spec (one string), the cost, the

@@ -57,6 +57,16 @@ function A.release(p, st, lease, cost)
   end
 end
 
+-- A lease still held is pushed back to lapse max_hold from now; one
+-- lapsed (its score past) or released (not a member) stays so.
+function A.renew(p, st, lease, cost)
+  local m = member(lease, cost)
+  local at = redis.call('ZSCORE', st.log, m)
+  if at and tonumber(at) > now then
+    redis.call('ZADD', st.log, 'XX', string.format('%d', now + p[2]), m)
+  end
+end
+
 function A.idle(p, st)
   local last = redis.call('ZRANGE', st.log, '-1', '-1', 'WITHSCORES')
   if last[2] then return tonumber(last[2]) end

@@ -389,6 +389,19 @@ local function dispatch()
       end
     end
     return {}
+  elseif mode == 9 then
+    -- Renew each op's lease: its request is still going (a stream, a
+    -- tunnel). A lease lapsed or released stays so.
+    for i = 1, nops do
+      local r, cost, lease = rule_of(i)
+      local renew = r.a.renew
+      if renew and lease > 0 and redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
+        local st = load(i, r)
+        renew(r.p, st, lease, cost)
+        store(i, r, st)
+      end
+    end
+    return {}
   elseif mode == 6 then
     for i = 1, nops do
       local r, cost = rule_of(i)
