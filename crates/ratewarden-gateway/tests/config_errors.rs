@@ -975,3 +975,15 @@ fn tiers_and_calendars_are_checked_as_rules_every_error_at_its_place() {
     ));
     assert!(e[0].message.contains("fixed_window"), "{e:#?}");
 }
+
+/// A tier's name goes into `RateLimit-Policy` as it is (`tier="pro"`), as a
+/// rule's name does: one that could not be a header value (a quote) is
+/// refused when the config loads, so that no header is checked per request.
+#[test]
+fn a_tier_name_that_is_no_header_text_is_refused() {
+    let e = error(&format!(
+        "{HEAD}  - name: r\n    window: 1m\n    tiers: {{from: 'header:X-Plan', default: free, values: {{free: {{limit: 1}}, 'pro\"x': {{limit: 5}}}}}}\n"
+    ));
+    assert!(e.message.contains("tier name"), "{e}");
+    assert!(e.message.contains("pro\\\"x"), "{e}");
+}

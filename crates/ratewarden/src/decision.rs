@@ -404,7 +404,10 @@ pub enum HeaderField {
 pub enum FieldRef<'a> {
     /// A count or a number of seconds.
     Number(u64),
-    /// A structured field.
+    /// A structured field: always a valid header value (visible ASCII),
+    /// since it is made of rule and tier names, which
+    /// [`Rule::new`](crate::Rule) takes only as printable ASCII without
+    /// quotes or backslashes, and of numbers.
     Text(&'a str),
 }
 

@@ -294,9 +294,12 @@ impl Rule {
     /// [`PROTECTED`]: any use weighs at least 1, only a fresh state 0.
     fn scale(&self, used: u64) -> Weight {
         let n = self.0.capacity;
-        (u128::from(used.min(n)) * 254)
-            .div_ceil(u128::from(n))
-            .min(254) as Weight
+        // In 64 bits (a 128-bit division is a library call, on the path of
+        // every recorded decision): a capacity past 2^48 is scaled down
+        // first, which loses nothing a weight of 254 steps can show.
+        let shift = 16u32.saturating_sub(n.leading_zeros());
+        let (used, n) = (used.min(n) >> shift, (n >> shift).max(1));
+        ((used * 254).div_ceil(n)).min(254) as Weight
     }
 
     /// The [`Weight`] of `state` at `now`: protected when the next request

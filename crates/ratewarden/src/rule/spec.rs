@@ -17,6 +17,9 @@ pub enum RuleError {
     /// The rule name is empty or not printable ASCII without quotes.
     #[error("rule name {0:?} must be 1-128 printable ASCII characters without `\"` or `\\`")]
     BadName(String),
+    /// A tier's name is empty or not printable ASCII without quotes.
+    #[error("tier name {0:?} must be 1-128 printable ASCII characters without `\"` or `\\`")]
+    BadTier(String),
     /// A duration that must be positive is zero.
     #[error("`{0}` must be longer than zero")]
     ZeroDuration(&'static str),
@@ -52,6 +55,7 @@ impl RuleError {
     pub fn key(&self) -> &'static str {
         match self {
             RuleError::BadName(_) => "name",
+            RuleError::BadTier(_) => "tiers",
             RuleError::ZeroDuration(k) => k,
             RuleError::OutOfRange { key, .. } => key,
             RuleError::NotApplicable { key, .. } => key,
@@ -339,14 +343,22 @@ impl Rule {
 
     /// Validates `spec` and compiles it.
     pub fn new(spec: RuleSpec) -> Result<Self, RuleError> {
-        let name_ok = !spec.name.is_empty()
-            && spec.name.len() <= 128
-            && spec
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
-        if !name_ok {
+        // Names go into the rate-limit headers as sf-strings as they are
+        // (`RateLimit-Policy: "name";q=...;tier="pro"`): checked here once,
+        // so that no header is checked again per request.
+        let name_ok = |n: &str| {
+            !n.is_empty()
+                && n.len() <= 128
+                && n.bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+        };
+        if !name_ok(&spec.name) {
             return Err(RuleError::BadName(spec.name));
+        }
+        if let Some(Variant::Tier(t)) = &spec.variant
+            && !name_ok(t)
+        {
+            return Err(RuleError::BadTier(t.clone()));
         }
         let window = micros(spec.window);
         if window == Micros::ZERO {

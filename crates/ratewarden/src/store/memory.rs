@@ -367,8 +367,7 @@ impl MemoryStore {
         if mode == Mode::Apply {
             for (g, &sid) in guards.iter_mut().zip(&shard_ids) {
                 let new = |h: &u64| {
-                    self.shard_of(*h) == sid
-                        && g.map.get(h).is_none_or(|s| s.keep.expires() <= now)
+                    self.shard_of(*h) == sid && g.map.get(h).is_none_or(|s| s.keep.expires() <= now)
                 };
                 let incoming = hashes.iter().filter(|h| new(h)).count();
                 if incoming == 0 {

@@ -8,6 +8,8 @@ use std::task::Poll;
 
 use bytes::{Buf, BytesMut};
 use http::{Method, StatusCode};
+use std::task::Context;
+
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Sleep;
 
@@ -26,7 +28,8 @@ use crate::proxy::forward::{
     x_forwarded_index, x_forwarded_values,
 };
 use crate::upstream::pool::{Pool, UpstreamError};
-use crate::wire::stream::UpstreamIo;
+use crate::wire::idle::Watched;
+use crate::wire::stream::{ClientIo, UpstreamIo};
 use ratewarden_tower::admission::{Admitted, Held};
 
 /// Bytes read from the upstream at a time while relaying a body.
@@ -40,34 +43,71 @@ const PIPELINED: usize = 64 * 1024;
 /// upstream answered (nginx's 499): nothing was sent back.
 pub(crate) const CLIENT_GONE: u16 = 499;
 
-/// Runs `fut` (the wait for the upstream's answer) while watching the
-/// client: `None` when the client's connection ends or fails first, so
-/// that the upstream's request is cancelled and the request's leases given
-/// back at once, not at `upstream_timeout` (HTTP/2 learns it from a
-/// stream reset; HTTP/1.1 only by reading). Bytes the client pipelines
-/// meanwhile are kept in `input`, after the request. No extra read for a
-/// client that sends nothing: tokio cleared the socket's readiness at the
-/// request's short read, so the watch only registers for the next event.
-async fn client_stays<S: AsyncRead + Unpin, F: Future>(
-    io: &mut S,
-    input: &mut BytesMut,
+/// The client of a request waiting for the upstream's answer, watched
+/// meanwhile: HTTP/2 learns that a client left from a stream reset, HTTP/1.1
+/// only by reading. So that a client that leaves frees its request's
+/// leases at once, and its upstream request is cancelled, not at
+/// `upstream_timeout`. Bytes the client pipelines meanwhile are kept in
+/// `input`, after the request, up to [`PIPELINED`] more.
+pub(crate) struct ClientWatch<'a> {
+    io: &'a mut Watched<ClientIo>,
+    input: &'a mut BytesMut,
+    limit: usize,
+}
+
+impl<'a> ClientWatch<'a> {
+    pub(crate) fn new(io: &'a mut Watched<ClientIo>, input: &'a mut BytesMut) -> Self {
+        let limit = input.len() + PIPELINED;
+        Self { io, input, limit }
+    }
+
+    /// Whether the client's connection has ended or failed. The socket's
+    /// readiness is asked first, without a syscall (tokio cleared it at
+    /// the request's short read): a client that sends nothing costs that
+    /// check, and a registration for the next event.
+    fn poll_gone(&mut self, cx: &mut Context<'_>) -> bool {
+        while self.input.len() < self.limit {
+            match self.io.poll_readable(cx) {
+                Poll::Pending => return false,
+                Poll::Ready(Err(_)) => return true,
+                Poll::Ready(Ok(())) => {}
+            }
+            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+            let mut read = ReadBuf::uninit(&mut buf);
+            match Pin::new(&mut *self.io).poll_read(cx, &mut read) {
+                Poll::Pending => return false,
+                Poll::Ready(Ok(())) if read.filled().is_empty() => return true,
+                Poll::Ready(Ok(())) => self.input.extend_from_slice(read.filled()),
+                Poll::Ready(Err(_)) => return true,
+            }
+        }
+        false
+    }
+}
+
+/// How a wait for the upstream ended before its answer.
+enum Waited<T> {
+    Done(T),
+    TimedOut,
+    ClientGone,
+}
+
+/// Runs `fut` until `timer` fires, watching `client` meanwhile.
+async fn waiting<F: Future>(
+    timer: &mut Pin<Box<Sleep>>,
+    client: &mut ClientWatch<'_>,
     fut: F,
-) -> Option<F::Output> {
+) -> Waited<F::Output> {
     let mut fut = pin!(fut);
-    let limit = input.len() + PIPELINED;
     poll_fn(|cx| {
         if let Poll::Ready(v) = fut.as_mut().poll(cx) {
-            return Poll::Ready(Some(v));
+            return Poll::Ready(Waited::Done(v));
         }
-        while input.len() < limit {
-            let mut buf = [0u8; 4096];
-            let mut read = ReadBuf::new(&mut buf);
-            match Pin::new(&mut *io).poll_read(cx, &mut read) {
-                Poll::Pending => break,
-                Poll::Ready(Ok(())) if read.filled().is_empty() => return Poll::Ready(None),
-                Poll::Ready(Ok(())) => input.extend_from_slice(read.filled()),
-                Poll::Ready(Err(_)) => return Poll::Ready(None),
-            }
+        if timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Waited::TimedOut);
+        }
+        if client.poll_gone(cx) {
+            return Poll::Ready(Waited::ClientGone);
         }
         Poll::Pending
     })
@@ -92,6 +132,8 @@ pub(crate) enum Failed {
     Connect(UpstreamError),
     /// The exchange broke: 502, saying `.0` (and logging `.1`).
     Broken(std::borrow::Cow<'static, str>, String),
+    /// The client left while it waited: nothing to answer.
+    ClientGone,
 }
 
 /// Everything one exchange with the upstream needs besides the buffers.
@@ -133,9 +175,9 @@ async fn ended(held: &mut Option<Held>) {
 impl Conn {
     /// Forwards the request in `input` and relays the answer; `keep` is
     /// false when the client connection must close afterwards.
-    pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    pub(crate) async fn exchange(
         &mut self,
-        io: &mut S,
+        io: &mut Watched<ClientIo>,
         mut to: Forward<'_>,
         answering: crate::wire::idle::Answering,
     ) -> io::Result<Answered> {
@@ -155,34 +197,16 @@ impl Conn {
             };
             let server = chosen.server();
             self.request_head(&to, server);
-            let answered = client_stays(
-                io,
-                &mut self.input,
-                exchange_head(
-                    &server.pool,
-                    timer,
-                    &self.out,
-                    &mut self.up,
-                    &mut self.up_fields,
-                    &head.method,
-                ),
+            let answered = exchange_head(
+                &server.pool,
+                timer,
+                &self.out,
+                &mut self.up,
+                &mut self.up_fields,
+                &head.method,
+                &mut ClientWatch::new(io, &mut self.input),
             )
             .await;
-            let Some(answered) = answered else {
-                // The client left: the upstream's request is dropped with
-                // its connection, the leases go back now, nothing is
-                // settled (no answer was seen), and the connection ends.
-                attempts.done();
-                drop(chosen);
-                self.timer = slot;
-                ended(&mut to.held).await;
-                return Ok(Answered {
-                    keep: false,
-                    status: CLIENT_GONE,
-                    from_upstream: false,
-                    bytes: None,
-                });
-            };
             match answered {
                 Ok(a) => {
                     attempts.answered(&chosen);
@@ -191,6 +215,22 @@ impl Conn {
                 Err(Failed::Connect(e)) => attempts.unsent(&chosen, &e),
                 Err(Failed::Timeout) => break Err(attempts.timed_out(&chosen, timeout)),
                 Err(Failed::Broken(why, error)) => break Err(attempts.broke(&chosen, why, error)),
+                Err(Failed::ClientGone) => {
+                    // The client left: the upstream's request is dropped
+                    // with its connection, the leases go back now, nothing
+                    // is settled (no answer was seen), and the connection
+                    // ends.
+                    attempts.done();
+                    drop(chosen);
+                    self.timer = slot;
+                    ended(&mut to.held).await;
+                    return Ok(Answered {
+                        keep: false,
+                        status: CLIENT_GONE,
+                        from_upstream: false,
+                        bytes: None,
+                    });
+                }
             }
         };
         self.timer = slot;
@@ -459,6 +499,7 @@ pub(crate) async fn exchange_head(
     up: &mut BytesMut,
     fields: &mut Vec<(Range<usize>, Range<usize>)>,
     method: &Method,
+    client: &mut ClientWatch<'_>,
 ) -> Result<(UpstreamIo, UpHead), Failed> {
     let head_request = method == Method::HEAD;
     let mut pooled = pool.take_stream();
@@ -467,27 +508,29 @@ pub(crate) async fn exchange_head(
         let mut stream = match pooled.take() {
             Some(s) => s,
             // Boxed: connecting is rare and its future large.
-            None => match within(timer, Box::pin(pool.connect_stream())).await {
-                None => return Err(Failed::Timeout),
-                Some(Err(e)) => return Err(Failed::Connect(e)),
-                Some(Ok(s)) => s,
+            None => match waiting(timer, client, Box::pin(pool.connect_stream())).await {
+                Waited::TimedOut => return Err(Failed::Timeout),
+                Waited::ClientGone => return Err(Failed::ClientGone),
+                Waited::Done(Err(e)) => return Err(Failed::Connect(e)),
+                Waited::Done(Ok(s)) => s,
             },
         };
         up.clear();
-        let sent = within(timer, async {
+        let sent = waiting(timer, client, async {
             stream.write_all(request).await?;
             stream.flush().await?;
             read_head(&mut stream, up, fields, head_request).await
         })
         .await;
         match sent {
-            None => return Err(Failed::Timeout),
-            Some(Ok(resp)) => return Ok((stream, resp)),
-            Some(Err(_)) if reused && up.is_empty() && method.is_idempotent() => {
+            Waited::TimedOut => return Err(Failed::Timeout),
+            Waited::ClientGone => return Err(Failed::ClientGone),
+            Waited::Done(Ok(resp)) => return Ok((stream, resp)),
+            Waited::Done(Err(_)) if reused && up.is_empty() && method.is_idempotent() => {
                 pooled = None;
                 continue;
             }
-            Some(Err(e)) => {
+            Waited::Done(Err(e)) => {
                 let why = match tls_cause(&e) {
                     Some(why) => why,
                     None if e.kind() == io::ErrorKind::InvalidData => {

@@ -31,7 +31,10 @@ pub(crate) fn http_date() -> [u8; 29] {
     })
 }
 
-/// Appends `name: value\r\n`.
+/// Appends `name: value\r\n`. (Inlined: its constant parts are then
+/// stores, not copies; once the exchange grew, the compiler stopped
+/// inlining it by itself, for 185 instructions a forwarded request.)
+#[inline(always)]
 pub(crate) fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
@@ -63,18 +66,20 @@ impl RateFields {
         let (lines, names) = (&mut self.lines, &mut self.names);
         let mut digits = itoa::Buffer::new();
         d.visit_header_fields(style, &mut self.scratch, |name, value| {
-            let (text, valid) = match value {
-                FieldRef::Number(n) => (digits.format(n), true),
-                // The test `HeaderValue` applies: visible ASCII, spaces, tabs.
-                FieldRef::Text(t) => (
-                    t,
-                    t.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)),
-                ),
+            let text = match value {
+                FieldRef::Number(n) => digits.format(n),
+                // A valid value by construction (rule and tier names are
+                // checked when a rule is made): not checked per request.
+                FieldRef::Text(t) => {
+                    debug_assert!(
+                        t.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)),
+                        "{t:?}"
+                    );
+                    t
+                }
             };
-            if valid {
-                push_field(lines, name.as_bytes(), text.as_bytes());
-                names.push(name);
-            }
+            push_field(lines, name.as_bytes(), text.as_bytes());
+            names.push(name);
         });
     }
 
