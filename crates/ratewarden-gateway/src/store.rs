@@ -5,7 +5,7 @@ use std::sync::Arc;
 use ratewarden::clock::Clock;
 use ratewarden::store::lease::{Ask, Grant, Leased};
 use ratewarden::store::redis::{RedisConfig, RedisStore};
-use ratewarden::{Fallback, KeyInfo, MemoryStore, Mode, Op, Store, StoreError, Verdict};
+use ratewarden::{Fallback, KeyInfo, MemoryStore, Mode, Op, Settle, Store, StoreError, Verdict};
 
 use crate::config::StoreSpec;
 
@@ -159,17 +159,10 @@ impl Store for AnyStore {
         }
     }
 
-    async fn settle(&self, ops: &[Op<'_>], weight: u64, failure: bool) -> Result<(), StoreError> {
+    async fn settle(&self, ops: &[Op<'_>], how: Settle) -> Result<(), StoreError> {
         match self {
-            AnyStore::Memory(s) => s.settle(ops, weight, failure).await,
-            AnyStore::Redis(s) => Box::pin(s.settle(ops, weight, failure)).await,
-        }
-    }
-
-    async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.refund(ops, weight).await,
-            AnyStore::Redis(s) => Box::pin(s.refund(ops, weight)).await,
+            AnyStore::Memory(s) => s.settle(ops, how).await,
+            AnyStore::Redis(s) => Box::pin(s.settle(ops, how)).await,
         }
     }
 

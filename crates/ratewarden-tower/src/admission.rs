@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use http::{HeaderName, StatusCode};
 use ratewarden::decision::problem;
-use ratewarden::{Decision, Limiter, Mode, Op, Pending, Rule, Store, StoreError};
+use ratewarden::{Decision, Limiter, Mode, Op, Pending, Rule, Settle, Store, StoreError};
 use smallvec::SmallVec;
 
 use crate::overrides::Applied;
@@ -765,17 +765,22 @@ impl<'p> Admitted<'p> {
         status: StatusCode,
         classify: Option<&(dyn Fn(StatusCode) -> Option<bool> + Send + Sync)>,
     ) -> Result<(), StoreError> {
+        let (mut failed, mut succeeded) = (
+            SmallVec::<[Op<'_>; 2]>::new(),
+            SmallVec::<[Op<'_>; 2]>::new(),
+        );
         for (r, rule, key, group) in self.awaiting_outcome() {
             let failure = match classify {
                 Some(f) => f(status),
                 None => Some(r.is_failure(status.as_u16())),
             };
-            if let Some(failure) = failure {
-                let op = Op::grouped(rule, key, group);
-                limiter.store().settle(&[op], 1, failure).await?;
+            match failure {
+                Some(true) => failed.push(Op::grouped(rule, key, group)),
+                Some(false) => succeeded.push(Op::grouped(rule, key, group)),
+                None => {}
             }
         }
-        Ok(())
+        settle_both(limiter, &failed, &succeeded).await
     }
 
     /// The `count: failures` rules whose outcome this request awaits: each
@@ -951,16 +956,34 @@ impl<S: Store> GrpcSettlement<S> {
     /// Settles each rule on `code`: a failure when the rule counts it one,
     /// a success on 0 (OK), nothing otherwise. A store error is not fatal.
     pub async fn settle(self, code: u16) {
+        let (mut failed, mut succeeded) = (
+            SmallVec::<[Op<'_>; 2]>::new(),
+            SmallVec::<[Op<'_>; 2]>::new(),
+        );
         for (rule, key, group, failures) in &self.rules {
-            let failure = if failures.contains(&code) {
-                true
+            if failures.contains(&code) {
+                failed.push(Op::grouped(rule, key, group));
             } else if code == 0 {
-                false
-            } else {
-                continue;
-            };
-            let op = Op::grouped(rule, key, group);
-            let _ = self.limiter.store().settle(&[op], 1, failure).await;
+                succeeded.push(Op::grouped(rule, key, group));
+            }
         }
+        let _ = settle_both(&self.limiter, &failed, &succeeded).await;
     }
+}
+
+/// The failures and the successes of one answer, settled: one store call
+/// for each that has ops (the failures charged at weight 1, the request's
+/// own: a request refused by one rule is charged to none).
+async fn settle_both<S: Store>(
+    limiter: &Limiter<S>,
+    failed: &[Op<'_>],
+    succeeded: &[Op<'_>],
+) -> Result<(), StoreError> {
+    if !failed.is_empty() {
+        limiter.settle(failed, Settle::Failure(1)).await?;
+    }
+    if !succeeded.is_empty() {
+        limiter.settle(succeeded, Settle::Success).await?;
+    }
+    Ok(())
 }

@@ -59,4 +59,4 @@ pub use store::memory::MemoryStore;
 pub use store::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisConfig, RedisStore};
-pub use store::{Fallback, Health, KeyInfo, Mode, OnError, Op, Store, StoreError};
+pub use store::{Fallback, Health, KeyInfo, Mode, OnError, Op, Settle, Store, StoreError};

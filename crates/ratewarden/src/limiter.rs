@@ -5,7 +5,7 @@ use crate::clock::Micros;
 
 use crate::decision::{Decision, RuleDecision};
 use crate::rule::{Rule, Verdict, finite};
-use crate::store::{Mode, Op, Store, StoreError};
+use crate::store::{Mode, Op, Settle, Store, StoreError};
 
 /// Decides requests against rules, over a store.
 ///
@@ -155,8 +155,9 @@ impl<S: Store> Limiter<S> {
         Ok(Admission::from_verdicts(ops, &verdicts, weight, mode))
     }
 
-    /// Settles a request's `count: failures` rules: `failure` charges them,
-    /// a success clears their history (with `reset_on_success`).
+    /// Settles a request's `count: failures` rules: `failure` charges them
+    /// (at the request's weight), a success clears their history (with
+    /// `reset_on_success`).
     pub async fn report(&self, pending: &Pending, failure: bool) -> Result<(), StoreError> {
         if pending.ops.is_empty() {
             return Ok(());
@@ -166,14 +167,18 @@ impl<S: Store> Limiter<S> {
             .iter()
             .map(|(rule, key, group)| Op::grouped(rule, key, group))
             .collect();
-        self.store.settle(&ops, pending.weight, failure).await
+        let how = if failure {
+            Settle::Failure(pending.weight)
+        } else {
+            Settle::Success
+        };
+        self.store.settle(&ops, how).await
     }
 
-    /// Gives back what `ops` at `weight` charged earlier (an Envoy
-    /// `is_negative_hits` descriptor); see
-    /// [`Algorithm::refund`](crate::algorithm::Algorithm::refund).
-    pub async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
-        self.store.refund(ops, weight).await
+    /// Settles `ops` as `how` says (see [`Settle`]): the one way a cost is
+    /// corrected once an answer is known, in one store call.
+    pub async fn settle(&self, ops: &[Op<'_>], how: Settle) -> Result<(), StoreError> {
+        self.store.settle(ops, how).await
     }
 
     /// Renews the `concurrency` leases a request holds: it goes on (see

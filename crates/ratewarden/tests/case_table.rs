@@ -28,7 +28,7 @@ use ratewarden::algorithm::{Kind, ScriptState};
 use ratewarden::clock::Micros;
 use ratewarden::rule::{KeyState, Marks, Reason, Verdict};
 use ratewarden::store::redis::script::{self, SCRIPT};
-use ratewarden::{Op, Penalty, Rule};
+use ratewarden::{Op, Penalty, Rule, Settle};
 
 /// Every time in the table is an offset from this instant: a whole day, so
 /// windows of seconds, minutes, hours and days start on it, and one years
@@ -278,6 +278,9 @@ enum OpKind {
     /// A refund of an admitted request's cost (Envoy's negative hits,
     /// leases given back); rows only for algorithms that refund.
     Refund,
+    /// An answer that cost more than its admission charged: its extra
+    /// cost charged now (`Settle::Charge`), past the limit if need be.
+    Charge,
     /// A ban an operator sets (`ban at=T for=D`: the cost column carries
     /// D in µs, as the script's ARGV does).
     Ban,
@@ -344,6 +347,7 @@ fn op_once(s: &str) -> (OpKind, Micros, u64) {
         "ok" => OpKind::Ok,
         "release" => OpKind::Release(get("lease").expect("lease=").parse().unwrap()),
         "refund" => OpKind::Refund,
+        "charge" => OpKind::Charge,
         "ban" => OpKind::Ban,
         other => panic!("unknown op `{other}`"),
     };
@@ -412,7 +416,12 @@ fn run_rust(rule: &Rule, row: &Row) -> Outcome {
                 ratewarden::Counting::Failures { reset_on_success } => failure || reset_on_success,
             };
             if changes {
-                rule.settle(&mut st, now, cost, failure);
+                let how = if failure {
+                    Settle::Failure(1)
+                } else {
+                    Settle::Success
+                };
+                rule.settle(&mut st, now, cost, how);
             }
             (None, changes)
         }
@@ -421,8 +430,15 @@ fn run_rust(rule: &Rule, row: &Row) -> Outcome {
             (None, true)
         }
         OpKind::Refund => {
-            rule.refund(&mut st, now, cost);
+            rule.settle(&mut st, now, cost, Settle::Refund(1));
             (None, true)
+        }
+        OpKind::Charge => {
+            let charges = Settle::Charge(cost).applies_to(rule);
+            if charges {
+                rule.settle(&mut st, now, cost, Settle::Charge(1));
+            }
+            (None, charges)
         }
         OpKind::Ban => {
             st.hold_ban(now + Micros::new(cost));
@@ -535,6 +551,7 @@ fn run_lua(con: &mut redis::Connection, source: &str, rule: &Rule, row: &Row) ->
         OpKind::Ok => (script::Mode::Success, 0),
         OpKind::Release(l) => (script::Mode::Release, l),
         OpKind::Refund => (script::Mode::Refund, 0),
+        OpKind::Charge => (script::Mode::Charge, 0),
         OpKind::Ban => (script::Mode::Ban, 0),
     };
     let args = script::argv(&vec![(o, cost, lease); times], mode, now, now);
@@ -947,5 +964,29 @@ fn a_script_deciding_copies_of_a_key_apart_fails_the_table() {
                 .iter()
                 .all(|f| times.iter().any(|t| f.starts_with(t))),
         "the mutant should fail the `times=` rows, and only them: {failures:?}"
+    );
+}
+
+/// The charge an answer adds after its admission (`Settle::Charge`, mode
+/// 10 of `lua/rule.lua`): a script that does not charge fails the table's
+/// `charge` rows, and only them.
+#[test]
+fn a_script_that_does_not_charge_an_answers_cost_fails_the_table() {
+    let from = "      if not r.a.holds_leases and cost > 0 then";
+    assert_eq!(SCRIPT.matches(from).count(), 1, "the charge mode's line");
+    let mutant = SCRIPT.replace(from, "      if false then");
+    let (_, failures) = lua_failures(&mutant, None);
+    let charges: Vec<String> = rows()
+        .iter()
+        .filter(|r| r.op.starts_with("charge"))
+        .map(|r| format!("line {}:", r.line))
+        .collect();
+    assert!(charges.len() >= 8, "{charges:?}");
+    assert!(
+        !failures.is_empty()
+            && failures
+                .iter()
+                .all(|f| charges.iter().any(|c| f.starts_with(c))),
+        "the mutant should fail the `charge` rows, and only them: {failures:?}"
     );
 }

@@ -440,19 +440,15 @@ impl Store for FirstGrantHangs {
     async fn settle(
         &self,
         ops: &[Op<'_>],
-        weight: u64,
-        failure: bool,
+        how: ratewarden::Settle,
     ) -> Result<(), ratewarden::StoreError> {
-        self.0.settle(ops, weight, failure).await
+        self.0.settle(ops, how).await
     }
     async fn release(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), ratewarden::StoreError> {
         self.0.release(leases).await
     }
     async fn renew(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), ratewarden::StoreError> {
         self.0.renew(leases).await
-    }
-    async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), ratewarden::StoreError> {
-        self.0.refund(ops, weight).await
     }
     async fn grant(
         &self,

@@ -13,7 +13,7 @@ use ratewarden::algorithm::Kind;
 use ratewarden::clock::{Clock, ManualClock};
 use ratewarden::{
     Fallback, Limiter, MemoryStore, Mode, OnError, Op, Penalty, RedisConfig, RedisStore, Rule,
-    Store, Verdict,
+    Settle, Store, Verdict,
 };
 
 fn wall_now() -> u64 {
@@ -180,13 +180,17 @@ async fn agree<S: Store>(redis: &S, clock: &ManualClock, memory: &MemoryStore, r
             let admitted = ratewarden::store::admitted(ops, &m);
             // Envoy refunds: some admitted requests give their cost back.
             if mode == Mode::Apply && admitted && rng.next(5) == 0 {
-                memory.refund(ops, weight).await.unwrap();
-                redis.refund(ops, weight).await.unwrap();
+                memory.settle(ops, Settle::Refund(weight)).await.unwrap();
+                redis.settle(ops, Settle::Refund(weight)).await.unwrap();
             }
             if mode == Mode::Apply && admitted && ops.iter().any(|o| o.rule.counts_failures()) {
-                let failure = rng.next(3) != 0;
-                memory.settle(ops, weight, failure).await.unwrap();
-                redis.settle(ops, weight, failure).await.unwrap();
+                let how = if rng.next(3) != 0 {
+                    Settle::Failure(weight)
+                } else {
+                    Settle::Success
+                };
+                memory.settle(ops, how).await.unwrap();
+                redis.settle(ops, how).await.unwrap();
             }
             // Concurrency leases: most requests end (released), some never
             // do (their leases lapse).

@@ -10,7 +10,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use ratewarden::algorithm::Kind;
 use ratewarden::clock::{ManualClock, Micros};
-use ratewarden::{KeyState, MemoryStore, Mode, Op, Rule, Store};
+use ratewarden::{KeyState, MemoryStore, Mode, Op, Rule, Settle, Store};
 
 mod fixtures;
 use fixtures::{COUNT, rules};
@@ -90,9 +90,10 @@ proptest! {
                 }
                 Step::Settle { key, failure } => {
                     let k = key.to_string();
-                    rt.block_on(store.settle(&[Op::new(rule, &k)], 1, failure)).unwrap();
+                    let how = if failure { Settle::Failure(1) } else { Settle::Success };
+                    rt.block_on(store.settle(&[Op::new(rule, &k)], how)).unwrap();
                     if rule.counts_failures() {
-                        rule.settle(model.live(key, now), now, rule.cost(1), failure);
+                        rule.settle(model.live(key, now), now, rule.cost(1), how);
                         model.keep(rule, key, now);
                     }
                 }

@@ -733,9 +733,9 @@ async fn report(live: &Live, body: ReportBody) -> Response<Body> {
                     &format!("rule `{}` does not use `count: failures`", body.rule),
                 );
             }
-            let failure = match outcome.as_str() {
-                "failure" => true,
-                "success" => false,
+            let how = match outcome.as_str() {
+                "failure" => ratewarden::Settle::Failure(1),
+                "success" => ratewarden::Settle::Success,
                 other => {
                     return problem_response(
                         StatusCode::BAD_REQUEST,
@@ -743,7 +743,7 @@ async fn report(live: &Live, body: ReportBody) -> Response<Body> {
                     );
                 }
             };
-            match live.limiter.store().settle(&[op], 1, failure).await {
+            match live.limiter.settle(&[op], how).await {
                 Ok(()) => json_response(
                     StatusCode::OK,
                     &json!({"rule": body.rule, "key": op.key, "outcome": outcome}),

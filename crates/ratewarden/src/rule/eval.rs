@@ -5,6 +5,7 @@ use crate::algorithm::{self, Check, NEVER};
 use crate::clock::{Micros, micros};
 
 use super::{Counting, Penalty, Rule};
+use crate::store::Settle;
 
 /// Why a rule rejected a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,19 +246,29 @@ impl Rule {
         self.0.params.refund(&mut state.algo, now, cost);
     }
 
-    /// Settles a `count: failures` request after its outcome is known: a
-    /// failure is charged; a success clears the history if `reset_on_success`.
-    pub fn settle(&self, state: &mut KeyState, now: Micros, cost: u64, failure: bool) {
-        match self.0.spec.counting {
-            Counting::All => {}
-            Counting::Failures { .. } if failure => {
+    /// Settles a request on this key once its answer is known, `cost`
+    /// being what [`Settle`]'s weight costs under this rule: a `count:
+    /// failures` rule charges a failure and clears its history on a
+    /// success (if `reset_on_success`); any rule but `concurrency` is
+    /// charged an answer's extra cost, and gives back what it did not
+    /// cost ([`Rule::refund`]).
+    pub fn settle(&self, state: &mut KeyState, now: Micros, cost: u64, how: Settle) {
+        match (how, self.0.spec.counting) {
+            (Settle::Failure(_), Counting::Failures { .. }) => {
                 self.0.params.charge(&mut state.algo, now, cost)
             }
-            Counting::Failures { reset_on_success } => {
+            (Settle::Success, Counting::Failures { reset_on_success }) => {
                 if reset_on_success {
                     state.algo = algorithm::State::Fresh;
                 }
             }
+            (Settle::Failure(_) | Settle::Success, Counting::All) => {}
+            (Settle::Charge(_), _) => {
+                if !self.0.spec.algorithm.holds_leases() {
+                    self.0.params.charge(&mut state.algo, now, cost)
+                }
+            }
+            (Settle::Refund(_), _) => self.refund(state, now, cost),
         }
     }
 

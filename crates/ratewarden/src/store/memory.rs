@@ -32,7 +32,7 @@ use crate::clock::{Clock, Micros, SystemClock};
 use crate::rule::{KeyState, PROTECTED, Reason, Verdict, Weight};
 use crate::store::lease::{self, Ask, Grant};
 use crate::store::mirror::Mirror;
-use crate::store::{KeyInfo, Mode, Op, Store, StoreError, admitted};
+use crate::store::{KeyInfo, Mode, Op, Settle, Store, StoreError, admitted};
 
 /// The map key is already a seeded hash: pass it through.
 #[derive(Default)]
@@ -712,25 +712,23 @@ impl Store for MemoryStore {
         Ok(self.decide_now(ops, weight, mode))
     }
 
-    async fn settle(&self, ops: &[Op<'_>], weight: u64, failure: bool) -> Result<(), StoreError> {
+    async fn settle(&self, ops: &[Op<'_>], how: Settle) -> Result<(), StoreError> {
         let now = self.now();
-        for op in ops.iter().filter(|op| op.rule.counts_failures()) {
+        for op in ops.iter().filter(|op| how.applies_to(op.rule)) {
+            let cost = op.cost(how.weight());
+            if let Settle::Refund(_) = how {
+                self.refund_now(op, cost);
+                continue;
+            }
             let h = self.hash(op);
             let cell = &self.inner.shards[self.shard_of(h)];
             let mut shard = lock(cell);
             // (A key the decision found room for; another that filled the
             // shard meanwhile leaves it uncharged.)
             let _ = self.update(&mut shard, &cell.mirror, h, now, |state| {
-                op.rule.settle(state, now, op.cost(weight), failure);
+                op.rule.settle(state, now, cost, how);
                 (op.rule.idle_at(state), op.rule.weight(state, now))
             });
-        }
-        Ok(())
-    }
-
-    async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
-        for op in ops {
-            self.refund_now(op, op.cost(weight));
         }
         Ok(())
     }

@@ -182,13 +182,14 @@ pub trait Store: Send + Sync + 'static {
         mode: Mode,
     ) -> impl Future<Output = Result<Vec<Verdict>, StoreError>> + Send;
 
-    /// Settles the `count: failures` rules among `ops` once the outcome is
-    /// known: charges a failure, or clears the history on a success.
+    /// Settles `ops` once their request's answer is known, as `how` says
+    /// ([`Settle`]), in one call per store round trip (a cluster's slots
+    /// apart): a failure or a success of the `count: failures` rules, or
+    /// what the answer cost beyond (or short of) what admission charged.
     fn settle(
         &self,
         ops: &[Op<'_>],
-        weight: u64,
-        failure: bool,
+        how: Settle,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Gives back `concurrency` leases: `(op, lease, cost)` for each, the
@@ -206,15 +207,6 @@ pub trait Store: Send + Sync + 'static {
     fn renew(
         &self,
         leases: &[(Op<'_>, u64, u64)],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Gives back what each op's cost at `weight` charged earlier (an
-    /// Envoy `is_negative_hits` descriptor), in one call per store round
-    /// trip; a key with no state is left alone.
-    fn refund(
-        &self,
-        ops: &[Op<'_>],
-        weight: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Leases a slice of `op`'s key to a gateway, gives back what it did
@@ -248,6 +240,50 @@ pub trait Store: Send + Sync + 'static {
     /// among them while the store is down.
     fn instances(&self) -> u64 {
         1
+    }
+}
+
+/// What a request's answer settles on its ops once it is known: the one
+/// way a cost is corrected after admission, for every front end (the
+/// gateway's end phase, gRPC's trailers, `/v1/report`, the tower layer,
+/// Envoy's refunds). Each carries the weight it applies, which an op's own
+/// weight replaces ([`Op::cost`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// The answer was a failure: the `count: failures` rules charge the
+    /// request's cost at this weight (other rules are left alone).
+    Failure(u64),
+    /// The answer was a success: the `count: failures` rules with
+    /// `reset_on_success` clear their key's history (its ban stays).
+    Success,
+    /// The answer cost this much more than admission charged: charged now,
+    /// on every rule but `concurrency` (whose leases are not charges),
+    /// past the limit if need be (the request has been served).
+    Charge(u64),
+    /// Admission charged this much more than the answer cost: given back,
+    /// on every rule that can give back (see
+    /// [`Algorithm::refund`](crate::algorithm::Algorithm::refund)); a key
+    /// with no state is left alone.
+    Refund(u64),
+}
+
+impl Settle {
+    /// The weight it applies (0 for a success).
+    pub fn weight(self) -> u64 {
+        match self {
+            Settle::Failure(w) | Settle::Charge(w) | Settle::Refund(w) => w,
+            Settle::Success => 0,
+        }
+    }
+
+    /// Whether it changes anything of an op under `rule`.
+    pub fn applies_to(self, rule: &Rule) -> bool {
+        match self {
+            Settle::Failure(_) => rule.counts_failures(),
+            Settle::Success => rule.counts_failures(),
+            Settle::Charge(w) => w > 0 && !rule.spec().algorithm.holds_leases(),
+            Settle::Refund(w) => w > 0,
+        }
     }
 }
 
@@ -617,21 +653,13 @@ impl<P: Store> Store for Fallback<P> {
         }
     }
 
-    async fn settle(&self, ops: &[Op<'_>], weight: u64, failure: bool) -> Result<(), StoreError> {
-        match self.primary.settle(ops, weight, failure).await {
+    async fn settle(&self, ops: &[Op<'_>], how: Settle) -> Result<(), StoreError> {
+        match self.primary.settle(ops, how).await {
             Err(e) if self.policy == OnError::Local && !matches!(e, StoreError::Late(_)) => {
-                let (scaled, _) = self.shared(ops, weight);
-                self.local.settle(&scaled, weight, failure).await
-            }
-            other => other,
-        }
-    }
-
-    async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
-        match self.primary.refund(ops, weight).await {
-            Err(e) if self.policy == OnError::Local && !matches!(e, StoreError::Late(_)) => {
-                let (scaled, _) = self.shared(ops, weight);
-                self.local.refund(&scaled, weight).await
+                // At this gateway's share, as the decision was: the ops
+                // carry the scaled weight.
+                let (scaled, _) = self.shared(ops, how.weight().max(1));
+                self.local.settle(&scaled, how).await
             }
             other => other,
         }

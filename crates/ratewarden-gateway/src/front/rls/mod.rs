@@ -476,7 +476,11 @@ pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Byte
     let refunded_decision = if refund_ops.is_empty() {
         None
     } else {
-        if let Err(e) = live.limiter.refund(&refund_ops, 1).await {
+        if let Err(e) = live
+            .limiter
+            .settle(&refund_ops, ratewarden::Settle::Refund(1))
+            .await
+        {
             return Err(store_failed(&e));
         }
         let peek: Vec<Op<'_>> = refund_ops.iter().map(|op| op.weighing(0)).collect();

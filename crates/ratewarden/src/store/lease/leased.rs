@@ -12,7 +12,7 @@ use crate::Rule;
 use crate::algorithm::{Check, Kind};
 use crate::clock::{Clock, Micros, SystemClock};
 use crate::rule::Verdict;
-use crate::store::{KeyInfo, Mode, Op, Store, StoreError, admitted};
+use crate::store::{KeyInfo, Mode, Op, Settle, Store, StoreError, admitted};
 
 /// How long a slice may be used: a window, at most a second. On
 /// `fixed_window` also no later than the end of the window it was charged
@@ -493,8 +493,8 @@ impl<S: Store> Store for Leased<S> {
             .collect())
     }
 
-    async fn settle(&self, ops: &[Op<'_>], weight: u64, failure: bool) -> Result<(), StoreError> {
-        self.inner.settle(ops, weight, failure).await
+    async fn settle(&self, ops: &[Op<'_>], how: Settle) -> Result<(), StoreError> {
+        self.inner.settle(ops, how).await
     }
 
     async fn release(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
@@ -503,10 +503,6 @@ impl<S: Store> Store for Leased<S> {
 
     async fn renew(&self, leases: &[(Op<'_>, u64, u64)]) -> Result<(), StoreError> {
         self.inner.renew(leases).await
-    }
-
-    async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
-        self.inner.refund(ops, weight).await
     }
 
     async fn grant(&self, op: Op<'_>, ask: &Ask) -> Result<Grant, StoreError> {

@@ -31,7 +31,7 @@ use redis::cluster_async::ClusterConnection;
 
 use crate::clock::{Clock, Micros, SystemClock};
 use crate::rule::Verdict;
-use crate::store::{KeyInfo, Mode, Op, Store, StoreError};
+use crate::store::{KeyInfo, Mode, Op, Settle, Store, StoreError};
 use breaker::{Admit, Breaker, Change};
 use script::{Call, SCRIPT, argv};
 
@@ -1351,28 +1351,20 @@ impl Store for RedisStore {
         Ok(out)
     }
 
-    async fn settle(&self, ops: &[Op<'_>], weight: u64, failure: bool) -> Result<(), StoreError> {
-        let ops: Vec<Call<'_>> = ops
+    async fn settle(&self, ops: &[Op<'_>], how: Settle) -> Result<(), StoreError> {
+        let calls: Vec<Call<'_>> = ops
             .iter()
-            .filter(|op| op.rule.counts_failures())
-            .map(|op| (*op, op.cost(weight), 0))
+            .filter(|op| how.applies_to(op.rule))
+            .map(|op| (*op, op.cost(how.weight()), 0))
             .collect();
-        let mode = if failure {
-            script::Mode::Failure
-        } else {
-            script::Mode::Success
+        let mode = match how {
+            Settle::Failure(_) => script::Mode::Failure,
+            Settle::Success => script::Mode::Success,
+            Settle::Charge(_) => script::Mode::Charge,
+            Settle::Refund(_) => script::Mode::Refund,
         };
-        for batch in self.batches(&ops) {
-            self.run::<redis::Value>(&batch, mode).await?;
-        }
-        Ok(())
-    }
-
-    async fn refund(&self, ops: &[Op<'_>], weight: u64) -> Result<(), StoreError> {
-        let calls: Vec<Call<'_>> = ops.iter().map(|op| (*op, op.cost(weight), 0)).collect();
         for batch in self.batches(&calls) {
-            self.run::<redis::Value>(&batch, script::Mode::Refund)
-                .await?;
+            self.run::<redis::Value>(&batch, mode).await?;
         }
         Ok(())
     }

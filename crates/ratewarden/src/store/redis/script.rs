@@ -73,6 +73,9 @@ pub enum Mode {
     Ban = 8,
     /// Renew each op's lease (its request still going).
     Renew = 9,
+    /// Charge each op's cost more (an answer that cost more than its
+    /// admission charged).
+    Charge = 10,
 }
 
 /// Values per op in ARGV: the rule's spec (one string), the cost, the

@@ -4,6 +4,9 @@
 -- the lease lapses (µs), member "lease:cost".
 local A = {}
 A.uses_log = true
+-- Its charges are leases, released when their request ends: never
+-- charged more afterwards.
+A.holds_leases = true
 
 -- Leases that lapsed: their holder never released them (a crashed
 -- gateway, a lost connection to Redis).

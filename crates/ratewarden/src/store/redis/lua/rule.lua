@@ -389,6 +389,19 @@ local function dispatch()
       end
     end
     return {}
+  elseif mode == 10 then
+    -- Charge each op's cost more: its request's answer cost more than its
+    -- admission charged (rule/eval.rs settle). Past the limit if need be:
+    -- the request has been served. Not concurrency's leases.
+    for i = 1, nops do
+      local r, cost = rule_of(i)
+      if not r.a.holds_leases and cost > 0 then
+        local st = load(i, r)
+        r.a.charge(r.p, st, cost)
+        store(i, r, st)
+      end
+    end
+    return {}
   elseif mode == 9 then
     -- Renew each op's lease: its request is still going (a stream, a
     -- tunnel). A lease lapsed or released stays so.
