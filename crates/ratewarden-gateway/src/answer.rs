@@ -53,3 +53,25 @@ pub fn rejection(
 ) -> Response<Body> {
     ratewarden_tower::rejection_response(d, status, style).map(boxed)
 }
+
+/// The built-in upstream's answer: what it received, and from whom, with
+/// the decision's rate-limit headers.
+pub(crate) fn echo(
+    method: &http::Method,
+    target: &str,
+    identity: &str,
+    decision: Option<&Decision>,
+    style: ratewarden::HeaderStyle,
+) -> Response<Body> {
+    let mut r = respond(
+        StatusCode::OK,
+        "text/plain; charset=utf-8",
+        format!("ratewarden echo: {method} {target} from {identity}\n"),
+    );
+    if let Some(d) = decision {
+        ratewarden_tower::insert_headers(r.headers_mut(), d.header_fields(style));
+    }
+    r.extensions_mut()
+        .insert(crate::observe::metrics::FromUpstream);
+    r
+}

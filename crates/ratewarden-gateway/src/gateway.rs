@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use http::StatusCode;
 use ratewarden::{Decision, Limiter, Mode, Reason};
 use ratewarden_tower::admission::{Admitted, Facts, Refusal};
 
@@ -61,6 +60,13 @@ impl Live {
                 if let Some(rule) = &t.rule {
                     counts.push((rule.id(), c.clone()));
                 }
+            }
+        }
+        // Envoy's descriptor limits count as rules do, under their rule's
+        // name.
+        for l in config.rls.iter().flat_map(|r| r.domains.limits()) {
+            if let Some(rule) = &l.rule {
+                counts.push((rule.id(), metrics.counts(rule.name())));
             }
         }
         use ratewarden_tower::policy::{IdentitySource, KeyPart};
@@ -383,13 +389,6 @@ impl Gateway {
                 }
             }
         }
-    }
-
-    /// Settles the `count: failures` rules of `admitted` on the answer's
-    /// `status`; a store error is not fatal (the store counted it).
-    pub(crate) async fn settle(&self, live: &Live, admitted: &Admitted<'_>, status: u16) {
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-        let _ = admitted.settle(&live.limiter, status, None).await;
     }
 }
 

@@ -23,7 +23,9 @@ use std::sync::Arc;
 
 use http::{HeaderName, StatusCode};
 use ratewarden::decision::problem;
-use ratewarden::{Decision, Limiter, Mode, Op, Pending, Rule, Settle, Store, StoreError};
+use ratewarden::{Decision, Limiter, Mode, Op, Pending, Rule, Store, StoreError};
+
+pub use crate::settle::{Held, Owed, Settlement};
 use smallvec::SmallVec;
 
 use crate::overrides::Applied;
@@ -755,84 +757,74 @@ impl<'p> Admitted<'p> {
         &self.matched.who
     }
 
-    /// Stage 4a: settles the `count: failures` rules on the answer's
+    /// Stage 4: what this request's answer settles once it has ended, owned
+    /// (a streamed answer ends after the request's scope; gRPC's status
+    /// comes in its trailers): its `count: failures` rules, each decided
+    /// rule with its key and group. `None` when nothing awaits the answer.
+    pub fn settlement<S: Store>(&self, limiter: &Arc<Limiter<S>>) -> Option<Settlement<S>> {
+        let awaits = self.pending.as_deref().is_some_and(Pending::awaits_outcome);
+        if !awaits {
+            return None;
+        }
+        let id = &self.matched.who.identity;
+        let owed: Vec<Owed> = self
+            .matched
+            .keyed
+            .iter()
+            .filter_map(|k| {
+                let r = &self.matched.policy.rules[k.rule as usize];
+                let rule = k.rule(self.matched.policy);
+                rule.counts_failures().then(|| Owed {
+                    rule: rule.clone(),
+                    key: k.key(id).to_owned(),
+                    group: k.group(id).to_owned(),
+                    failure_status: r.failure_status.clone(),
+                    failure_grpc: r.failure_grpc.clone(),
+                })
+            })
+            .collect();
+        Settlement::new(limiter, owed)
+    }
+
+    /// Stage 4 at once, for a front end that has the answer in hand (the
+    /// tower layer): settles the `count: failures` rules on the answer's
     /// `status`, each by its own `failure_status`, or by `classify` when
     /// given (`Some(true)` a failure, `Some(false)` a success, `None` leaves
     /// the key alone).
     pub async fn settle<S: Store>(
         &self,
-        limiter: &Limiter<S>,
+        limiter: &Arc<Limiter<S>>,
         status: StatusCode,
         classify: Option<&(dyn Fn(StatusCode) -> Option<bool> + Send + Sync)>,
     ) -> Result<(), StoreError> {
-        let (mut failed, mut succeeded) = (
-            SmallVec::<[Op<'_>; 2]>::new(),
-            SmallVec::<[Op<'_>; 2]>::new(),
-        );
-        for (r, rule, key, group) in self.awaiting_outcome() {
-            let failure = match classify {
-                Some(f) => f(status),
-                None => Some(r.is_failure(status.as_u16())),
-            };
-            match failure {
-                Some(true) => failed.push(Op::grouped(rule, key, group)),
-                Some(false) => succeeded.push(Op::grouped(rule, key, group)),
-                None => {}
-            }
-        }
-        settle_both(limiter, &failed, &succeeded).await
-    }
-
-    /// The `count: failures` rules whose outcome this request awaits: each
-    /// policy rule, the rule decided (its tier's or override's), the key
-    /// and its group. None when nothing awaits an outcome.
-    fn awaiting_outcome(&self) -> impl Iterator<Item = (&PolicyRule, &Rule, &str, &str)> {
-        let awaits = self.pending.as_deref().is_some_and(Pending::awaits_outcome);
-        let id = &self.matched.who.identity;
-        self.matched
-            .keyed
-            .iter()
-            .filter(move |_| awaits)
-            .map(move |k| {
-                let r = &self.matched.policy.rules[k.rule as usize];
-                (r, k.rule(self.matched.policy), k.key(id), k.group(id))
-            })
-            .filter(|(_, rule, _, _)| rule.counts_failures())
-    }
-
-    /// What settling this request's `count: failures` rules on a gRPC
-    /// answer's `grpc-status` needs, owned (the status comes in the
-    /// answer's trailers, after the request's own scope); `None` when no
-    /// rule awaits the outcome.
-    pub fn grpc_settlement<S: Store>(
-        &self,
-        limiter: &Arc<Limiter<S>>,
-    ) -> Option<GrpcSettlement<S>> {
-        let rules: Vec<(Rule, String, String, Vec<u16>)> = self
-            .awaiting_outcome()
-            .map(|(r, rule, key, group)| {
-                (
-                    rule.clone(),
-                    key.to_owned(),
-                    group.to_owned(),
-                    r.failure_grpc.clone(),
-                )
-            })
-            .collect();
-        (!rules.is_empty()).then(|| GrpcSettlement {
-            limiter: limiter.clone(),
-            rules,
+        let Some(s) = self.settlement(limiter) else {
+            return Ok(());
+        };
+        s.settle_with(|o| match classify {
+            Some(f) => f(status).map(Owed::outcome),
+            None => o.on_status(status.as_u16(), None),
         })
+        .await
+    }
+
+    /// Who the client is, taken: the admission is done with.
+    pub fn into_who(self) -> Who {
+        self.matched.who
     }
 
     /// Stage 4b: gives back the `concurrency` leases: the request ended.
     /// (A front end whose request may be dropped before it ends takes a
     /// [`Held`] instead.)
     pub async fn release<S: Store>(&mut self, limiter: &Limiter<S>) -> Result<(), StoreError> {
-        match self.pending.as_deref_mut().and_then(Pending::take_leases) {
+        match self.take_leases() {
             Some(p) => limiter.release(&p).await,
             None => Ok(()),
         }
+    }
+
+    /// Takes the `concurrency` leases out, for [`Held`].
+    pub(crate) fn take_leases(&mut self) -> Option<Pending> {
+        self.pending.as_mut()?.take_leases()
     }
 
     /// Whether it holds `concurrency` leases to release.
@@ -841,149 +833,4 @@ impl<'p> Admitted<'p> {
             .as_ref()
             .is_some_and(|p| p.leases().next().is_some())
     }
-}
-
-type Release = Box<
-    dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
->;
-
-/// A request's `concurrency` leases, given back when this is dropped:
-/// however its answer ends (sent whole, or the client gone). Awaiting
-/// [`Held::release`] gives them back at once instead. While it is held, a
-/// task renews the leases every third of their `max_hold`: a stream or a
-/// tunnel open for longer keeps its slot, and `max_hold` bounds only a
-/// holder that vanished (a gateway that died, a store it lost).
-pub struct Held {
-    release: Option<Release>,
-    /// The renewing task, stopped when the leases go back.
-    renewing: Option<tokio::task::AbortHandle>,
-}
-
-impl std::fmt::Debug for Held {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Held")
-            .field("armed", &self.release.is_some())
-            .field("renewing", &self.renewing.is_some())
-            .finish()
-    }
-}
-
-impl Held {
-    /// Guards what `admitted` holds; `None` when it holds no lease.
-    pub fn take<S: Store>(admitted: &mut Admitted<'_>, limiter: &Arc<Limiter<S>>) -> Option<Self> {
-        let pending = Arc::new(admitted.pending.as_mut()?.take_leases()?);
-        let renewing = match (pending.renew_every(), tokio::runtime::Handle::try_current()) {
-            (Some(every), Ok(rt)) => {
-                let (limiter, pending) = (limiter.clone(), pending.clone());
-                Some(
-                    rt.spawn(async move {
-                        let mut tick =
-                            tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-                        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                        loop {
-                            tick.tick().await;
-                            // A renewal that fails (the store down) is
-                            // tried again next time; the lease lapses only
-                            // after `max_hold` without one.
-                            let _ = limiter.renew(&pending).await;
-                        }
-                    })
-                    .abort_handle(),
-                )
-            }
-            _ => None,
-        };
-        let limiter = limiter.clone();
-        Some(Self {
-            release: Some(Box::new(move || {
-                Box::pin(async move {
-                    // A release that fails (the store down) leaves the lease
-                    // to lapse after `max_hold`.
-                    let _ = limiter.release(&pending).await;
-                })
-            })),
-            renewing,
-        })
-    }
-
-    /// Gives the leases back now.
-    pub async fn release(mut self) {
-        if let Some(t) = self.renewing.take() {
-            t.abort();
-        }
-        if let Some(r) = self.release.take() {
-            r().await;
-        }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if let Some(t) = self.renewing.take() {
-            t.abort();
-        }
-        let Some(r) = self.release.take() else { return };
-        // Polled once here: the memory store's release is ready at once, so
-        // the slot is free before the next request can ask for it. Only a
-        // release that waits (on Redis) is left to a task.
-        let mut release = r();
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if release.as_mut().poll(&mut cx).is_pending()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            rt.spawn(release);
-        }
-    }
-}
-
-/// A request's `count: failures` rules, settled on a gRPC answer's
-/// `grpc-status` (see [`Admitted::grpc_settlement`]).
-pub struct GrpcSettlement<S: Store> {
-    limiter: Arc<Limiter<S>>,
-    /// Each rule, its key and group, and the codes that are failures.
-    rules: Vec<(Rule, String, String, Vec<u16>)>,
-}
-
-impl<S: Store> std::fmt::Debug for GrpcSettlement<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GrpcSettlement")
-            .field("rules", &self.rules.len())
-            .finish()
-    }
-}
-
-impl<S: Store> GrpcSettlement<S> {
-    /// Settles each rule on `code`: a failure when the rule counts it one,
-    /// a success on 0 (OK), nothing otherwise. A store error is not fatal.
-    pub async fn settle(self, code: u16) {
-        let (mut failed, mut succeeded) = (
-            SmallVec::<[Op<'_>; 2]>::new(),
-            SmallVec::<[Op<'_>; 2]>::new(),
-        );
-        for (rule, key, group, failures) in &self.rules {
-            if failures.contains(&code) {
-                failed.push(Op::grouped(rule, key, group));
-            } else if code == 0 {
-                succeeded.push(Op::grouped(rule, key, group));
-            }
-        }
-        let _ = settle_both(&self.limiter, &failed, &succeeded).await;
-    }
-}
-
-/// The failures and the successes of one answer, settled: one store call
-/// for each that has ops (the failures charged at weight 1, the request's
-/// own: a request refused by one rule is charged to none).
-async fn settle_both<S: Store>(
-    limiter: &Limiter<S>,
-    failed: &[Op<'_>],
-    succeeded: &[Op<'_>],
-) -> Result<(), StoreError> {
-    if !failed.is_empty() {
-        limiter.settle(failed, Settle::Failure(1)).await?;
-    }
-    if !succeeded.is_empty() {
-        limiter.settle(succeeded, Settle::Success).await?;
-    }
-    Ok(())
 }

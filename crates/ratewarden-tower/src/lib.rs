@@ -33,6 +33,7 @@ pub mod key;
 pub mod overrides;
 pub mod path;
 pub mod policy;
+pub mod settle;
 pub mod view;
 
 use std::future::Future;

@@ -12,10 +12,12 @@
 //! The proxy is the peer: the client address its headers name is believed
 //! only from `identity.trusted_proxies`, as `identity: {from: forwarded}`
 //! believes a forwarded one; otherwise the client is the proxy. The
-//! request described becomes a [`RequestView`] and [`Facts`] as a proxied
-//! request does, and is decided by [`Gateway::admit`].
+//! request described goes through the one flow
+//! ([`crate::proxy::flow::run`]) as a proxied request does, to be decided,
+//! counted under its route and logged; the hook's verdict is its answer.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
@@ -24,13 +26,17 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use prost::Message;
 use ratewarden::Decision;
-use ratewarden_tower::admission::{Facts, Identity, Refusal};
+use ratewarden_tower::admission::Refusal;
 use ratewarden_tower::identity::ClientIp;
 use ratewarden_tower::view::{Fields, RequestView};
 
 use crate::answer::{Body, empty_body};
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Live};
+use crate::proxy::flow::{
+    End, Flow, Line, Outcome, Own, Target, Tried, Wire, add_rate_headers, refusal_answer,
+};
 use crate::proxy::forward::rule_path;
+use crate::upstream::route::{Chosen, Group};
 
 use super::envoy_auth::{
     CheckRequest, CheckResponse, DeniedHttpResponse, HeaderValue as PbHeader, HeaderValueOption,
@@ -280,39 +286,220 @@ pub fn describe_check(
     Ok(asked)
 }
 
-/// How a decision is answered in a dialect.
-enum Verdict {
-    Admitted(Option<Decision>),
-    Refused(Refusal),
+/// The hook's request as a wire of the one flow ([`crate::proxy::flow`]):
+/// the request it describes, decided as a proxied one and counted under
+/// its route with an access log line, but sent nowhere: the answer is the
+/// dialect's verdict ([`Target::Itself`]).
+struct Hook {
+    asked: Asked,
+    /// The hook request's own `X-Request-Id`.
+    rid: Option<HeaderValue>,
+    /// How the verdict is written: an HTTP dialect's answer, or gRPC's
+    /// `CheckResponse`.
+    how: How,
 }
 
-/// Decides what `asked` describes, through the one admission path.
-async fn decide(
-    gw: &Gateway,
-    asked: &Asked,
-    rid: &crate::observe::request_id::RequestId,
-) -> Verdict {
-    let live = gw.live();
-    let request = asked.view();
-    let claims = match gw.required_claims(&live, &request) {
-        Ok(c) => c,
-        Err(r) => return Verdict::Refused(r),
-    };
-    let request = request.with_claims(claims.as_ref().map(|c| c as _));
-    let facts = Facts {
-        request,
-        identity: Identity::Resolve,
-        route: Some(live.router.route_name(&request)),
-    };
-    match gw.admit(&live, &facts, rid).await {
-        Ok(a) => Verdict::Admitted(a.decision),
-        Err(r) => Verdict::Refused(r),
+#[derive(Clone, Copy)]
+enum How {
+    Http(Dialect),
+    Grpc,
+}
+
+impl Wire for Hook {
+    type Done = Response<Body>;
+    type Head = ();
+
+    fn request_id(&self) -> Option<&[u8]> {
+        self.rid.as_ref().map(HeaderValue::as_bytes)
+    }
+
+    fn method(&self) -> &Method {
+        &self.asked.method
+    }
+
+    fn target(&self) -> &str {
+        &self.asked.target
+    }
+
+    fn view<'a>(&'a self, path: &'a str) -> RequestView<'a> {
+        RequestView {
+            path,
+            ..self.asked.view()
+        }
+    }
+
+    fn route<'l>(
+        &self,
+        flow: &mut Flow,
+        live: &'l Live,
+        request: &RequestView<'_>,
+    ) -> (Option<&'l str>, Target) {
+        // The request's route, for its rules and its counts; its servers
+        // are the proxy's business.
+        let name = flow
+            .route(live, request)
+            .map_or(crate::upstream::route::DEFAULT, |(n, _)| n);
+        (Some(name), Target::Itself)
+    }
+
+    async fn answer(
+        &mut self,
+        flow: &Flow,
+        own: Own<'_>,
+    ) -> std::io::Result<(Response<Body>, Outcome)> {
+        let live = &flow.live;
+        let verdict = match own {
+            Own::Admitted(pass) => Ok(pass.decision.as_ref()),
+            Own::Refused(refusal) => Err(refusal),
+            Own::Edge(e) => {
+                let answer = crate::answer::problem_response(e.status(), &e.detail());
+                return Ok(self.dialect(answer));
+            }
+            Own::Answer(a) => return Ok(self.dialect(a)),
+        };
+        let answer = match self.how {
+            How::Grpc => {
+                let (status, response) = check_response(verdict, live).await;
+                let outcome = Outcome::own(status, None);
+                return Ok((
+                    grpc_answer(Some(Bytes::from(response.encode_to_vec())), OK, ""),
+                    outcome,
+                ));
+            }
+            How::Http(_) => match verdict {
+                Ok(d) => {
+                    let mut r = Response::new(empty_body());
+                    add_rate_headers(d, r.headers_mut(), live.config.headers);
+                    r
+                }
+                Err(refusal) => refusal_answer(refusal, &live.config, None),
+            },
+        };
+        Ok(self.dialect(answer))
+    }
+
+    async fn attempt(&mut self, _: &Flow, _: &Chosen<'_>, _: &Group) -> Tried<()> {
+        // (`Target::Itself`: never tried.)
+        Tried::Answer(crate::answer::problem_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "an authorisation hook has no upstream",
+        ))
+    }
+
+    async fn relay(
+        &mut self,
+        _: End,
+        _: Option<ratewarden::Decision>,
+        (): (),
+        _: Chosen<'_>,
+    ) -> std::io::Result<Response<Body>> {
+        Ok(Response::new(empty_body()))
+    }
+
+    fn gone(&mut self) -> Response<Body> {
+        Response::new(empty_body())
+    }
+
+    fn line(&self) -> Line<'_> {
+        Line {
+            peer: self.asked.client,
+            method: self.asked.method.as_str(),
+            target: self.asked.target.as_bytes(),
+            version: "HTTP/1.1",
+            referer: None,
+            user_agent: None,
+        }
+    }
+}
+
+impl Hook {
+    /// `answer` in the hook's terms, and what the end phase reads of it.
+    fn dialect(&self, answer: Response<Body>) -> (Response<Body>, Outcome) {
+        let status = answer.status().as_u16();
+        let answer = match self.how {
+            How::Http(d) => in_dialect(d, answer),
+            How::Grpc => {
+                let code = if status == 503 {
+                    UNAVAILABLE
+                } else {
+                    INVALID_ARGUMENT
+                };
+                grpc_answer(
+                    None,
+                    code,
+                    &format!("the request it describes was answered {status}"),
+                )
+            }
+        };
+        (answer, Outcome::own(status, None))
+    }
+}
+
+/// Envoy's `CheckResponse` for a verdict, and the HTTP status the request
+/// it describes gets.
+async fn check_response(
+    verdict: Result<Option<&Decision>, &Refusal>,
+    live: &Live,
+) -> (u16, CheckResponse) {
+    match verdict {
+        Ok(d) => {
+            let mut to_client = vec![];
+            if let Some(d) = d {
+                for (name, value) in d.headers(live.config.headers) {
+                    to_client.push(option(name, &value));
+                }
+            }
+            let response = CheckResponse {
+                status: Some(RpcStatus {
+                    code: OK,
+                    ..Default::default()
+                }),
+                http_response: Some(HttpResponse::OkResponse(OkHttpResponse {
+                    response_headers_to_add: to_client,
+                })),
+            };
+            (200, response)
+        }
+        Err(refusal) => {
+            let answer = refusal_answer(refusal, &live.config, None);
+            let status = answer.status();
+            let code = match &refusal {
+                Refusal::Unavailable(_) => UNAVAILABLE,
+                Refusal::Unauthenticated => UNAUTHENTICATED,
+                _ => PERMISSION_DENIED,
+            };
+            let headers = answer
+                .headers()
+                .iter()
+                .filter_map(|(k, v)| Some(option(k.as_str(), v.to_str().ok()?)))
+                .collect();
+            let body = answer
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let response = CheckResponse {
+                status: Some(RpcStatus {
+                    code,
+                    ..Default::default()
+                }),
+                http_response: Some(HttpResponse::DeniedResponse(DeniedHttpResponse {
+                    status: Some(HttpStatus {
+                        code: i32::from(status.as_u16()),
+                    }),
+                    headers,
+                    body: String::from_utf8_lossy(&body).into_owned(),
+                })),
+            };
+            (status.as_u16(), response)
+        }
     }
 }
 
 /// Handles one request on the authorisation listener.
 pub async fn handle(
-    gw: &Gateway,
+    gw: &Arc<Gateway>,
     req: Request<Incoming>,
     client: crate::proxy::forward::Client,
 ) -> Response<Body> {
@@ -325,13 +512,23 @@ pub async fn handle(
         .client_ip()
         .unwrap_or(&untrusting);
     let proxy = client.peer.ip();
-    let rid = crate::observe::request_id::RequestId::keep_or_make(
-        req.headers().get("x-request-id").map(HeaderValue::as_bytes),
-        quanta::Instant::now(),
-    );
+    let rid = req.headers().get("x-request-id").cloned();
     let path = req.uri().path();
     if path == CHECK {
-        return grpc_check(gw, req, proxy, client_ip, &rid).await;
+        let asked = match read_check(req, proxy, client_ip).await {
+            Ok(a) => a,
+            Err(answer) => return answer,
+        };
+        return run_hook(
+            gw,
+            &live,
+            Hook {
+                asked,
+                rid,
+                how: How::Grpc,
+            },
+        )
+        .await;
     }
     let dialect = if path == "/authz/nginx" {
         Dialect::Nginx
@@ -360,22 +557,30 @@ pub async fn handle(
     ) {
         Ok(a) => a,
         Err(Bad(why)) => {
-            tracing::debug!(why, request_id = %rid, "authz: a request that describes no request");
+            tracing::debug!(why, "authz: a request that describes no request");
             let answer = crate::answer::problem_response(StatusCode::BAD_REQUEST, &why);
             return in_dialect(dialect, answer);
         }
     };
-    let answer = match decide(gw, &asked, &rid).await {
-        Verdict::Admitted(d) => {
-            let mut r = Response::new(empty_body());
-            crate::proxy::flow::add_rate_headers(d.as_ref(), r.headers_mut(), live.config.headers);
-            r
-        }
-        Verdict::Refused(refusal) => {
-            crate::proxy::flow::refusal_answer(&refusal, &live.config, None)
-        }
-    };
-    in_dialect(dialect, answer)
+    run_hook(
+        gw,
+        &live,
+        Hook {
+            asked,
+            rid,
+            how: How::Http(dialect),
+        },
+    )
+    .await
+}
+
+/// The hook's request through the one flow.
+async fn run_hook(gw: &Arc<Gateway>, live: &Arc<Live>, mut hook: Hook) -> Response<Body> {
+    match crate::proxy::flow::run(gw, live, &mut hook).await {
+        Ok(r) => r,
+        // (This wire's answers are built, not written: nothing fails.)
+        Err(_) => Response::new(empty_body()),
+    }
 }
 
 /// `answer` as `dialect` can carry it: nginx takes only 2xx, 401 and 403
@@ -446,98 +651,51 @@ const UNAVAILABLE: i32 = 14;
 const UNAUTHENTICATED: i32 = 16;
 const UNIMPLEMENTED: i32 = 12;
 
-/// Envoy's gRPC `Check`.
-async fn grpc_check(
-    gw: &Gateway,
+/// Envoy's gRPC `Check` read: the request it describes, or the gRPC
+/// status saying why it describes none.
+async fn read_check(
     req: Request<Incoming>,
     proxy: IpAddr,
     client_ip: &ClientIp,
-    rid: &crate::observe::request_id::RequestId,
-) -> Response<Body> {
+) -> Result<Asked, Response<Body>> {
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => {
-            return grpc_answer(
+            return Err(grpc_answer(
                 None,
                 INVALID_ARGUMENT,
                 "request larger than 64 KiB or unreadable",
-            );
+            ));
         }
     };
     let mut buf = body;
     if buf.len() < 5 {
-        return grpc_answer(None, INVALID_ARGUMENT, "no message");
+        return Err(grpc_answer(None, INVALID_ARGUMENT, "no message"));
     }
     let compressed = buf.get_u8();
     let len = buf.get_u32() as usize;
     if compressed != 0 {
-        return grpc_answer(None, UNIMPLEMENTED, "compressed messages are not taken");
+        return Err(grpc_answer(
+            None,
+            UNIMPLEMENTED,
+            "compressed messages are not taken",
+        ));
     }
     if len != buf.len() {
-        return grpc_answer(None, INVALID_ARGUMENT, "one message per call");
+        return Err(grpc_answer(None, INVALID_ARGUMENT, "one message per call"));
     }
     let check = match CheckRequest::decode(buf) {
         Ok(c) => c,
-        Err(e) => return grpc_answer(None, INVALID_ARGUMENT, &format!("bad CheckRequest: {e}")),
-    };
-    let asked = match describe_check(&check, proxy, client_ip) {
-        Ok(a) => a,
-        Err(Bad(why)) => return grpc_answer(None, INVALID_ARGUMENT, &why),
-    };
-    let live = gw.live();
-    let response = match decide(gw, &asked, rid).await {
-        Verdict::Admitted(d) => {
-            let mut to_client = vec![];
-            if let Some(d) = d {
-                for (name, value) in d.headers(live.config.headers) {
-                    to_client.push(option(name, &value));
-                }
-            }
-            CheckResponse {
-                status: Some(RpcStatus {
-                    code: OK,
-                    ..Default::default()
-                }),
-                http_response: Some(HttpResponse::OkResponse(OkHttpResponse {
-                    response_headers_to_add: to_client,
-                })),
-            }
-        }
-        Verdict::Refused(refusal) => {
-            let answer = crate::proxy::flow::refusal_answer(&refusal, &live.config, None);
-            let status = answer.status();
-            let code = match &refusal {
-                Refusal::Unavailable(_) => UNAVAILABLE,
-                Refusal::Unauthenticated => UNAUTHENTICATED,
-                _ => PERMISSION_DENIED,
-            };
-            let headers = answer
-                .headers()
-                .iter()
-                .filter_map(|(k, v)| Some(option(k.as_str(), v.to_str().ok()?)))
-                .collect();
-            let body = answer
-                .into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            CheckResponse {
-                status: Some(RpcStatus {
-                    code,
-                    ..Default::default()
-                }),
-                http_response: Some(HttpResponse::DeniedResponse(DeniedHttpResponse {
-                    status: Some(HttpStatus {
-                        code: i32::from(status.as_u16()),
-                    }),
-                    headers,
-                    body: String::from_utf8_lossy(&body).into_owned(),
-                })),
-            }
+        Err(e) => {
+            return Err(grpc_answer(
+                None,
+                INVALID_ARGUMENT,
+                &format!("bad CheckRequest: {e}"),
+            ));
         }
     };
-    grpc_answer(Some(Bytes::from(response.encode_to_vec())), OK, "")
+    describe_check(&check, proxy, client_ip)
+        .map_err(|Bad(why)| grpc_answer(None, INVALID_ARGUMENT, &why))
 }
 
 /// A header for Envoy to add.

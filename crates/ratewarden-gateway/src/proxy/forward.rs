@@ -6,7 +6,8 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 
-use http::{Method, StatusCode};
+use http::header::{self, HeaderMap, HeaderName};
+use http::{Method, Request, Response, StatusCode, Uri};
 use ratewarden_tower::path::{self, PathError};
 
 use crate::answer::{Body, problem_response};
@@ -449,6 +450,73 @@ pub(crate) fn tls_cause(
 /// the length and must take it away (RFC 9112 §6.3).
 pub(crate) fn drops_length(has_transfer_encoding: bool) -> bool {
     has_transfer_encoding
+}
+
+/// Removes the hop-by-hop headers and those `Connection` names. One pass
+/// over the names present (a handful), then hashed removals of only those
+/// found: this runs twice per proxied request, and upstreams commonly send
+/// `Connection: keep-alive`.
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let mut found: Vec<HeaderName> = h
+        .keys()
+        .filter(|k| is_hop_by_hop(k.as_str().as_bytes()))
+        .cloned()
+        .collect();
+    if found.is_empty() {
+        return;
+    }
+    if found.contains(&header::CONNECTION) {
+        found.extend(
+            h.get_all(header::CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
+        );
+    }
+    for n in found {
+        h.remove(n);
+    }
+}
+
+/// Points `req` at `server`: the target under its path prefix, and its
+/// `Host`. A target that cannot be made a URI is answered with a 400 (the
+/// `Err`).
+pub(crate) fn aim<B>(
+    req: &mut Request<B>,
+    server: &crate::upstream::route::Server,
+    target: &str,
+    group: &crate::upstream::route::Group,
+) -> Result<(), Box<Response<Body>>> {
+    // (An HTTP/2 server's request is put in HTTP/2's form by its pool.)
+    *req.version_mut() = http::Version::HTTP_11;
+    *req.uri_mut() = match format!("{}{target}", server.prefix).parse::<Uri>() {
+        Ok(u) => u,
+        Err(_) => {
+            return Err(Box::new(crate::answer::problem_response(
+                StatusCode::BAD_REQUEST,
+                "request target cannot be forwarded",
+            )));
+        }
+    };
+    // Under `preserve_host` the client's (set by `forwarding_fields`, an
+    // HTTP/2 request's `:authority` too) stays.
+    if !group.preserve_host {
+        match server.pool.host() {
+            Some(host) => req.headers_mut().insert(header::HOST, host.clone()),
+            None => req.headers_mut().remove(header::HOST),
+        };
+    }
+    // `request_headers` last: what it sets wins (Host included), what it
+    // removes goes.
+    let extra = &group.request_headers;
+    for name in &extra.remove {
+        req.headers_mut().remove(name);
+    }
+    for (name, value) in &extra.set {
+        req.headers_mut().insert(name.clone(), value.clone());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -3,54 +3,32 @@
 //! fields sent upstream and the failure answers are [`super::forward`]'s,
 //! as on the HTTP/1.1 path.
 
-use std::time::Duration;
+use std::io;
+use std::sync::Arc;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::answer::{Body, respond};
-use crate::gateway::Gateway;
+use crate::answer::Body;
+use crate::gateway::{Gateway, Live};
 use crate::observe::request_id::{self, RequestId};
-use crate::proxy::failover::{Failover, unsent_why};
-use crate::proxy::flow::{Decided, Flow, Line, add_rate_headers, edge_answer, refusal_answer};
-use crate::proxy::forward::{
-    self, Edge, check_host, drops_length, is_hop_by_hop, push_forwarded_for, tls_cause,
+use crate::proxy::failover::unsent_why;
+use crate::proxy::flow::{
+    End, Flow, Grpc, Line, Outcome, Own, Tried, Wire, add_rate_headers, edge_answer, grpc_kind,
+    refusal_answer,
 };
+use crate::proxy::forward::{
+    self, Edge, aim, check_host, drops_length, push_forwarded_for, strip_hop_by_hop, tls_cause,
+};
+use crate::proxy::tunnel::Answered;
 use crate::upstream::pool::{BodyFault, BodyFaults, ClientBody, SendFailed, UpstreamError};
-use ratewarden_tower::admission::Held;
+use crate::upstream::route::{Chosen, Group};
 use ratewarden_tower::view::{Fields, RequestView};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-
-/// Removes the hop-by-hop headers and those `Connection` names. One pass
-/// over the names present (a handful), then hashed removals of only those
-/// found: this runs twice per proxied request, and upstreams commonly send
-/// `Connection: keep-alive`.
-pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let mut found: Vec<HeaderName> = h
-        .keys()
-        .filter(|k| is_hop_by_hop(k.as_str().as_bytes()))
-        .cloned()
-        .collect();
-    if found.is_empty() {
-        return;
-    }
-    if found.contains(&header::CONNECTION) {
-        found.extend(
-            h.get_all(header::CONNECTION)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
-        );
-    }
-    for n in found {
-        h.remove(n);
-    }
-}
 
 /// Removes the request fields whose names contain `_` (see
 /// [`forward::dropped_request_field`]).
@@ -129,233 +107,266 @@ pub(crate) fn edge_check(parts: &Parts) -> Result<(), Edge> {
 }
 
 /// Handles one request on hyper's path, through the one flow
-/// ([`crate::proxy::flow`]): the answer carries the request's id; the access log
-/// gets a line.
+/// ([`crate::proxy::flow::run`]) with hyper's parts and bodies as its wire:
+/// the answer carries the request's id.
 pub async fn handle(
-    gw: &Gateway,
+    gw: &Arc<Gateway>,
     req: Request<Incoming>,
     client: forward::Client,
 ) -> Response<Body> {
     let live = gw.live();
-    let given = req.headers().get(request_id::HEADER);
-    let mut flow = Flow::start(gw, &live, given.map(HeaderValue::as_bytes));
-    // What the log's line needs of the request, kept before hyper's parts
-    // go to the upstream.
-    let line = flow.logged().then(|| {
-        let header = |n: HeaderName| req.headers().get(n).map(|v| v.as_bytes().to_vec());
-        (
-            req.method().clone(),
-            req.uri()
-                .path_and_query()
-                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
-            version_name(req.version()),
-            header(header::REFERER),
-            header(header::USER_AGENT),
-        )
-    });
-    let peer = client.peer.ip();
-    let mut resp = answer(&mut flow, req, client).await;
-    flow.note.status = resp.status().as_u16();
-    flow.note.bytes = http_body::Body::size_hint(resp.body()).exact();
-    flow.note.from_upstream = resp
-        .extensions()
-        .get::<crate::observe::metrics::FromUpstream>()
-        .is_some();
-    if let Ok(v) = HeaderValue::from_bytes(flow.rid.as_bytes()) {
+    let mut wire = Hyper::new(req, client, &live, gw.access.is_some());
+    let mut resp = match crate::proxy::flow::run(gw, &live, &mut wire).await {
+        Ok(r) => r,
+        // (This wire's answers are built, not written: nothing fails.)
+        Err(_) => Response::new(crate::answer::empty_body()),
+    };
+    if let Ok(v) = HeaderValue::from_bytes(wire.rid.as_bytes()) {
         resp.headers_mut().insert(request_id::HEADER, v);
     }
-    let line = line.as_ref();
-    flow.finish(|| {
-        let (method, target, version, referer, user_agent) = line.expect("kept when logged");
+    resp
+}
+
+/// What the access log's line needs of a request, kept before hyper's
+/// parts go to the upstream (only when there is a log).
+struct Kept {
+    peer: std::net::IpAddr,
+    method: Method,
+    target: String,
+    version: &'static str,
+    referer: Option<Vec<u8>>,
+    user_agent: Option<Vec<u8>>,
+}
+
+impl Kept {
+    fn line(&self) -> Line<'_> {
         Line {
-            peer,
-            method: method.as_str(),
-            target: target.as_bytes(),
-            version,
-            referer: referer.as_deref(),
-            user_agent: user_agent.as_deref(),
+            peer: self.peer,
+            method: self.method.as_str(),
+            target: self.target.as_bytes(),
+            version: self.version,
+            referer: self.referer.as_deref(),
+            user_agent: self.user_agent.as_deref(),
         }
-    });
-    resp
+    }
 }
 
-/// The answer to one request on hyper's path: the flow's phases, with
-/// hyper's parts as the request and its bodies as the wire.
-async fn answer(
-    flow: &mut Flow<'_>,
-    req: Request<Incoming>,
+/// hyper's path as a wire of the one flow: the request's parts and body,
+/// the answers built as responses for hyper to write.
+struct Hyper {
+    parts: Parts,
+    /// The client's body, until the request upstream is made of it.
+    body: Option<Incoming>,
+    /// The request upstream, made and not sent (hyper hands back one a
+    /// server could not be connected to, for the next).
+    outgoing: Option<Request<ClientBody>>,
+    fault: Option<Arc<BodyFaults>>,
     client: forward::Client,
-) -> Response<Body> {
-    let peer = client.peer;
-    let live = flow.live;
-    let (mut parts, body) = req.into_parts();
-    // A gRPC request's refusals are gRPC statuses.
-    let grpc = crate::proxy::flow::grpc_kind(
-        parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .map(|v| v.as_bytes()),
-    );
-    if let Err(e) = edge_check(&parts) {
-        return edge_answer(e, grpc);
-    }
-    // A declared length over `client_max_body_size` is refused before
-    // any rule counts the request (nginx: before it is proxied).
-    let max = live.config.client_max_body_size;
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-    if max != 0 && declared.is_some_and(|n| n > max) {
-        return edge_answer(Edge::TooLarge(max), grpc);
-    }
-    if !live.config.underscores_in_headers {
-        strip_underscores(&mut parts.headers);
-    }
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let path = match flow.rule_path(&parts.method, target) {
-        Ok(p) => p.into_owned(),
-        Err(e) => return edge_answer(e, grpc),
-    };
-    let request = RequestView {
-        method: &parts.method,
-        path: &path,
-        target,
-        authority: parts.uri.authority().map(|a| a.as_str()),
-        fields: Fields::Map(&parts.headers),
-        peer: Some(peer.ip()),
-        sni: client.sni(),
-        claims: None,
-    };
-    let route = flow.route(&request);
-    let (admitted, mut held) = match flow.decide(request, route.map(|(n, _)| n)).await {
-        Decided::Refused(refusal) => {
-            return refusal_answer(&refusal, &live.config, grpc);
-        }
-        Decided::Admitted(a, held) => (a, held),
-    };
-    let forwarding = Forwarding {
-        client,
-        rfc7239: live.config.forwarded,
-        trusted: live.config.trusts(peer.ip()),
-        keep_chain: live.config.keeps_forwarded_for(peer.ip()),
-        asked: asked_host(&parts),
-    };
-    let mut resp = match route.map(|(_, g)| g) {
-        None => echo(&parts, &admitted.who().identity),
-        Some(group) if super::tunnel::asked(&parts).is_some() => {
-            let protocol = super::tunnel::asked(&parts).expect("just checked");
-            let on = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
-            let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-            let target = match forward::upstream_target(sent, live.config.upstream_path) {
-                Ok(t) => t.into_owned(),
-                Err(e) => return e.answer(),
-            };
-            let mut headers = super::tunnel::request_fields(std::mem::take(&mut parts.headers));
-            forwarding_fields(&mut headers, &forwarding, &flow.rid);
-            let t = super::tunnel::Tunnel {
-                attempts: Failover::new(group, flow.metrics(), &admitted.who().identity),
-                target,
-                headers,
-                protocol,
-                method: parts.method.clone(),
-                timeout: live.config.upstream_timeout,
-                idle: live.config.client_idle_timeout,
-                held: held.take(),
-            };
-            super::tunnel::open(t, on).await
-        }
-        Some(group) => {
-            let (body, fault) = ClientBody::new(
-                body,
-                live.config.client_body_timeout,
-                live.config.client_max_body_size,
-            );
-            let to = Upstreamed {
-                group,
-                client: &admitted.who().identity,
-                forwarding,
-                timeout: live.config.upstream_timeout,
-                max_body: live.config.client_max_body_size,
-                how: live.config.upstream_path,
-                grpc,
-            };
-            forward(flow, Request::from_parts(parts, body), &to, &fault).await
-        }
-    };
-    // A gRPC answer's outcome is its `grpc-status`, not its HTTP 200: in
-    // its headers when trailers-only, else in its trailers, at the end of
-    // the stream.
-    let grpc_answer = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-    if grpc_answer {
-        if let Some(settlement) = admitted.grpc_settlement(&live.limiter) {
-            match grpc_status(resp.headers()) {
-                Some(code) => settlement.settle(code).await,
-                None => resp = resp.map(|body| settled_at_trailers(body, settlement)),
-            }
-        }
-    } else {
-        flow.settle(&admitted, resp.status().as_u16()).await;
-    }
-    add_rate_headers(
-        admitted.decision.as_ref(),
-        resp.headers_mut(),
-        live.config.headers,
-    );
-    if let Some(held) = held {
-        resp = resp.map(|body| body.with_held(held));
-    }
-    resp
+    /// Why the edge refuses it, found when it was read.
+    edge: Option<Edge>,
+    /// A gRPC request: its refusals are gRPC statuses.
+    grpc: Option<Grpc>,
+    /// An `Upgrade` request (a tunnel): the protocol asked for, and the
+    /// client's side of the upgrade.
+    upgrade: Option<(HeaderValue, Option<hyper::upgrade::OnUpgrade>)>,
+    /// The target sent after the server's prefix.
+    upstream_target: String,
+    /// The request id the flow chose, for the answer's header.
+    rid: RequestId,
+    kept: Option<Kept>,
 }
 
-/// Forwards an admitted request to a server of the route, and its answer
-/// back (failing over as [`Failover`] says).
-async fn forward(
-    flow: &Flow<'_>,
-    req: Request<ClientBody>,
-    to: &Upstreamed<'_>,
-    fault: &BodyFaults,
-) -> Response<Body> {
-    let (mut parts, body) = req.into_parts();
-    // Origin form (`/path?query`) on the upstream connection, under the
-    // server's path prefix if it has one.
-    let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let target = match forward::upstream_target(sent, to.how) {
-        Ok(t) => t.into_owned(),
-        Err(e) => return e.answer(),
-    };
-    parts.version = Version::HTTP_11;
-    strip_hop_by_hop(&mut parts.headers);
-    forwarding_fields(&mut parts.headers, &to.forwarding, &flow.rid);
-    let mut req = Request::from_parts(parts, body);
-    let mut attempts = Failover::new(to.group, flow.metrics(), to.client);
-    loop {
-        let chosen = match attempts.next() {
-            Ok(c) => c,
-            Err(answer) => return *answer,
-        };
-        let server = chosen.server();
-        if let Err(refused) = aim(&mut req, server, &target, to.group) {
-            return *refused;
+impl Hyper {
+    fn new(req: Request<Incoming>, client: forward::Client, live: &Live, logged: bool) -> Self {
+        let (mut parts, body) = req.into_parts();
+        let grpc = grpc_kind(
+            parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .map(|v| v.as_bytes()),
+        );
+        // A declared length over `client_max_body_size` is refused before
+        // any rule counts the request (nginx: before it is proxied).
+        let max = live.config.client_max_body_size;
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+        let edge = edge_check(&parts).err().or_else(|| {
+            (max != 0 && declared.is_some_and(|n| n > max)).then_some(Edge::TooLarge(max))
+        });
+        if !live.config.underscores_in_headers {
+            strip_underscores(&mut parts.headers);
         }
-        let res = match server.pool.send(req, to.timeout).await {
-            Err(SendFailed {
-                error: e @ (UpstreamError::Connect { .. } | UpstreamError::Tls { .. }),
-                unsent: Some(back),
-            }) => {
-                attempts.unsent(&chosen, &e);
-                req = back;
-                continue;
+        let kept = logged.then(|| {
+            let header = |n: HeaderName| parts.headers.get(n).map(|v| v.as_bytes().to_vec());
+            Kept {
+                peer: client.peer.ip(),
+                method: parts.method.clone(),
+                target: parts
+                    .uri
+                    .path_and_query()
+                    .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+                version: version_name(parts.version),
+                referer: header(header::REFERER),
+                user_agent: header(header::USER_AGENT),
             }
-            other => other,
+        });
+        let upgrade = super::tunnel::asked(&parts).map(|protocol| {
+            let on = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+            (protocol, on)
+        });
+        Self {
+            parts,
+            body: Some(body),
+            outgoing: None,
+            fault: None,
+            client,
+            edge,
+            grpc,
+            upgrade,
+            upstream_target: String::new(),
+            rid: RequestId::keep_or_make(None, quanta::Instant::now()),
+            kept,
+        }
+    }
+
+    /// What the request's forwarding fields are made of.
+    fn forwarding(&self, live: &Live) -> Forwarding {
+        let peer = self.client.peer.ip();
+        Forwarding {
+            client: self.client.clone(),
+            rfc7239: live.config.forwarded,
+            trusted: live.config.trusts(peer),
+            keep_chain: live.config.keeps_forwarded_for(peer),
+            asked: asked_host(&self.parts),
+        }
+    }
+}
+
+impl Wire for Hyper {
+    type Done = Response<Body>;
+    type Head = Answered;
+
+    fn request_id(&self) -> Option<&[u8]> {
+        self.parts
+            .headers
+            .get(request_id::HEADER)
+            .map(HeaderValue::as_bytes)
+    }
+
+    fn edge(&self) -> Option<Edge> {
+        self.edge
+    }
+
+    fn method(&self) -> &Method {
+        &self.parts.method
+    }
+
+    fn target(&self) -> &str {
+        self.parts.uri.path_and_query().map_or("/", |p| p.as_str())
+    }
+
+    fn view<'a>(&'a self, path: &'a str) -> RequestView<'a> {
+        RequestView {
+            method: &self.parts.method,
+            path,
+            target: self.target(),
+            authority: self.parts.uri.authority().map(|a| a.as_str()),
+            fields: Fields::Map(&self.parts.headers),
+            peer: Some(self.client.peer.ip()),
+            sni: self.client.sni(),
+            claims: None,
+        }
+    }
+
+    async fn answer(&mut self, flow: &Flow, own: Own<'_>) -> io::Result<(Response<Body>, Outcome)> {
+        self.rid = flow.rid.clone();
+        let live = &flow.live;
+        let answer = match own {
+            Own::Refused(refusal) => refusal_answer(refusal, &live.config, self.grpc),
+            Own::Edge(e) => edge_answer(e, self.grpc),
+            Own::Answer(a) => a,
+            Own::Admitted(pass) => crate::answer::echo(
+                &self.parts.method,
+                self.target(),
+                &pass.identity,
+                pass.decision.as_ref(),
+                live.config.headers,
+            ),
         };
-        let fault = fault.get();
-        return match res {
+        let outcome = Outcome {
+            status: answer.status().as_u16(),
+            bytes: http_body::Body::size_hint(answer.body()).exact(),
+            from_upstream: answer
+                .extensions()
+                .get::<crate::observe::metrics::FromUpstream>()
+                .is_some(),
+            ..Outcome::default()
+        };
+        Ok((answer, outcome))
+    }
+
+    fn prepare(&mut self, flow: &Flow) -> Result<(), Edge> {
+        self.rid = flow.rid.clone();
+        let live = &flow.live;
+        let sent = self.parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        self.upstream_target =
+            forward::upstream_target(sent, live.config.upstream_path)?.into_owned();
+        let forwarding = self.forwarding(live);
+        if self.upgrade.is_some() {
+            let mut headers =
+                super::tunnel::request_fields(std::mem::take(&mut self.parts.headers));
+            forwarding_fields(&mut headers, &forwarding, &flow.rid);
+            self.parts.headers = headers;
+            return Ok(());
+        }
+        let Some(body) = self.body.take() else {
+            return Ok(());
+        };
+        let (body, fault) = ClientBody::new(
+            body,
+            live.config.client_body_timeout,
+            live.config.client_max_body_size,
+        );
+        self.fault = Some(fault);
+        let mut parts = self.parts.clone();
+        parts.version = Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers);
+        forwarding_fields(&mut parts.headers, &forwarding, &flow.rid);
+        self.outgoing = Some(Request::from_parts(parts, body));
+        Ok(())
+    }
+
+    async fn attempt(
+        &mut self,
+        flow: &Flow,
+        chosen: &Chosen<'_>,
+        group: &Group,
+    ) -> Tried<Answered> {
+        let live = &flow.live;
+        let server = chosen.server();
+        if let Some((protocol, _)) = &self.upgrade {
+            return super::tunnel::attempt(
+                server,
+                group,
+                &self.parts,
+                protocol,
+                &self.upstream_target,
+                live.config.upstream_timeout,
+            )
+            .await;
+        }
+        let Some(mut req) = self.outgoing.take() else {
+            return Tried::Broke("the request was already sent".into(), "no request".into());
+        };
+        if let Err(refused) = aim(&mut req, server, &self.upstream_target, group) {
+            return Tried::Answer(*refused);
+        }
+        let sent = server.pool.send(req, live.config.upstream_timeout).await;
+        let fault = self.fault.as_ref().and_then(|f| f.get());
+        match sent {
             Ok(resp) => {
-                attempts.answered(&chosen);
                 let (mut parts, body) = resp.into_parts();
                 if drops_length(parts.headers.contains_key(header::TRANSFER_ENCODING)) {
                     parts.headers.remove(header::CONTENT_LENGTH);
@@ -364,73 +375,199 @@ async fn forward(
                 parts
                     .extensions
                     .insert(crate::observe::metrics::FromUpstream);
-                Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync())
+                Tried::Answered(Answered::Response(Response::from_parts(
+                    parts,
+                    body.map_err(|e| Box::new(e) as _).boxed_unsync(),
+                )))
+            }
+            Err(SendFailed {
+                error: e @ (UpstreamError::Connect { .. } | UpstreamError::Tls { .. }),
+                unsent: Some(back),
+            }) => {
+                self.outgoing = Some(back);
+                Tried::Unsent(e)
             }
             // The client's body failed, not the server.
             Err(_) if fault.is_some() => {
-                attempts.done();
                 let e = match fault {
                     Some(BodyFault::Broke) => Edge::BadBody,
                     Some(BodyFault::Stalled) => Edge::BodyTimeout,
-                    _ => Edge::TooLarge(to.max_body),
+                    _ => Edge::TooLarge(live.config.client_max_body_size),
                 };
-                edge_answer(e, to.grpc)
+                Tried::Answer(edge_answer(e, self.grpc))
             }
             Err(SendFailed {
-                error: UpstreamError::Timeout(t),
+                error: UpstreamError::Timeout(_),
                 ..
-            }) => attempts.timed_out(&chosen, t),
+            }) => Tried::TimedOut,
             Err(SendFailed { error: e, .. }) => {
                 let why = match &e {
                     UpstreamError::Connect { .. } | UpstreamError::Tls { .. } => unsent_why(&e),
                     other => tls_cause(other)
                         .unwrap_or_else(|| "the exchange broke before an answer".into()),
                 };
-                attempts.broke(&chosen, why, e.to_string())
+                Tried::Broke(why, e.to_string())
             }
+        }
+    }
+
+    async fn relay(
+        &mut self,
+        end: End,
+        decision: Option<ratewarden::Decision>,
+        head: Answered,
+        _chosen: Chosen<'_>,
+    ) -> io::Result<Response<Body>> {
+        let style = end.flow().live.config.headers;
+        let kept = self.kept.take();
+        let (mut resp, tunnel) = match head {
+            Answered::Response(r) => (r, None),
+            Answered::Tunnel(r, server) => (r, Some(server)),
         };
+        add_rate_headers(decision.as_ref(), resp.headers_mut(), style);
+        let status = resp.status().as_u16();
+        if let Some(server) = tunnel {
+            // A tunnel is one request: it ends when the tunnel does.
+            let on = self.upgrade.take().and_then(|(_, on)| on);
+            let idle = end.flow().live.config.client_idle_timeout;
+            super::tunnel::splice_then(on, server, idle, move || {
+                finish_spawned(
+                    end,
+                    Outcome {
+                        status,
+                        from_upstream: true,
+                        ..Outcome::default()
+                    },
+                    kept,
+                );
+            });
+            return Ok(resp);
+        }
+        // A gRPC answer's outcome is its `grpc-status`: in its headers when
+        // trailers-only, else in its trailers, at the end of the stream.
+        let outcome = Outcome {
+            status,
+            grpc_status: grpc_status(resp.headers()),
+            from_upstream: true,
+            bytes: None,
+        };
+        Ok(resp.map(|body| Ending::new(body, end, outcome, kept).boxed_unsync()))
+    }
+
+    fn gone(&mut self) -> Response<Body> {
+        Response::new(crate::answer::empty_body())
+    }
+
+    fn line(&self) -> Line<'_> {
+        match &self.kept {
+            Some(k) => k.line(),
+            None => Line {
+                peer: self.client.peer.ip(),
+                method: self.parts.method.as_str(),
+                target: self.target().as_bytes(),
+                version: version_name(self.parts.version),
+                referer: None,
+                user_agent: None,
+            },
+        }
     }
 }
 
-/// `X-Forwarded-For` with the peer appended, and the request id.
-/// Points `req` at `server`: the target under its path prefix, and its
-/// `Host`. A target that cannot be made a URI is answered with a 400 (the
-/// `Err`).
-pub(super) fn aim<B>(
-    req: &mut Request<B>,
-    server: &crate::upstream::route::Server,
-    target: &str,
-    group: &crate::upstream::route::Group,
-) -> Result<(), Box<Response<Body>>> {
-    // (An HTTP/2 server's request is put in HTTP/2's form by its pool.)
-    *req.version_mut() = http::Version::HTTP_11;
-    *req.uri_mut() = match format!("{}{target}", server.prefix).parse::<Uri>() {
-        Ok(u) => u,
-        Err(_) => {
-            return Err(Box::new(crate::answer::problem_response(
-                StatusCode::BAD_REQUEST,
-                "request target cannot be forwarded",
-            )));
-        }
-    };
-    // Under `preserve_host` the client's (set by `forwarding_fields`, an
-    // HTTP/2 request's `:authority` too) stays.
-    if !group.preserve_host {
-        match server.pool.host() {
-            Some(host) => req.headers_mut().insert(header::HOST, host.clone()),
-            None => req.headers_mut().remove(header::HOST),
+/// The end phase where no request scope is left to await its store call:
+/// spawned.
+fn finish_spawned(mut end: End, outcome: Outcome, kept: Option<Kept>) {
+    let settle = end.finish(outcome, || {
+        kept.as_ref()
+            .map(Kept::line)
+            .expect("kept when there is a log")
+    });
+    if let Some(settle) = settle {
+        crate::wire::spawn(settle);
+    }
+}
+
+/// An answer's body on its way to the client, the end phase's tap: it
+/// counts the bytes, reads a gRPC status in the trailers, and finishes the
+/// request's end once, when the body has ended (the last frame handed on)
+/// or is dropped (the client gone, or the upstream cut it).
+struct Ending {
+    inner: Body,
+    end: Option<(End, Option<Kept>)>,
+    outcome: Outcome,
+    sent: u64,
+}
+
+impl Ending {
+    fn new(inner: Body, end: End, outcome: Outcome, kept: Option<Kept>) -> Self {
+        let mut this = Self {
+            inner,
+            end: Some((end, kept)),
+            outcome,
+            sent: 0,
         };
+        if http_body::Body::is_end_stream(&this.inner) {
+            // Nothing to send (never polled): the answer has ended.
+            this.finish(true);
+        }
+        this
     }
-    // `request_headers` last: what it sets wins (Host included), what it
-    // removes goes.
-    let extra = &group.request_headers;
-    for name in &extra.remove {
-        req.headers_mut().remove(name);
+
+    /// The end phase, once; `whole`: the body ended as the upstream ended it.
+    fn finish(&mut self, whole: bool) {
+        if let Some((end, kept)) = self.end.take() {
+            let mut outcome = self.outcome;
+            outcome.bytes = whole.then_some(self.sent);
+            finish_spawned(end, outcome, kept);
+        }
     }
-    for (name, value) in &extra.set {
-        req.headers_mut().insert(name.clone(), value.clone());
+}
+
+impl http_body::Body for Ending {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.sent += data.len() as u64;
+                } else if let Some(t) = frame.trailers_ref()
+                    && let Some(code) = grpc_status(t)
+                {
+                    this.outcome.grpc_status = Some(code);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => this.finish(false),
+            Poll::Ready(None) => this.finish(true),
+            Poll::Pending => {}
+        }
+        if this.end.is_some() && this.inner.is_end_stream() {
+            // The last frame is handed on: the answer has ended.
+            this.finish(true);
+        }
+        polled
     }
-    Ok(())
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        // Dropped before its end: the client left, or the stream broke.
+        self.finish(false);
+    }
 }
 
 /// The Host a request asked for: its `Host` field, or an HTTP/2 request's
@@ -516,37 +653,6 @@ fn forwarding_fields(h: &mut HeaderMap, f: &Forwarding, rid: &RequestId) {
     }
 }
 
-/// Where and how an admitted request goes upstream.
-struct Upstreamed<'a> {
-    group: &'a crate::upstream::route::Group,
-    /// The identity, for `balance: hash`.
-    client: &'a str,
-    forwarding: Forwarding,
-    timeout: Duration,
-    /// `client_max_body_size`, for its 413.
-    max_body: u64,
-    how: crate::config::UpstreamPath,
-    /// A gRPC request: its refusals are gRPC statuses.
-    grpc: Option<crate::proxy::flow::Grpc>,
-}
-
-/// A body that holds `held` until it is dropped.
-trait WithHeld {
-    fn with_held(self, held: Held) -> Body;
-}
-
-impl WithHeld for Body {
-    fn with_held(self, held: Held) -> Body {
-        if http_body::Body::is_end_stream(&self) {
-            // Nothing to send (never polled): the request has ended.
-            return self;
-        }
-        // The tower layer's guard: the leases go back as the last frame is
-        // handed on, or when the body is dropped.
-        ratewarden_tower::Guarded::new(self, Some(held)).boxed_unsync()
-    }
-}
-
 /// `HTTP/1.1` and the like, for the access log.
 fn version_name(v: Version) -> &'static str {
     match v {
@@ -559,38 +665,7 @@ fn version_name(v: Version) -> &'static str {
     }
 }
 
-/// The built-in upstream: says what it received.
-fn echo(req: &Parts, identity: &str) -> Response<Body> {
-    let text = format!(
-        "ratewarden echo: {} {} from {identity}\n",
-        req.method, req.uri
-    );
-    let mut r = respond(StatusCode::OK, "text/plain; charset=utf-8", text);
-    r.extensions_mut()
-        .insert(crate::observe::metrics::FromUpstream);
-    r
-}
-
 /// The `grpc-status` of a header block.
 fn grpc_status(h: &http::HeaderMap) -> Option<u16> {
     h.get("grpc-status")?.to_str().ok()?.trim().parse().ok()
-}
-
-/// `body`, settling `settlement` on the `grpc-status` of its trailers
-/// when they pass (off the answer's way, in a task of their own).
-fn settled_at_trailers(
-    body: Body,
-    settlement: ratewarden_tower::admission::GrpcSettlement<crate::store::AnyStore>,
-) -> Body {
-    let mut settlement = Some(settlement);
-    http_body_util::BodyExt::map_frame(body, move |frame| {
-        if let Some(t) = frame.trailers_ref()
-            && let Some(code) = grpc_status(t)
-            && let Some(s) = settlement.take()
-        {
-            crate::wire::spawn(s.settle(code));
-        }
-        frame
-    })
-    .boxed_unsync()
 }

@@ -1,8 +1,10 @@
 //! `Upgrade` (WebSocket) requests: decided like any request, then sent to
-//! a server on a connection of their own; when it answers 101, both
-//! connections are spliced into a byte tunnel until either side closes or
-//! nothing moves for `client_idle_timeout`. The tunnel is one request: it
-//! holds a `concurrency` slot while it is open.
+//! a server on a connection of their own (one attempt of the flow's,
+//! [`attempt`]); when it answers 101, both connections are spliced into a
+//! byte tunnel until either side closes or nothing moves for
+//! `client_idle_timeout`. The tunnel is one request: it holds a
+//! `concurrency` slot while it is open (renewed), and its end is the
+//! request's end phase.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -16,8 +18,18 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::answer::Body;
-use crate::proxy::failover::Failover;
-use ratewarden_tower::admission::Held;
+use crate::proxy::flow::Tried;
+use crate::proxy::forward::{UpstreamFailure, aim, strip_hop_by_hop, upstream_failed};
+use crate::upstream::route::{Group, Server};
+
+/// An upstream's answer as hyper's path read it.
+pub(crate) enum Answered {
+    /// An answer to relay.
+    Response(Response<Body>),
+    /// A 101 that switched protocols: the answer, and the server's side of
+    /// the tunnel.
+    Tunnel(Response<Body>, OnUpgrade),
+}
 
 /// The protocol a request asks to switch to: an HTTP/1.1 request with
 /// `Connection: upgrade` and an `Upgrade` field.
@@ -38,111 +50,101 @@ pub(crate) fn asked(parts: &Parts) -> Option<HeaderValue> {
     parts.headers.get(header::UPGRADE).cloned()
 }
 
-/// What a tunnelled request needs.
-pub(crate) struct Tunnel<'a> {
-    /// The attempts on the route's servers.
-    pub(crate) attempts: Failover<'a>,
-    /// The target after the server's prefix.
-    pub(crate) target: String,
-    /// The request's fields to send (hop-by-hop ones already gone,
-    /// `X-Forwarded-For` and the request id set).
-    pub(crate) headers: HeaderMap,
-    /// The protocol asked for.
-    pub(crate) protocol: HeaderValue,
-    pub(crate) method: http::Method,
-    pub(crate) timeout: Duration,
-    pub(crate) idle: Duration,
-    pub(crate) held: Option<Held>,
+/// One attempt of an `Upgrade` request (`parts`, its fields already made
+/// for the upstream by [`request_fields`]) on `server`: its own
+/// connection, the upgrade asked for `protocol`, the answer's head read
+/// within `timeout`.
+pub(crate) async fn attempt(
+    server: &Server,
+    group: &Group,
+    parts: &Parts,
+    protocol: &HeaderValue,
+    target: &str,
+    timeout: Duration,
+) -> Tried<Answered> {
+    // HTTP/2 has no `Upgrade`: an HTTP/2-only server cannot take the
+    // tunnel (the server is not at fault, so not counted as failed).
+    if server.pool.is_h2() {
+        return Tried::Answer(upstream_failed(
+            &server.label,
+            UpstreamFailure::Broken {
+                why: "the server speaks HTTP/2 only, which has no Upgrade".into(),
+                error: "an Upgrade request for an HTTP/2-only server".into(),
+            },
+        ));
+    }
+    let io = match tokio::time::timeout(timeout, server.pool.connect_stream()).await {
+        Ok(Ok(io)) => io,
+        Ok(Err(e)) => return Tried::Unsent(e),
+        Err(_) => return Tried::TimedOut,
+    };
+    let mut req = http::Request::new(Empty::<bytes::Bytes>::new());
+    *req.method_mut() = parts.method.clone();
+    *req.headers_mut() = parts.headers.clone();
+    if let Err(refused) = aim(&mut req, server, target, group) {
+        return Tried::Answer(*refused);
+    }
+    req.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    req.headers_mut().insert(header::UPGRADE, protocol.clone());
+    let exchanged = tokio::time::timeout(timeout, async {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+        crate::wire::spawn(async move {
+            let _ = conn.with_upgrades().await;
+        });
+        sender.send_request(req).await
+    })
+    .await;
+    let mut resp = match exchanged {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            return Tried::Broke("the exchange broke before an answer".into(), e.to_string());
+        }
+        Err(_) => return Tried::TimedOut,
+    };
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        // No tunnel: the server's answer, as any other.
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        parts
+            .extensions
+            .insert(crate::observe::metrics::FromUpstream);
+        return Tried::Answered(Answered::Response(Response::from_parts(
+            parts,
+            body.map_err(|e| Box::new(e) as _).boxed_unsync(),
+        )));
+    }
+    let up = hyper::upgrade::on(&mut resp);
+    let (parts, _) = resp.into_parts();
+    let mut answer = Response::new(crate::answer::empty_body());
+    *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    // The 101's fields as the server sent them (its Upgrade and Connection
+    // included: they are what switches the client too).
+    *answer.headers_mut() = parts.headers;
+    answer
+        .extensions_mut()
+        .insert(crate::observe::metrics::FromUpstream);
+    Tried::Answered(Answered::Tunnel(answer, up))
 }
 
-/// Opens the tunnel for a request whose upgrade is `on`: the server's
-/// answer (101, or what it said instead) goes back to the client.
-pub(crate) async fn open(mut t: Tunnel<'_>, on: Option<OnUpgrade>) -> Response<Body> {
-    loop {
-        let chosen = match t.attempts.next() {
-            Ok(c) => c,
-            Err(answer) => return *answer,
-        };
-        let server = chosen.server();
-        // HTTP/2 has no `Upgrade`: an HTTP/2-only server cannot take the
-        // tunnel (the server is not at fault, so not counted as failed).
-        if server.pool.is_h2() {
-            t.attempts.done();
-            return super::forward::upstream_failed(
-                &server.label,
-                super::forward::UpstreamFailure::Broken {
-                    why: "the server speaks HTTP/2 only, which has no Upgrade".into(),
-                    error: "an Upgrade request for an HTTP/2-only server".into(),
-                },
-            );
-        }
-        let io = match tokio::time::timeout(t.timeout, server.pool.connect_stream()).await {
-            Ok(Ok(io)) => io,
-            Ok(Err(e)) => {
-                t.attempts.unsent(&chosen, &e);
-                continue;
-            }
-            Err(_) => return t.attempts.timed_out(&chosen, t.timeout),
-        };
-        let mut req = http::Request::new(Empty::<bytes::Bytes>::new());
-        *req.method_mut() = t.method.clone();
-        *req.headers_mut() = std::mem::take(&mut t.headers);
-        if let Err(refused) = super::hyper::aim(&mut req, server, &t.target, chosen.group()) {
-            return *refused;
-        }
-        req.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        req.headers_mut()
-            .insert(header::UPGRADE, t.protocol.clone());
-        let exchanged = tokio::time::timeout(t.timeout, async {
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
-            crate::wire::spawn(async move {
-                let _ = conn.with_upgrades().await;
-            });
-            sender.send_request(req).await
-        })
-        .await;
-        let mut resp = match exchanged {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                let why = "the exchange broke before an answer".into();
-                return t.attempts.broke(&chosen, why, e.to_string());
-            }
-            Err(_) => return t.attempts.timed_out(&chosen, t.timeout),
-        };
-        t.attempts.answered(&chosen);
-        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-            // No tunnel: the server's answer, as any other.
-            let (mut parts, body) = resp.into_parts();
-            super::hyper::strip_hop_by_hop(&mut parts.headers);
-            parts
-                .extensions
-                .insert(crate::observe::metrics::FromUpstream);
-            return Response::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed_unsync());
-        }
-        let up = hyper::upgrade::on(&mut resp);
-        let (parts, _) = resp.into_parts();
-        let mut answer = Response::new(crate::answer::empty_body());
-        *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-        // The 101's fields as the server sent them (its Upgrade and
-        // Connection included: they are what switches the client too).
-        *answer.headers_mut() = parts.headers;
-        answer
-            .extensions_mut()
-            .insert(crate::observe::metrics::FromUpstream);
-        let (held, idle) = (t.held.take(), t.idle);
-        crate::wire::spawn(async move {
-            let (Some(client), Ok(server)) = (on, up.await) else {
-                return;
-            };
-            let Ok(client) = client.await else { return };
+/// Splices the client's upgraded connection (`client`, once hyper hands it
+/// over after the 101) with the server's, in a task of its own, then calls
+/// `ended` (the request's end phase) when the tunnel has ended, however it
+/// ends.
+pub(crate) fn splice_then(
+    client: Option<OnUpgrade>,
+    server: OnUpgrade,
+    idle: Duration,
+    ended: impl FnOnce() + Send + 'static,
+) {
+    crate::wire::spawn(async move {
+        if let (Some(client), Ok(server)) = (client, server.await)
+            && let Ok(client) = client.await
+        {
             splice(TokioIo::new(client), TokioIo::new(server), idle).await;
-            // The tunnel has ended: its slot is free.
-            drop(held);
-        });
-        return answer;
-    }
+        }
+        ended();
+    });
 }
 
 /// Copies bytes both ways until either side closes, or until nothing
@@ -201,7 +203,7 @@ where
 /// The fields of an upgrade request that go to the server: none of the
 /// hop-by-hop ones but `Upgrade` (set again by [`open`]).
 pub(crate) fn request_fields(mut h: HeaderMap) -> HeaderMap {
-    super::hyper::strip_hop_by_hop(&mut h);
+    strip_hop_by_hop(&mut h);
     h.remove(HeaderName::from_static("upgrade"));
     h
 }

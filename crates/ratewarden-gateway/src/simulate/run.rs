@@ -338,7 +338,7 @@ impl<'a> Prepared<'a> {
             .max_keys(keys)
             .clock(clock.clone())
             .build();
-        let limiter = Limiter::new(store);
+        let limiter = std::sync::Arc::new(Limiter::new(store));
         let n = policy.rules.len();
         let mut run = Run {
             rules: policy

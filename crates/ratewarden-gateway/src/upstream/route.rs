@@ -324,9 +324,11 @@ impl Router {
         }
     }
 
-    /// Whether there are routes besides the default.
-    pub fn has_routes(&self) -> bool {
-        !self.routes.is_empty()
+    /// Whether a request may go to the echo upstream (no default
+    /// servers) or to HTTP/2 servers: then hyper serves every request,
+    /// the HTTP/1.1 path none (it streams HTTP/1.1 only).
+    pub fn hyper_only(&self) -> bool {
+        self.default.is_none() || self.groups().any(|g| g.h2)
     }
 }
 

@@ -491,6 +491,11 @@ pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Byte
     let charged_decision = decided(&live.limiter, &charge_ops, Mode::Apply)
         .await
         .map_err(|e| store_failed(&e))?;
+    // Recorded as every decision is: per-rule counts, keys near their
+    // limit for `/v1/keys`, bans seen, the refusal log.
+    if let Some(d) = &charged_decision {
+        gw.record(&live, d, None);
+    }
     let peeked_decision = decided(&live.limiter, &peek_ops, Mode::Peek)
         .await
         .map_err(|e| store_failed(&e))?;

@@ -1,36 +1,37 @@
-//! One exchange with the upstream: send the request, relay the answer.
+//! The HTTP/1.1 path as a wire of the one flow: the gateway's own answers
+//! written in its framing, one attempt on an upstream server (the request
+//! sent, the answer's head read), and the answer relayed.
 
 use std::future::{Future, poll_fn};
 use std::io;
 use std::ops::Range;
 use std::pin::{Pin, pin};
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use http::{Method, StatusCode};
-use std::task::Context;
-
+use ratewarden_tower::admission::Refusal;
+use ratewarden_tower::view::{Fields, RequestView};
+use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Sleep;
 
 use super::Conn;
 use super::chunked::Chunks;
-use super::request::Head;
+use super::reject_cache::write_rejection;
+use super::request::{BodyLen, Head};
 use super::response::{Framing, MAX_UPSTREAM_HEAD, UpHead, parse_response};
+use super::with_id;
 use super::write::{http_date, push_field, status_line, write_answer};
-use smallvec::SmallVec;
-
-use super::request::BodyLen;
-use crate::proxy::failover::Failover;
-use crate::proxy::flow::{Flow, add_rate_headers};
+use crate::proxy::flow::{End, Flow, Line, Outcome, Own, Tried, Wire, grpc_kind, refusal_answer};
 use crate::proxy::forward::{
-    X_FORWARDED, dropped_request_field, drops_length, is_hop_by_hop, push_forwarded_for, tls_cause,
-    x_forwarded_index, x_forwarded_values,
+    Edge, X_FORWARDED, dropped_request_field, drops_length, is_hop_by_hop, push_forwarded_for,
+    tls_cause, upstream_target, x_forwarded_index, x_forwarded_values,
 };
 use crate::upstream::pool::{Pool, UpstreamError};
+use crate::upstream::route::{Chosen, Group};
 use crate::wire::idle::Watched;
 use crate::wire::stream::{ClientIo, UpstreamIo};
-use ratewarden_tower::admission::{Admitted, Held};
 
 /// Bytes read from the upstream at a time while relaying a body.
 pub(crate) const RELAY: usize = 64 * 1024;
@@ -38,10 +39,6 @@ pub(crate) const RELAY: usize = 64 * 1024;
 /// answer and the wait still watches it (beyond them it is no longer
 /// watched until the answer comes: the bytes wait in the socket).
 const PIPELINED: usize = 64 * 1024;
-
-/// The status the access log gives a request whose client left before the
-/// upstream answered (nginx's 499): nothing was sent back.
-pub(crate) const CLIENT_GONE: u16 = 499;
 
 /// The client of a request waiting for the upstream's answer, watched
 /// meanwhile: HTTP/2 learns that a client left from a stream reset, HTTP/1.1
@@ -136,194 +133,293 @@ pub(crate) enum Failed {
     ClientGone,
 }
 
-/// Everything one exchange with the upstream needs besides the buffers.
-pub(crate) struct Forward<'a> {
-    /// The request's flow (its configuration, id and settling).
-    pub(crate) flow: &'a Flow<'a>,
-    /// The route's servers.
-    pub(crate) group: &'a crate::upstream::route::Group,
-    /// The target sent after `prefix` when it is not the client's as it
-    /// came (see [`crate::proxy::forward::upstream_target`]).
-    pub(crate) rewritten: Option<&'a str>,
-    pub(crate) client: &'a crate::proxy::forward::Client,
-    pub(crate) head: &'a Head,
-    pub(crate) admitted: &'a Admitted<'a>,
-    /// The request's `concurrency` leases, if any (given back when its
-    /// answer ends, or when the connection's task is dropped).
-    pub(crate) held: Option<Held>,
+/// The HTTP/1.1 path as a wire of the one flow ([`crate::proxy::flow`]):
+/// the request read into `conn`'s buffers, the gateway's own answers and
+/// the upstream's written on `io`.
+pub(crate) struct H1<'c> {
+    pub(crate) conn: &'c mut Conn,
+    pub(crate) io: &'c mut Watched<ClientIo>,
+    pub(crate) head: &'c Head,
+    pub(crate) client: &'c crate::proxy::forward::Client,
+    /// `underscores_in_headers`, read once.
+    pub(crate) underscores: bool,
+    /// The connection is answering (for the idle watchdog) until the
+    /// answer's head is written.
+    pub(crate) answering: Option<crate::wire::idle::Answering>,
+    /// The target sent after the server's prefix when it is not the
+    /// client's as it came (see [`crate::proxy::forward::upstream_target`]).
+    rewritten: Option<String>,
 }
 
-/// How an exchange ended, for the access log.
-pub(crate) struct Answered {
-    /// The client connection may carry another request.
-    pub(crate) keep: bool,
-    /// The status sent.
-    pub(crate) status: u16,
-    /// Whether the upstream answered (else the gateway did: 502, 504).
-    pub(crate) from_upstream: bool,
-    /// Body bytes sent, when the answer had a length.
-    pub(crate) bytes: Option<u64>,
-}
+impl<'c> H1<'c> {
+    pub(crate) fn new(
+        conn: &'c mut Conn,
+        io: &'c mut Watched<ClientIo>,
+        head: &'c Head,
+        client: &'c crate::proxy::forward::Client,
+        underscores: bool,
+    ) -> Self {
+        let answering = Some(io.activity().answering());
+        Self {
+            conn,
+            io,
+            head,
+            client,
+            underscores,
+            answering,
+            rewritten: None,
+        }
+    }
 
-/// Gives the leases in `held` back: the request has ended.
-async fn ended(held: &mut Option<Held>) {
-    if let Some(h) = held.take() {
-        h.release().await;
+    /// The request's first field called `name`.
+    fn field(&self, name: &[u8]) -> Option<&[u8]> {
+        super::field(&self.conn.input, &self.conn.fields, name)
     }
 }
 
-impl Conn {
-    /// Forwards the request in `input` and relays the answer; `keep` is
-    /// false when the client connection must close afterwards.
-    pub(crate) async fn exchange(
+impl Wire for H1<'_> {
+    /// Whether the connection may carry another request.
+    type Done = bool;
+    type Head = (UpstreamIo, UpHead);
+
+    fn request_id(&self) -> Option<&[u8]> {
+        self.field(b"x-request-id")
+    }
+
+    fn method(&self) -> &Method {
+        &self.head.method
+    }
+
+    fn target(&self) -> &str {
+        // Visible ASCII (`parse_request` checked it).
+        std::str::from_utf8(&self.conn.input[self.head.target.clone()]).unwrap_or("/")
+    }
+
+    fn view<'a>(&'a self, path: &'a str) -> RequestView<'a> {
+        RequestView {
+            method: &self.head.method,
+            path,
+            target: self.target(),
+            authority: None,
+            fields: Fields::Raw {
+                head: &self.conn.input[..self.head.len],
+                spans: &self.conn.fields,
+                underscores: self.underscores,
+            },
+            peer: Some(self.client.peer.ip()),
+            sni: self.client.sni(),
+            claims: None,
+        }
+    }
+
+    async fn answer(&mut self, flow: &Flow, own: Own<'_>) -> io::Result<(bool, Outcome)> {
+        let live = &flow.live;
+        let close = self.head.close;
+        let grpc = || grpc_kind(self.field(b"content-type"));
+        let answer = match own {
+            Own::Refused(Refusal::Limited(d)) if grpc().is_none() => {
+                // The refusing rule's status, else the default; the bytes
+                // from the thread's last rejection when they read the same.
+                let status = Refusal::limited_status(d, live.config.status);
+                let how = (status, live.config.headers);
+                let c = &mut *self.conn;
+                let body = write_rejection(&mut c.out, &mut c.rate, d, how, close, &flow.rid);
+                self.io.write_all(&c.out).await?;
+                self.io.flush().await?;
+                self.answering = None;
+                return Ok((!close, Outcome::own(status.as_u16(), Some(body as u64))));
+            }
+            Own::Refused(refusal) => refusal_answer(refusal, &live.config, grpc()),
+            Own::Edge(e) => e.answer(),
+            Own::Answer(a) => a,
+            Own::Admitted(pass) => crate::answer::echo(
+                &self.head.method,
+                self.target(),
+                &pass.identity,
+                pass.decision.as_ref(),
+                live.config.headers,
+            ),
+        };
+        let status = answer.status().as_u16();
+        let bytes = http_body::Body::size_hint(answer.body()).exact();
+        write_answer(
+            self.io,
+            &mut self.conn.out,
+            with_id(answer, &flow.rid),
+            close,
+        )
+        .await?;
+        self.answering = None;
+        Ok((!close, Outcome::own(status, bytes)))
+    }
+
+    fn prepare(&mut self, flow: &Flow) -> Result<(), Edge> {
+        self.rewritten = match upstream_target(self.target(), flow.live.config.upstream_path)? {
+            std::borrow::Cow::Owned(t) => Some(t),
+            std::borrow::Cow::Borrowed(_) => None,
+        };
+        // One deadline for every attempt.
+        super::arm(&mut self.conn.timer, flow.live.config.upstream_timeout);
+        Ok(())
+    }
+
+    async fn attempt(
         &mut self,
-        io: &mut Watched<ClientIo>,
-        mut to: Forward<'_>,
-        answering: crate::wire::idle::Answering,
-    ) -> io::Result<Answered> {
-        let head = to.head;
-        let live = to.flow.live;
-        let timeout = live.config.upstream_timeout;
-        // One deadline for every attempt. (Taken out of `self` while the
-        // attempts also write the request into `self.out`.)
-        let mut slot = self.timer.take();
-        let timer = super::arm(&mut slot, timeout);
-        let client = to.admitted.who().identity.as_str();
-        let mut attempts = Failover::new(to.group, to.flow.metrics(), client);
-        let answered = loop {
-            let chosen = match attempts.next() {
-                Ok(c) => c,
-                Err(answer) => break Err(*answer),
-            };
-            let server = chosen.server();
-            self.request_head(&to, server);
-            let answered = exchange_head(
-                &server.pool,
-                timer,
-                &self.out,
-                &mut self.up,
-                &mut self.up_fields,
-                &head.method,
-                &mut ClientWatch::new(io, &mut self.input),
-            )
-            .await;
-            match answered {
-                Ok(a) => {
-                    attempts.answered(&chosen);
-                    break Ok((a, chosen));
-                }
-                Err(Failed::Connect(e)) => attempts.unsent(&chosen, &e),
-                Err(Failed::Timeout) => break Err(attempts.timed_out(&chosen, timeout)),
-                Err(Failed::Broken(why, error)) => break Err(attempts.broke(&chosen, why, error)),
-                Err(Failed::ClientGone) => {
-                    // The client left: the upstream's request is dropped
-                    // with its connection, the leases go back now, nothing
-                    // is settled (no answer was seen), and the connection
-                    // ends.
-                    attempts.done();
-                    drop(chosen);
-                    self.timer = slot;
-                    ended(&mut to.held).await;
-                    return Ok(Answered {
-                        keep: false,
-                        status: CLIENT_GONE,
-                        from_upstream: false,
-                        bytes: None,
-                    });
-                }
-            }
+        flow: &Flow,
+        chosen: &Chosen<'_>,
+        group: &Group,
+    ) -> Tried<Self::Head> {
+        let server = chosen.server();
+        self.conn.request_head(
+            flow,
+            group,
+            server,
+            self.client,
+            self.head,
+            self.rewritten.as_deref(),
+        );
+        let c = &mut *self.conn;
+        let timer = c.timer.as_mut().expect("armed by prepare");
+        let answered = exchange_head(
+            &server.pool,
+            timer,
+            &c.out,
+            &mut c.up,
+            &mut c.up_fields,
+            &self.head.method,
+            &mut ClientWatch::new(self.io, &mut c.input),
+        )
+        .await;
+        match answered {
+            Ok(head) => Tried::Answered(head),
+            Err(Failed::Connect(e)) => Tried::Unsent(e),
+            Err(Failed::Timeout) => Tried::TimedOut,
+            Err(Failed::Broken(why, error)) => Tried::Broke(why, error),
+            Err(Failed::ClientGone) => Tried::ClientGone,
+        }
+    }
+
+    async fn relay(
+        &mut self,
+        mut end: End,
+        decision: Option<ratewarden::Decision>,
+        (mut up, resp): Self::Head,
+        chosen: Chosen<'_>,
+    ) -> io::Result<bool> {
+        let close = self.head.close || resp.framing == Framing::Close;
+        self.conn
+            .response_head(&resp, end.flow(), decision.as_ref(), close);
+        let mut outcome = Outcome {
+            status: resp.status,
+            bytes: match resp.framing {
+                Framing::Empty => Some(0),
+                Framing::Length(n) => Some(n),
+                _ => None,
+            },
+            from_upstream: true,
+            ..Outcome::default()
         };
-        self.timer = slot;
-        let ((mut up, resp), chosen) = match answered {
-            Ok(a) => a,
-            Err(mut answer) => {
-                if let Ok(v) = http::HeaderValue::from_bytes(to.flow.rid.as_bytes()) {
-                    answer
-                        .headers_mut()
-                        .insert(crate::observe::request_id::HEADER, v);
-                }
-                let status = answer.status().as_u16();
-                to.flow.settle(to.admitted, status).await;
-                add_rate_headers(
-                    to.admitted.decision.as_ref(),
-                    answer.headers_mut(),
-                    live.config.headers,
-                );
-                ended(&mut to.held).await;
-                write_answer(io, &mut self.out, answer, head.close).await?;
-                return Ok(Answered {
-                    keep: !head.close,
-                    status,
-                    from_upstream: false,
-                    bytes: None,
-                });
-            }
-        };
-        to.flow.settle(to.admitted, resp.status).await;
-        let bytes = match resp.framing {
-            Framing::Empty => Some(0),
-            Framing::Length(n) => Some(n),
-            _ => None,
-        };
-        let close = head.close || resp.framing == Framing::Close;
-        self.response_head(&resp, &to, close);
         // From here `up` holds the body bytes read so far.
-        self.up.advance(resp.len);
-        let (out, body) = (&mut self.out, &mut self.up);
-        // The request's leases are given back as its answer ends: before
-        // the last write, so a client sending its next request at once
-        // finds its slot free.
-        let held = &mut to.held;
-        let ended_clean = match resp.framing {
-            Framing::Empty => {
-                ended(held).await;
-                io.write_all(out).await?;
-                body.is_empty()
-            }
-            Framing::Length(n) if body.len() as u64 >= n && n <= RELAY as u64 => {
-                // The whole answer in one write.
-                let n = n as usize;
-                out.extend_from_slice(&body[..n]);
-                ended(held).await;
-                io.write_all(out).await?;
-                body.len() == n
-            }
-            Framing::Length(n) => {
-                io.write_all(out).await?;
-                drop(answering);
-                relay_length(&mut up, io, body, n).await?;
-                ended(held).await;
-                body.is_empty()
-            }
-            Framing::Chunked => {
-                io.write_all(out).await?;
-                drop(answering);
-                let clean = relay_chunked(&mut up, io, body).await?;
-                ended(held).await;
-                clean
-            }
-            Framing::Close => {
-                io.write_all(out).await?;
-                drop(answering);
-                relay_to_close(&mut up, io, body).await?;
-                ended(held).await;
-                false
-            }
-        };
+        self.conn.up.advance(resp.len);
+        let relayed = relay_body(self, &mut end, &resp, &mut up).await;
+        if relayed.is_err() {
+            // Cut short: the client has less than the whole answer.
+            outcome.bytes = None;
+        }
+        if let Some(settle) = end.finish(outcome, || self.line()) {
+            settle.await;
+        }
+        let ended_clean = relayed?;
         // (TLS: the last records may still wait in rustls; a no-op for TCP.)
-        io.flush().await?;
-        body.clear();
+        self.io.flush().await?;
+        self.conn.up.clear();
         if resp.reusable && ended_clean {
             chosen.server().pool.put_stream(up);
         }
-        Ok(Answered {
-            keep: !close,
-            status: resp.status,
-            from_upstream: true,
-            bytes,
-        })
+        Ok(!close)
     }
 
+    fn gone(&mut self) -> bool {
+        false
+    }
+
+    fn line(&self) -> Line<'_> {
+        let (mut referer, mut user_agent) = (None, None);
+        let input = &self.conn.input;
+        // One pass over the fields for both; the length first.
+        for (n, v) in &self.conn.fields {
+            let name = &input[n.clone()];
+            let slot = match name.len() {
+                7 if name.eq_ignore_ascii_case(b"referer") => &mut referer,
+                10 if name.eq_ignore_ascii_case(b"user-agent") => &mut user_agent,
+                _ => continue,
+            };
+            if slot.is_none() {
+                *slot = Some(&input[v.clone()]);
+            }
+        }
+        Line {
+            peer: self.client.peer.ip(),
+            method: self.head.method.as_str(),
+            target: &input[self.head.target.clone()],
+            version: "HTTP/1.1",
+            referer,
+            user_agent,
+        }
+    }
+}
+
+/// Relays the body of the answer whose head is in the wire's `out`, its
+/// first bytes in `up`; the request's leases are given back as it ends,
+/// before its last write, so that a client sending its next request at
+/// once finds its slot free. `Ok(true)` when it ended exactly where the
+/// upstream stopped sending (the connection may be pooled).
+async fn relay_body(
+    w: &mut H1<'_>,
+    end: &mut End,
+    resp: &UpHead,
+    up: &mut UpstreamIo,
+) -> io::Result<bool> {
+    let (out, body, io) = (&mut w.conn.out, &mut w.conn.up, &mut *w.io);
+    Ok(match resp.framing {
+        Framing::Empty => {
+            end.release_leases().await;
+            io.write_all(out).await?;
+            body.is_empty()
+        }
+        Framing::Length(n) if body.len() as u64 >= n && n <= RELAY as u64 => {
+            // The whole answer in one write.
+            let n = n as usize;
+            out.extend_from_slice(&body[..n]);
+            end.release_leases().await;
+            io.write_all(out).await?;
+            body.len() == n
+        }
+        Framing::Length(n) => {
+            io.write_all(out).await?;
+            w.answering = None;
+            relay_length(up, io, body, n).await?;
+            end.release_leases().await;
+            body.is_empty()
+        }
+        Framing::Chunked => {
+            io.write_all(out).await?;
+            w.answering = None;
+            let clean = relay_chunked(up, io, body).await?;
+            end.release_leases().await;
+            clean
+        }
+        Framing::Close => {
+            io.write_all(out).await?;
+            w.answering = None;
+            relay_to_close(up, io, body).await?;
+            end.release_leases().await;
+            false
+        }
+    })
+}
+
+impl Conn {
     /// The request to the upstream, in `out`: the target under the
     /// upstream's path prefix,
     /// dropped fields left out (hop-by-hop, and `_` names unless kept),
@@ -333,34 +429,38 @@ impl Conn {
     /// body: as read, or decoded from chunks and sent with its length.
     pub(crate) fn request_head(
         &mut self,
-        to: &Forward<'_>,
+        flow: &Flow,
+        group: &Group,
         server: &crate::upstream::route::Server,
+        client: &crate::proxy::forward::Client,
+        head: &Head,
+        rewritten: Option<&str>,
     ) {
-        let (input, out, head) = (&self.input, &mut self.out, to.head);
-        let live = to.flow.live;
+        let (input, out) = (&self.input, &mut self.out);
+        let live = &flow.live;
         let keep_underscores = live.config.underscores_in_headers;
         out.clear();
         out.extend_from_slice(head.method.as_str().as_bytes());
         out.push(b' ');
         out.extend_from_slice(server.prefix.as_bytes());
-        match to.rewritten {
+        match rewritten {
             Some(t) => out.extend_from_slice(t.as_bytes()),
             None => out.extend_from_slice(&input[head.target.clone()]),
         }
         out.extend_from_slice(b" HTTP/1.1\r\n");
         // `request_headers`: a Host it sets wins; the fields it sets or
         // removes are not the client's (most routes have none).
-        let extra = &to.group.request_headers;
+        let extra = &group.request_headers;
         let edits = !extra.set.is_empty() || !extra.remove.is_empty();
         let host = match extra.get("host") {
             Some(h) => Some(h),
-            None if to.group.preserve_host => None,
+            None if group.preserve_host => None,
             None => server.pool.host(),
         };
         if let Some(h) = host {
             push_field(out, b"host", h.as_bytes());
         }
-        let trusted = live.config.trusts(to.client.peer.ip());
+        let trusted = live.config.trusts(client.peer.ip());
         // A client's own chain goes on only from a trusted proxy (or
         // under `x_forwarded_for: append`); else the peer replaces it.
         let keep_chain = trusted || live.config.x_forwarded_for_append;
@@ -421,9 +521,9 @@ impl Conn {
                 itoa::Buffer::new().format(n).as_bytes(),
             );
         }
-        push_field(out, b"x-request-id", to.flow.rid.as_bytes());
+        push_field(out, b"x-request-id", flow.rid.as_bytes());
         let mut port = itoa::Buffer::new();
-        let ours = x_forwarded_values(to.client, asked, &mut port);
+        let ours = x_forwarded_values(client, asked, &mut port);
         for (i, v) in ours.into_iter().enumerate() {
             if let (false, Some(v)) = (kept[i], v) {
                 push_field(out, X_FORWARDED[i].as_bytes(), v);
@@ -435,11 +535,11 @@ impl Conn {
                 out.extend_from_slice(hop);
                 out.extend_from_slice(b", ");
             }
-            crate::proxy::forward::forwarded_element(out, to.client, asked);
+            crate::proxy::forward::forwarded_element(out, client, asked);
             out.extend_from_slice(b"\r\n");
         }
         out.extend_from_slice(b"x-forwarded-for: ");
-        push_forwarded_for(out, chain, to.client.peer.ip());
+        push_forwarded_for(out, chain, client.peer.ip());
         out.extend_from_slice(b"\r\n\r\n");
         for span in &self.body {
             out.extend_from_slice(&input[span.clone()]);
@@ -449,12 +549,18 @@ impl Conn {
     /// The response head to the client, in `out`: the upstream's status and
     /// fields minus hop-by-hop ones, the framing this hop uses, the
     /// decision's rate-limit fields.
-    pub(crate) fn response_head(&mut self, resp: &UpHead, to: &Forward<'_>, close: bool) {
+    pub(crate) fn response_head(
+        &mut self,
+        resp: &UpHead,
+        flow: &Flow,
+        decision: Option<&ratewarden::Decision>,
+        close: bool,
+    ) {
         let (up, out, rate) = (&self.up, &mut self.out, &mut self.rate);
         out.clear();
         let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);
         status_line(out, status, Some(&up[resp.reason.clone()]));
-        rate.render(to.admitted.decision.as_ref(), to.flow.live.config.headers);
+        rate.render(decision, flow.live.config.headers);
         for (name, value) in &self.up_fields {
             let name_bytes = &up[name.clone()];
             let dropped = is_hop_by_hop(name_bytes)
@@ -479,7 +585,7 @@ impl Conn {
         if close {
             push_field(out, b"connection", b"close");
         }
-        push_field(out, b"x-request-id", to.flow.rid.as_bytes());
+        push_field(out, b"x-request-id", flow.rid.as_bytes());
         out.extend_from_slice(&rate.lines);
         out.extend_from_slice(b"\r\n");
     }

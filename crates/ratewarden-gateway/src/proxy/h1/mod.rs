@@ -44,19 +44,14 @@ pub(crate) mod request;
 pub(crate) mod response;
 mod write;
 
-use crate::config::Upstream;
 use crate::gateway::Gateway;
 use crate::observe::request_id::RequestId;
-use crate::proxy::flow::{Decided, Flow, Line, refusal_answer};
 use crate::proxy::forward::{self, Edge};
 use crate::wire::idle::Watched;
 use crate::wire::stream::ClientIo;
-use ratewarden_tower::admission::Refusal;
-use ratewarden_tower::view::{Fields, RequestView};
 
 use chunked::{Chunks, valid_trailers};
-use exchange::{Forward, within};
-use reject_cache::write_rejection;
+use exchange::within;
 use request::{BodyLen, Head, Parsed, parse_request};
 pub use request::{MAX_BODY, MAX_HEAD};
 use write::{RateFields, write_answer};
@@ -289,15 +284,14 @@ where
 
 /// Serves requests until the connection ends (`None`) or goes to hyper
 /// (`Some`, with the bytes already read). Each request goes through the
-/// one flow ([`crate::proxy::flow`]); this is its HTTP/1.1 wire: reading heads
-/// and bodies, and writing what the flow decides.
+/// one flow ([`crate::proxy::flow::run`]) with this path as its wire
+/// ([`exchange::H1`]): reading heads and bodies here, writing there.
 async fn serve(
-    gw: &Gateway,
+    gw: &Arc<Gateway>,
     io: &mut Watched<ClientIo>,
     client: forward::Client,
     mut stop: watch::Receiver<bool>,
 ) -> io::Result<Option<BytesMut>> {
-    let peer = client.peer;
     let mut c = Conn::default();
     let mut stopping = pin!(async move {
         let _ = stop.wait_for(|s| *s).await;
@@ -321,139 +315,16 @@ async fn serve(
             Err(_) => return Ok(None),
         };
         let live = gw.live();
-        // The echo upstream is hyper's (with no routes, nothing else is).
-        if live.config.upstream == Upstream::Echo && !live.router.has_routes() {
+        // A config that may send a request to the echo upstream or to HTTP/2
+        // servers has hyper serve every request (it streams both ways with
+        // trailers): the connection goes there before any phase runs, so
+        // that none runs twice.
+        if live.router.hyper_only() {
             return Ok(Some(c.input));
         }
-        let mut flow = Flow::start(gw, &live, field(&c.input, &c.fields, b"x-request-id"));
-        let answering = io.activity().answering();
-        // The target is visible ASCII (`parse_request` checked it).
-        let target = std::str::from_utf8(&c.input[head.target.clone()]).unwrap_or("/");
-        let keep = match flow.rule_path(&head.method, target) {
-            Err(e) => {
-                write_answer(io, &mut c.out, with_id(e.answer(), &flow.rid), head.close).await?;
-                drop(answering);
-                !head.close
-            }
-            Ok(path) => {
-                let request = RequestView {
-                    method: &head.method,
-                    path: &path,
-                    target,
-                    authority: None,
-                    fields: Fields::Raw {
-                        head: &c.input[..head.len],
-                        spans: &c.fields,
-                        underscores: live.config.underscores_in_headers,
-                    },
-                    peer: Some(peer.ip()),
-                    sni: client.sni(),
-                    claims: None,
-                };
-                let Some((route, group)) = flow.route(&request) else {
-                    // A request for the echo upstream (no route took it):
-                    // hyper's.
-                    return Ok(Some(c.input));
-                };
-                // A route with HTTP/2 servers: hyper's path, which streams
-                // both ways with trailers.
-                if group.h2 {
-                    return Ok(Some(c.input));
-                }
-                // (Read again only for a refusal: a gRPC one is answered
-                // as gRPC.)
-                let asked = request;
-                let decided = flow.decide(request, Some(route)).await;
-                let grpc = || crate::proxy::flow::grpc_kind(asked.header("content-type"));
-                // Only what goes upstream needs its target rewritten.
-                let rewritten = match &decided {
-                    Decided::Refused(_) => Ok(None),
-                    Decided::Admitted(..) => {
-                        match forward::upstream_target(target, live.config.upstream_path) {
-                            Ok(std::borrow::Cow::Owned(t)) => Ok(Some(t)),
-                            Ok(std::borrow::Cow::Borrowed(_)) => Ok(None),
-                            Err(e) => Err(e),
-                        }
-                    }
-                };
-                match (decided, rewritten) {
-                    (Decided::Refused(Refusal::Limited(d)), _) if grpc().is_none() => {
-                        // The refusing rule's status, else the default.
-                        let status = Refusal::limited_status(&d, live.config.status);
-                        let how = (status, live.config.headers);
-                        let body = write_rejection(
-                            &mut c.out,
-                            &mut c.rate,
-                            &d,
-                            how,
-                            head.close,
-                            &flow.rid,
-                        );
-                        io.write_all(&c.out).await?;
-                        io.flush().await?;
-                        drop(answering);
-                        flow.note.status = status.as_u16();
-                        flow.note.bytes = Some(body as u64);
-                        !head.close
-                    }
-                    (Decided::Refused(refusal), _) => {
-                        let answer = refusal_answer(&refusal, &live.config, grpc());
-                        flow.note.status = answer.status().as_u16();
-                        write_answer(io, &mut c.out, with_id(answer, &flow.rid), head.close)
-                            .await?;
-                        drop(answering);
-                        !head.close
-                    }
-                    (Decided::Admitted(..), Err(e)) => {
-                        flow.note.status = e.status().as_u16();
-                        write_answer(io, &mut c.out, with_id(e.answer(), &flow.rid), head.close)
-                            .await?;
-                        drop(answering);
-                        !head.close
-                    }
-                    (Decided::Admitted(admitted, held), Ok(rewritten)) => {
-                        let to = Forward {
-                            flow: &flow,
-                            group,
-                            rewritten: rewritten.as_deref(),
-                            client: &client,
-                            head: &head,
-                            admitted: &admitted,
-                            held,
-                        };
-                        let answered = c.exchange(io, to, answering).await?;
-                        let n = &mut flow.note;
-                        (n.status, n.bytes) = (answered.status, answered.bytes);
-                        n.from_upstream = answered.from_upstream;
-                        answered.keep
-                    }
-                }
-            }
-        };
-        flow.finish(|| {
-            let (mut referer, mut user_agent) = (None, None);
-            // One pass over the fields for both; the length first.
-            for (n, v) in &c.fields {
-                let name = &c.input[n.clone()];
-                let slot = match name.len() {
-                    7 if name.eq_ignore_ascii_case(b"referer") => &mut referer,
-                    10 if name.eq_ignore_ascii_case(b"user-agent") => &mut user_agent,
-                    _ => continue,
-                };
-                if slot.is_none() {
-                    *slot = Some(&c.input[v.clone()]);
-                }
-            }
-            Line {
-                peer: peer.ip(),
-                method: head.method.as_str(),
-                // (Read again: the exchange needed the connection's buffers.)
-                target: &c.input[head.target.clone()],
-                version: "HTTP/1.1",
-                referer,
-                user_agent,
-            }
-        });
+        let underscores = live.config.underscores_in_headers;
+        let mut wire = exchange::H1::new(&mut c, io, &head, &client, underscores);
+        let keep = crate::proxy::flow::run(gw, &live, &mut wire).await?;
         c.input.advance(whole);
         if !keep {
             return Ok(None);

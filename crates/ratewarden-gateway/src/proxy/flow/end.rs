@@ -1,0 +1,148 @@
+//! The end phase: once per request, whatever happened, when its answer has
+//! ended (the last body byte or the trailers, the client gone, the upstream
+//! failed, or the gateway's own answer written): what the answer cost is
+//! settled, the `concurrency` leases go back, the route counts the answer
+//! and the access log gets its line. pingora's `logging` phase; Envoy's
+//! `onDestroy`. Never at the response head: a streamed answer's cost (its
+//! status in gRPC's trailers, the tokens it carried) is known only here.
+
+use std::future::Future;
+
+use ratewarden_tower::admission::{Held, Settlement};
+
+use super::{Counted, Flow, Line};
+use crate::store::AnyStore;
+
+/// How an answer ended, as the end phase reads it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Outcome {
+    /// The status the client was sent (499: it left before an answer).
+    pub(crate) status: u16,
+    /// A gRPC answer's `grpc-status`, from its trailers or a trailers-only
+    /// head: what `count: failures` rules read instead of the status.
+    pub(crate) grpc_status: Option<u16>,
+    /// Body bytes the client was sent, when known.
+    pub(crate) bytes: Option<u64>,
+    /// The upstream gave the answer (else the gateway did).
+    pub(crate) from_upstream: bool,
+}
+
+impl Outcome {
+    /// The gateway's own answer of `status`, `bytes` long.
+    pub(crate) fn own(status: u16, bytes: Option<u64>) -> Self {
+        Self {
+            status,
+            bytes,
+            ..Self::default()
+        }
+    }
+}
+
+/// What the end phase needs, carried to where a request's answer ends: its
+/// flow, what the answer settles, its leases. Made when the request
+/// arrives and kept in place (a flow carries its request id: moving it
+/// from future to future cost the HTTP/1.1 path a copy each time).
+pub(crate) struct End {
+    pub(crate) flow: Flow,
+    pub(crate) settlement: Option<Settlement<AnyStore>>,
+    pub(crate) held: Option<Held>,
+}
+
+impl End {
+    /// The end of a request that arrives under `live` with `X-Request-Id`
+    /// `given`: its flow starts (phase 1).
+    #[inline]
+    pub(crate) fn start(
+        gw: &std::sync::Arc<crate::gateway::Gateway>,
+        live: &std::sync::Arc<crate::gateway::Live>,
+        given: Option<&[u8]>,
+    ) -> Self {
+        Self {
+            flow: Flow::start(gw, live, given),
+            settlement: None,
+            held: None,
+        }
+    }
+
+    /// The request's flow.
+    pub(crate) fn flow(&self) -> &Flow {
+        &self.flow
+    }
+
+    /// Gives the leases back now, waiting for the store: the answer's last
+    /// bytes are about to go out, and a client that sends its next request
+    /// at once must find its slot free. ([`End::finish`] gives back any
+    /// still held.)
+    pub(crate) async fn release_leases(&mut self) {
+        if let Some(h) = self.held.take() {
+            h.release().await;
+        }
+    }
+
+    /// The end phase, which each wire runs once per request (the driver
+    /// where the gateway answers; the wire's relay where the upstream's
+    /// answer ends). Gives the leases back, counts the answer under its
+    /// route, writes the access log's line (`line` is asked only when there
+    /// is a log), and returns what settling costs the store, if anything:
+    /// the `count: failures` rules on the answer's status (or gRPC status),
+    /// which a wire awaits (the HTTP/1.1 path, before its next request) or
+    /// spawns (where a body ends). A store error is not fatal: the store
+    /// counted it.
+    pub(crate) fn finish<'a>(
+        &mut self,
+        outcome: Outcome,
+        line: impl FnOnce() -> Line<'a>,
+    ) -> Option<impl Future<Output = ()> + Send + 'static> {
+        self.held = None;
+        let flow = &self.flow;
+        let (status, from_upstream) = (outcome.status, outcome.from_upstream);
+        match &flow.counted {
+            Counted::Route(c) => c.response(status, from_upstream),
+            Counted::Echo => flow
+                .gw
+                .metrics
+                .route(crate::upstream::route::DEFAULT)
+                .response(status, from_upstream),
+            Counted::None => flow
+                .gw
+                .metrics
+                .route(crate::observe::metrics::NO_ROUTE)
+                .response(status, false),
+        }
+        if let Some(log) = &flow.gw.access {
+            let line = line();
+            let n = &flow.note;
+            let (time, duration) = crate::observe::access::since(flow.arrival);
+            log.log(&crate::observe::access::Record {
+                time,
+                peer: line.peer,
+                method: line.method,
+                target: line.target,
+                version: line.version,
+                status,
+                bytes: outcome.bytes,
+                duration,
+                request_id: &flow.rid,
+                identity: n.identity.as_deref(),
+                key: n.key.as_deref(),
+                rule: n.rule.as_ref().map(ratewarden::Rule::name),
+                tier: n.rule.as_ref().and_then(|r| {
+                    if r.is_override() {
+                        Some("override")
+                    } else {
+                        r.tier()
+                    }
+                }),
+                referer: line.referer,
+                user_agent: line.user_agent,
+            });
+        }
+        // A client that left before any answer settles nothing: there was
+        // no answer to count as a failure or a success.
+        if outcome.status == super::CLIENT_GONE {
+            return None;
+        }
+        let settlement = self.settlement.take()?;
+        Some(settlement.on_status(outcome.status, outcome.grpc_status))
+    }
+}
