@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use crate::config::parse_duration;
 use crate::gateway::Gateway;
-use crate::store::AnyStore;
+use ratewarden::store::Shared;
 
 /// The shared table's name in Redis.
 const TABLE: &str = "overrides";
@@ -209,9 +209,9 @@ pub(crate) async fn set(
     // The parameters and the bound, checked here first.
     o.compile(&r.rule)
         .map_err(|e| ChangeError::Set(SetError::Invalid(format!("{e} ({})", e.key()))))?;
-    if let AnyStore::Redis(f) = live.limiter.store() {
-        let redis = f.inner().primary();
-        let stored = redis
+    let store = live.limiter.store();
+    if store.is_shared() {
+        let stored = store
             .table_put(TABLE, &field(rule, key), &encode(&o), table.max())
             .await
             .map_err(ChangeError::Store)?;
@@ -226,10 +226,9 @@ pub(crate) async fn set(
 pub(crate) async fn remove(gw: &Gateway, rule: &str, key: &str) -> Result<bool, ChangeError> {
     let live = gw.live();
     let mut existed = false;
-    if let AnyStore::Redis(f) = live.limiter.store() {
-        existed = f
-            .inner()
-            .primary()
+    let store = live.limiter.store();
+    if store.is_shared() {
+        existed = store
             .table_delete(TABLE, &field(rule, key))
             .await
             .map_err(ChangeError::Store)?;
@@ -259,10 +258,11 @@ impl Sync {
         if live.config.overrides_max == 0 && gw.overrides.is_empty() {
             return;
         }
-        let AnyStore::Redis(f) = live.limiter.store() else {
+        // A store no one shares holds no table: this gateway's is the one.
+        let redis = live.limiter.store();
+        if !redis.is_shared() {
             return;
-        };
-        let redis = f.inner().primary();
+        }
         let Ok(v) = redis.table_version(TABLE).await else {
             return;
         };

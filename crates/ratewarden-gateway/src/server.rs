@@ -10,6 +10,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use ratewarden::store::Shared;
 use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -90,8 +91,10 @@ impl Running {
         }
         // Slices of leased rules not used go back to Redis, for the other
         // gateways (bounded: a lost Redis leaves them to lapse).
-        if let crate::store::AnyStore::Redis(f) = self.gateway.live().limiter.store() {
-            match tokio::time::timeout(Duration::from_secs(2), f.give_back()).await {
+        let live = self.gateway.live();
+        let store = live.limiter.store();
+        if store.is_shared() {
+            match tokio::time::timeout(Duration::from_secs(2), store.give_back()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "leased slices not given back; they lapse on their own")
@@ -154,19 +157,19 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     // And the store's connection: a first request is decided by Redis, not
     // by `on_error` while the connection is made (up to 2 s; a server that
     // refuses fails at once, and the gateway serves per `on_error`).
-    if let crate::store::AnyStore::Redis(f) = gateway.live().limiter.store()
-        && let Err(e) = f
-            .inner()
-            .primary()
-            .connect_now(Duration::from_secs(2))
-            .await
+    if let Err(e) = gateway
+        .live()
+        .limiter
+        .store()
+        .connect_now(Duration::from_secs(2))
+        .await
     {
         tracing::warn!(error = %e, "redis not reachable at start; serving per on_error until it is");
     }
     // The overrides the shared store holds, in force from the first request.
     let mut overrides = crate::overrides::Sync::new();
     overrides.poll(&gateway).await;
-    if let crate::store::AnyStore::Memory(_) = gateway.live().limiter.store() {
+    if !gateway.live().limiter.store().is_shared() {
         for r in &gateway.live().config.policy.rules {
             if r.rule.distribution().is_some() {
                 tracing::warn!(

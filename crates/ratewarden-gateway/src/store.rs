@@ -5,6 +5,7 @@ use std::sync::Arc;
 use ratewarden::clock::Clock;
 use ratewarden::store::lease::{Ask, Grant, Leased};
 use ratewarden::store::redis::{RedisConfig, RedisStore};
+use ratewarden::store::{Scanned, Shared};
 use ratewarden::{Fallback, KeyInfo, MemoryStore, Mode, Op, Settle, Store, StoreError, Verdict};
 
 use crate::config::StoreSpec;
@@ -212,6 +213,69 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(s) => s.ping().await,
             AnyStore::Redis(s) => Box::pin(s.ping()).await,
+        }
+    }
+}
+
+/// Either store's side shared with other gateways: the memory store's
+/// trivial answers, or Redis's (boxed, as above).
+impl Shared for AnyStore {
+    fn is_shared(&self) -> bool {
+        matches!(self, AnyStore::Redis(_))
+    }
+
+    async fn connect_now(&self, within: std::time::Duration) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.connect_now(within).await,
+            AnyStore::Redis(s) => Box::pin(s.connect_now(within)).await,
+        }
+    }
+
+    async fn table_version(&self, name: &str) -> Result<u64, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.table_version(name).await,
+            AnyStore::Redis(s) => Box::pin(s.table_version(name)).await,
+        }
+    }
+
+    async fn table_load(&self, name: &str) -> Result<(u64, Vec<(String, String)>), StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.table_load(name).await,
+            AnyStore::Redis(s) => Box::pin(s.table_load(name)).await,
+        }
+    }
+
+    async fn table_put(
+        &self,
+        name: &str,
+        field: &str,
+        value: &str,
+        max: usize,
+    ) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.table_put(name, field, value, max).await,
+            AnyStore::Redis(s) => Box::pin(s.table_put(name, field, value, max)).await,
+        }
+    }
+
+    async fn table_delete(&self, name: &str, field: &str) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.table_delete(name, field).await,
+            AnyStore::Redis(s) => Box::pin(s.table_delete(name, field)).await,
+        }
+    }
+
+    async fn scan(&self, rule: &ratewarden::Rule, budget: usize) -> Result<Scanned, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.scan(rule, budget).await,
+            AnyStore::Redis(s) => Box::pin(s.scan(rule, budget)).await,
+        }
+    }
+
+    async fn give_back(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.give_back().await,
+            AnyStore::Redis(s) => Box::pin(Shared::give_back(s.as_ref())).await,
         }
     }
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::{RedisCluster, RedisServer};
 use ratewarden::algorithm::Kind;
 use ratewarden::clock::{Clock, ManualClock};
+use ratewarden::store::Shared;
 use ratewarden::{
     Fallback, Limiter, MemoryStore, Mode, OnError, Op, Penalty, RedisConfig, RedisStore, Rule,
     Settle, Store, Verdict,

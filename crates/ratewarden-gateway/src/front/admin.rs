@@ -10,6 +10,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use ratewarden::store::Shared;
 use ratewarden::{Decision, Mode, Op, Store};
 use ratewarden_tower::admission::{Facts, Identity, Matched, NamedError, Refusal};
 use ratewarden_tower::view::{Fields, RequestView};
@@ -1148,9 +1149,9 @@ async fn existing(
         .collect();
     let mut complete = true;
     let rules = variants(live, pr);
-    if let crate::store::AnyStore::Redis(f) = store {
+    if store.is_shared() {
         for rule in &rules {
-            let scanned = f.inner().primary().scan(rule, SCAN_BUDGET).await?;
+            let scanned = store.scan(rule, SCAN_BUDGET).await?;
             complete &= scanned.complete;
             let known: std::collections::HashSet<(String, String)> =
                 candidates.iter().cloned().collect();
@@ -1239,7 +1240,7 @@ async fn bans(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response<Bod
         }
     }
     let mut complete = true;
-    if matches!(live.limiter.store(), crate::store::AnyStore::Redis(_)) {
+    if live.limiter.store().is_shared() {
         for pr in live
             .config
             .policy

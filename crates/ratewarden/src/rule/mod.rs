@@ -49,6 +49,7 @@ struct Compiled {
     /// use is measured against for eviction ([`Rule::weight`]).
     capacity: u64,
     /// The rule as the Redis script takes it, made on first use.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     script_spec: std::sync::OnceLock<Box<str>>,
 }
 

@@ -10,6 +10,9 @@ pub mod memory;
 mod mirror;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod shared;
+
+pub use shared::{Scanned, Shared};
 
 use std::future::Future;
 use std::time::Duration;
