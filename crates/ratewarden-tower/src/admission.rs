@@ -816,15 +816,17 @@ impl<'p> Admitted<'p> {
     /// (A front end whose request may be dropped before it ends takes a
     /// [`Held`] instead.)
     pub async fn release<S: Store>(&mut self, limiter: &Limiter<S>) -> Result<(), StoreError> {
-        match self.take_leases() {
+        match self.pending.as_mut().and_then(|p| p.take_leases()) {
             Some(p) => limiter.release(&p).await,
             None => Ok(()),
         }
     }
 
-    /// Takes the `concurrency` leases out, for [`Held`].
-    pub(crate) fn take_leases(&mut self) -> Option<Pending> {
-        self.pending.as_mut()?.take_leases()
+    /// Takes the `concurrency` leases out into a [`Held`], which renews
+    /// them while it lives and releases them when dropped; `None` when
+    /// there is none.
+    pub fn hold<S: Store>(&mut self, limiter: &std::sync::Arc<Limiter<S>>) -> Option<Held> {
+        Held::of(self.pending.as_mut()?.take_leases()?, limiter)
     }
 
     /// Whether it holds `concurrency` leases to release.

@@ -480,7 +480,7 @@ where
             }
             // Leases are held from here: given back when the response body
             // is dropped, or this future (the client went away).
-            let held = Held::take(&mut admitted, &shared.limiter);
+            let held = admitted.hold(&shared.limiter);
             let req = Request::from_parts(parts, body);
             let resp = inner.call(req).await?;
             // A settle that fails (store down) loses one count; the

@@ -147,15 +147,8 @@ impl std::fmt::Debug for Held {
 }
 
 impl Held {
-    /// Guards what `admitted` holds; `None` when it holds no lease.
-    pub fn take<S: Store>(
-        admitted: &mut crate::admission::Admitted<'_>,
-        limiter: &Arc<Limiter<S>>,
-    ) -> Option<Self> {
-        Self::of(admitted.take_leases()?, limiter)
-    }
-
-    /// Guards the leases in `pending` (see [`Held::take`]).
+    /// Guards the leases in `pending`: renewed while held, released when
+    /// dropped (see [`Admitted::hold`](crate::admission::Admitted::hold)).
     pub fn of<S: Store>(pending: Pending, limiter: &Arc<Limiter<S>>) -> Option<Self> {
         let pending = Arc::new(pending);
         let renewing = match (pending.renew_every(), tokio::runtime::Handle::try_current()) {

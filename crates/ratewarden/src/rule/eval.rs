@@ -4,8 +4,8 @@
 use crate::algorithm::{self, Check, NEVER};
 use crate::clock::{Micros, micros};
 
+use super::Settle;
 use super::{Counting, Penalty, Rule};
-use crate::store::Settle;
 
 /// Why a rule rejected a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

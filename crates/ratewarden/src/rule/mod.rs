@@ -8,6 +8,7 @@
 
 mod eval;
 mod id;
+mod settle;
 mod spec;
 
 use std::fmt;
@@ -20,6 +21,7 @@ use crate::clock::Micros;
 pub(crate) use eval::finite;
 pub use eval::{KeyState, Marks, PROTECTED, Reason, Verdict, Weight};
 pub use id::fnv1a;
+pub use settle::Settle;
 pub use spec::{
     Counting, Distribution, MAX_HOLD, Penalty, RuleBuilder, RuleError, RuleSpec, Variant,
 };

@@ -200,7 +200,7 @@ impl Flow {
                 if logged && admitted.who().limited {
                     note.identity = Some(admitted.who().identity.clone());
                 }
-                let held = Held::take(&mut admitted, &live.limiter);
+                let held = admitted.hold(&live.limiter);
                 let settlement = admitted.settlement(&live.limiter);
                 let decision = admitted.decision.take();
                 let identity = admitted.into_who().identity;
