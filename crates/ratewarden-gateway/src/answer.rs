@@ -7,7 +7,7 @@ use http::{Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use ratewarden::Decision;
-use ratewarden::decision::problem;
+use ratewarden_tower::problem::problem;
 
 /// The body of every response the gateway sends.
 pub type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;

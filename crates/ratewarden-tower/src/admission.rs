@@ -22,7 +22,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::{HeaderName, StatusCode};
-use ratewarden::decision::problem;
 use ratewarden::{Decision, Limiter, Mode, Op, Pending, Rule, Store, StoreError};
 
 pub use crate::settle::{Held, Owed, Settlement};
@@ -30,6 +29,7 @@ use smallvec::SmallVec;
 
 use crate::overrides::Applied;
 use crate::policy::{IdentitySource, KeyPart, Missing, MissingPart, PathMatch, Policy, PolicyRule};
+use crate::problem::{problem, rejection};
 use crate::view::RequestView;
 use std::borrow::Cow;
 
@@ -188,7 +188,7 @@ impl Refusal {
     pub fn problem(&self, limited: StatusCode) -> String {
         let status = self.status(limited).as_u16();
         match self {
-            Refusal::Limited(d) => d.rejection_body(status),
+            Refusal::Limited(d) => rejection(d, status),
             Refusal::Denied(id) => problem(status, Some(&format!("client {id} is denied"))),
             Refusal::NoIdentity(Some(h)) => {
                 problem(status, Some(&format!("header {h} is required")))

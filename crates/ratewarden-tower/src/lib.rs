@@ -33,6 +33,7 @@ pub mod key;
 pub mod overrides;
 pub mod path;
 pub mod policy;
+pub mod problem;
 pub mod settle;
 pub mod view;
 
@@ -45,14 +46,13 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::{Frame, SizeHint};
 use http_body_util::{Either, Full};
-use ratewarden::{
-    Decision, HeaderField, HeaderStyle, Limiter, Mode, Rule, Store, decision::problem,
-};
+use ratewarden::{Decision, HeaderField, HeaderStyle, Limiter, Mode, Rule, Store};
 
 use admission::{Facts, Held, Identity, Refusal};
 pub use key::KeyExtractor;
 pub use policy::Missing;
 use policy::Policy;
+use problem::problem;
 
 /// The response body: the inner service's (holding the request's
 /// `concurrency` leases until it is dropped), or the layer's own problem
@@ -387,7 +387,7 @@ pub fn rejection_response(
     style: HeaderStyle,
 ) -> Response<Full<Bytes>> {
     let status = admission::Refusal::limited_status(decision, status);
-    let body = decision.rejection_body(status.as_u16());
+    let body = problem::rejection(decision, status.as_u16());
     let mut resp = problem_full(status, body);
     // Room for the seven rate-limit headers: no regrowth.
     resp.headers_mut().reserve(7);

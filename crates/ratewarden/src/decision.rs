@@ -287,16 +287,10 @@ impl Decision {
         }
     }
 
-    /// The body to answer a rejection with: [`problem_json`](Self::problem_json),
-    /// or a plain problem of `status` when the decision admitted the request.
-    pub fn rejection_body(&self, status: u16) -> String {
-        let mut body = String::new();
-        self.push_rejection_body(status, &mut body);
-        body
-    }
-
-    /// [`rejection_body`](Self::rejection_body), appended to `body` (a
-    /// buffer the caller reuses: no allocation once it has grown).
+    /// The RFC 9457 problem body of a rejection (`application/problem+json`)
+    /// answered with `status`, titled `title` (the status's reason phrase:
+    /// the front end's to choose, the core knows no HTTP); `None` when the
+    /// request was admitted.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -305,27 +299,20 @@ impl Decision {
     /// # let d = Decision { allowed: false, delay: Duration::ZERO, rules: vec![RuleDecision {
     /// #     rule, key: "k".into(), reason: Some(Reason::Limit), remaining: 0,
     /// #     reset_after: Duration::from_secs(2), retry_after: Some(Duration::from_millis(1500)), lease: None }] };
-    /// let mut body = String::from("kept:");
-    /// d.push_rejection_body(429, &mut body);
-    /// assert_eq!(body, format!("kept:{}", d.rejection_body(429)));
+    /// let body = d.problem_json(429, "Too Many Requests").unwrap();
+    /// assert!(body.contains(r#""title":"Too Many Requests","status":429,"#), "{body}");
     /// assert!(body.ends_with(r#""rule":"api","retry_after":2}"#), "{body}");
     /// ```
-    pub fn push_rejection_body(&self, status: u16, body: &mut String) {
-        if !self.push_problem_json(status, body) {
-            body.push_str(&problem(status, None));
-        }
-    }
-
-    /// The RFC 9457 problem body of a rejection (`application/problem+json`),
-    /// `None` when the request was admitted.
-    pub fn problem_json(&self, status: u16) -> Option<String> {
+    pub fn problem_json(&self, status: u16, title: &str) -> Option<String> {
         let mut body = String::with_capacity(256);
-        self.push_problem_json(status, &mut body).then_some(body)
+        self.push_problem_json(status, title, &mut body)
+            .then_some(body)
     }
 
-    /// Appends [`problem_json`](Self::problem_json) to `body`; false (and
-    /// nothing appended) when the request was admitted.
-    fn push_problem_json(&self, status: u16, body: &mut String) -> bool {
+    /// Appends [`problem_json`](Self::problem_json) to `body` (a buffer the
+    /// caller reuses: no allocation once it has grown); false (and nothing
+    /// appended) when the request was admitted.
+    pub fn push_problem_json(&self, status: u16, title: &str, body: &mut String) -> bool {
         let (Some(retry), Some(first)) = (self.retry_after_secs(), self.violated().next()) else {
             return false;
         };
@@ -339,7 +326,7 @@ impl Decision {
                 "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":",
             ),
         }
-        push_json_string(body, title(status));
+        push_json_string(body, title);
         body.push_str(",\"status\":");
         push_u64(body, u64::from(status));
         body.push_str(",\"violated-policies\":[");
@@ -459,40 +446,6 @@ fn number(n: u64) -> String {
 /// Appends `n` in decimal, without the formatting machinery.
 fn push_u64(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
-}
-
-/// The reason phrase used as a problem title.
-pub fn title(status: u16) -> &'static str {
-    match status {
-        400 => "Bad Request",
-        403 => "Forbidden",
-        429 => "Too Many Requests",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        504 => "Gateway Timeout",
-        _ => "Request Rejected",
-    }
-}
-
-/// A minimal RFC 9457 problem body (`about:blank` type) for other refusals:
-/// `deny:` (403), upstream failures (502/504), limiter failures (503).
-///
-/// ```
-/// let body = ratewarden::decision::problem(403, Some("client 10.0.0.1 is denied"));
-/// assert_eq!(body, r#"{"type":"about:blank","title":"Forbidden","status":403,"detail":"client 10.0.0.1 is denied"}"#);
-/// ```
-pub fn problem(status: u16, detail: Option<&str>) -> String {
-    let mut body = String::with_capacity(128);
-    body.push_str("{\"type\":\"about:blank\",\"title\":");
-    push_json_string(&mut body, title(status));
-    body.push_str(",\"status\":");
-    push_u64(&mut body, u64::from(status));
-    if let Some(d) = detail {
-        body.push_str(",\"detail\":");
-        push_json_string(&mut body, d);
-    }
-    body.push('}');
-    body
 }
 
 /// `s` as a JSON string literal.

@@ -31,7 +31,7 @@ pub(crate) fn write_rejection(
         return body;
     }
     rate.body.clear();
-    d.push_rejection_body(status.as_u16(), &mut rate.body);
+    ratewarden_tower::problem::push_rejection(d, status.as_u16(), &mut rate.body);
     out.clear();
     status_line(out, status, None);
     push_field(out, b"content-type", b"application/problem+json");

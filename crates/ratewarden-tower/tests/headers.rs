@@ -5,6 +5,7 @@ use std::time::Duration;
 use ratewarden::algorithm::Kind;
 use ratewarden::clock::ManualClock;
 use ratewarden::{HeaderStyle, Limiter, MemoryStore, Op, Penalty, Rule};
+use ratewarden_tower::problem::problem_json;
 
 fn header<'a>(h: &'a [(&'static str, String)], name: &str) -> Option<&'a str> {
     h.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
@@ -59,7 +60,7 @@ async fn two_rules_render_as_one_structured_field_list_each() {
     });
     assert_eq!(header(&h, "Retry-After"), Some("2"));
     assert_eq!(header(&h, "X-RateLimit-Retry-After"), Some("2"));
-    let body = d.problem_json(429).unwrap();
+    let body = problem_json(&d, 429).unwrap();
     assert!(body.starts_with(r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Too Many Requests","status":429,"violated-policies":["comment-write"],"rule":"comment-write","retry_after":2"#), "{body}");
     assert!(
         body.contains(r#""detail":"requests under rule comment-write must be at least 3s apart""#)
@@ -92,7 +93,7 @@ async fn a_ban_sets_retry_after_t_and_the_detail() {
     let h = d.headers(HeaderStyle::default());
     assert_eq!(header(&h, "Retry-After"), Some("500"), "499.5 s rounds up");
     assert_eq!(header(&h, "RateLimit"), Some(r#""coupon";r=0;t=500"#));
-    let body = d.problem_json(429).unwrap();
+    let body = problem_json(&d, 429).unwrap();
     assert!(
         body.contains(
             r#""detail":"banned by rule coupon for exceeding its limit; 500 s left on the ban""#
@@ -100,7 +101,7 @@ async fn a_ban_sets_retry_after_t_and_the_detail() {
         "{body}"
     );
     assert!(
-        d.problem_json(503)
+        problem_json(&d, 503)
             .unwrap()
             .contains(r#""title":"Service Unavailable","status":503"#)
     );
