@@ -173,6 +173,12 @@ pub fn main() -> ExitCode {
         },
         Command::Validate { file } => match load(Some(&file), &Overrides::default()) {
             Ok((c, _, text)) => {
+                // Loading does no network I/O; `validate` fetches the
+                // `jwks_url` to check it, as `serve` will before it serves.
+                if let Some(Err(e)) = c.jwt.as_ref().map(crate::jwt::Verifier::fetch_now) {
+                    eprintln!("{}: jwt.jwks_url: {e}", file.display());
+                    return ExitCode::FAILURE;
+                }
                 let n = c.policy.rules.len();
                 let rls = c.rls.as_ref().map_or(String::new(), |r| {
                     let d = r.domains.len();

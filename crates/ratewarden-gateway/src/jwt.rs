@@ -119,7 +119,8 @@ type Keys = Vec<(Option<String>, Key)>;
 struct Remote {
     url: String,
     keys: arc_swap::ArcSwap<Keys>,
-    fetched: parking_lot::Mutex<std::time::Instant>,
+    /// When it was last fetched (or tried); `None` before the first.
+    fetched: parking_lot::Mutex<Option<std::time::Instant>>,
     unknown_kid: std::sync::atomic::AtomicBool,
 }
 
@@ -192,15 +193,70 @@ impl Verifier {
     /// and keeps refreshing it (see [`Verifier::refresh_due`]). `Err` says
     /// why the first fetch failed: a config that names one never starts
     /// without it.
-    pub fn with_url(mut self, url: &str) -> Result<Self, String> {
-        let keys = parse_jwks(&fetch(url)?)?;
+    pub fn with_url(self, url: &str) -> Result<Self, String> {
+        let v = self.with_url_unfetched(url)?;
+        v.fetch_now()?;
+        Ok(v)
+    }
+
+    /// Names the JWKS at `url` without fetching it: what loading a config
+    /// does (no network I/O there). The keys come with [`fetch_now`]
+    /// (before the gateway serves with it) and the refreshes after; until
+    /// then no token of the URL's keys is trusted. `Err`: the URL is not
+    /// `http://` or `https://` with a host.
+    ///
+    /// [`fetch_now`]: Verifier::fetch_now
+    pub fn with_url_unfetched(mut self, url: &str) -> Result<Self, String> {
+        let uri: http::Uri = url.parse().map_err(|e| format!("`{url}`: {e}"))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) {
+            return Err(format!("`{url}`: jwks_url is http:// or https://"));
+        }
+        if uri.host().is_none() {
+            return Err(format!("`{url}` names no host"));
+        }
         self.remote = Some(std::sync::Arc::new(Remote {
             url: url.to_owned(),
-            keys: arc_swap::ArcSwap::from_pointee(keys),
-            fetched: parking_lot::Mutex::new(std::time::Instant::now()),
+            keys: arc_swap::ArcSwap::from_pointee(vec![]),
+            fetched: parking_lot::Mutex::new(None),
             unknown_kid: std::sync::atomic::AtomicBool::new(false),
         }));
         Ok(self)
+    }
+
+    /// The `jwks_url` it names, if any.
+    pub fn url(&self) -> Option<&str> {
+        self.remote.as_ref().map(|r| r.url.as_str())
+    }
+
+    /// Whether its `jwks_url`'s keys have been fetched at least once (true
+    /// without a `jwks_url`).
+    pub fn fetched(&self) -> bool {
+        self.remote
+            .as_ref()
+            .is_none_or(|r| r.fetched.lock().is_some())
+    }
+
+    /// Fetches the `jwks_url` now (blocking, within 5 s: call it off the
+    /// request threads); `Err` says why it failed, and the keys held stay.
+    /// Nothing without a `jwks_url`.
+    pub fn fetch_now(&self) -> Result<(), String> {
+        let Some(r) = &self.remote else { return Ok(()) };
+        let keys = parse_jwks(&fetch(&r.url)?)?;
+        *r.fetched.lock() = Some(std::time::Instant::now());
+        r.keys.store(std::sync::Arc::new(keys));
+        Ok(())
+    }
+
+    /// Takes `old`'s fetched keys of the same `jwks_url` (a reload that
+    /// kept it: no fetch, no gap); whether it did.
+    pub fn keep_keys_of(&mut self, old: &Verifier) -> bool {
+        match (&self.remote, &old.remote) {
+            (Some(new), Some(o)) if new.url == o.url && o.fetched.lock().is_some() => {
+                self.remote = Some(o.clone());
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Whether the `jwks_url` is to be fetched again: every [`REFRESH`],
@@ -208,7 +264,9 @@ impl Verifier {
     /// named a `kid` it lacks.
     pub fn refresh_due(&self) -> bool {
         let Some(r) = &self.remote else { return false };
-        let since = r.fetched.lock().elapsed();
+        let Some(since) = r.fetched.lock().map(|t| t.elapsed()) else {
+            return true;
+        };
         since >= REFRESH
             || (since >= REFRESH_ON_UNKNOWN_KID
                 && r.unknown_kid.load(std::sync::atomic::Ordering::Relaxed))
@@ -218,7 +276,7 @@ impl Verifier {
     /// threads). A failure keeps the last good set, and is logged.
     pub fn refresh(&self) {
         let Some(r) = &self.remote else { return };
-        *r.fetched.lock() = std::time::Instant::now();
+        *r.fetched.lock() = Some(std::time::Instant::now());
         r.unknown_kid
             .store(false, std::sync::atomic::Ordering::Relaxed);
         match fetch(&r.url).and_then(|t| parse_jwks(&t)) {

@@ -124,6 +124,26 @@ pub enum StartError {
     /// The gateway's state (store, access log) could not be created.
     #[error(transparent)]
     Gateway(#[from] crate::gateway::GatewayError),
+    /// `jwt.jwks_url` could not be fetched: a token could not be verified.
+    #[error("jwt.jwks_url: {0}")]
+    Jwks(String),
+}
+
+/// Fetches `jwt.jwks_url`'s keys, off the async threads (within 5 s),
+/// unless `old` (the running config's verifier) holds them already for
+/// the same URL.
+async fn fetch_jwks(
+    jwt: Option<&mut crate::jwt::Verifier>,
+    old: Option<&crate::jwt::Verifier>,
+) -> Result<(), String> {
+    let Some(v) = jwt else { return Ok(()) };
+    if old.is_some_and(|o| v.keep_keys_of(o)) || v.url().is_none() {
+        return Ok(());
+    }
+    let v = v.clone();
+    tokio::task::spawn_blocking(move || v.fetch_now())
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
 }
 
 async fn bind(addr: SocketAddr, admin: bool) -> Result<(TcpListener, SocketAddr), StartError> {
@@ -139,7 +159,7 @@ async fn bind(addr: SocketAddr, admin: bool) -> Result<(TcpListener, SocketAddr)
 
 /// Builds the gateway, then binds the listeners and starts serving
 /// `config`.
-pub async fn start(config: Config, source: Source) -> Result<Running, StartError> {
+pub async fn start(mut config: Config, source: Source) -> Result<Running, StartError> {
     let timeouts = Timeouts {
         idle: config.client_idle_timeout,
         head: config.client_header_timeout,
@@ -153,6 +173,12 @@ pub async fn start(config: Config, source: Source) -> Result<Running, StartError
     // request calibrated the TSC clock, up to 200 ms, with every
     // connection queued behind it.)
     let _ = quanta::Instant::now();
+    // And the JWKS a `jwt.jwks_url` names: a token is verified from the
+    // first request (a URL that does not answer never starts, as a bad
+    // `jwks` file does not).
+    fetch_jwks(config.jwt.as_mut(), None)
+        .await
+        .map_err(StartError::Jwks)?;
     let gateway = Gateway::new(config, source.clock.clone())?;
     // And the store's connection: a first request is decided by Redis, not
     // by `on_error` while the connection is made (up to 2 s; a server that
@@ -512,7 +538,7 @@ async fn housekeeping(
                 if let Some(path) = &source.path {
                     last = tokio::fs::read_to_string(path).await.ok();
                 }
-                reload(&gw, &source, last.as_deref());
+                reload(&gw, &source, last.as_deref()).await;
                 files = tls_fingerprint(&gw.live().config);
             }
             _ = poll.tick() => {
@@ -536,7 +562,7 @@ async fn housekeeping(
                 if now.is_some() && now != last {
                     tracing::info!(file = %path.display(), "config file changed: reloading");
                     last = now;
-                    reload(&gw, &source, last.as_deref());
+                    reload(&gw, &source, last.as_deref()).await;
                     files = tls_fingerprint(&gw.live().config);
                     continue;
                 }
@@ -552,7 +578,7 @@ async fn housekeeping(
                 if now_files != files {
                     tracing::info!("a TLS or rls.config file changed: reloading");
                     files = now_files;
-                    reload(&gw, &source, last.as_deref());
+                    reload(&gw, &source, last.as_deref()).await;
                 }
             }
             _ = purge.tick() => {
@@ -587,7 +613,7 @@ fn tls_fingerprint(config: &Config) -> u64 {
 }
 
 /// Validates `text` and swaps it in; an invalid config is logged and ignored.
-pub fn reload(gw: &Gateway, source: &Source, text: Option<&str>) -> bool {
+pub async fn reload(gw: &Gateway, source: &Source, text: Option<&str>) -> bool {
     let Some(path) = &source.path else {
         return false;
     };
@@ -597,8 +623,16 @@ pub fn reload(gw: &Gateway, source: &Source, text: Option<&str>) -> bool {
         return false;
     };
     match config::load(text, &path.display().to_string(), &source.overrides) {
-        Ok(cfg) => {
+        Ok(mut cfg) => {
             let old = gw.live();
+            // A new `jwks_url` is fetched before the config is swapped in
+            // (one that does not answer keeps the running config); the same
+            // one keeps the keys the running config fetched.
+            if let Err(e) = fetch_jwks(cfg.jwt.as_mut(), old.config.jwt.as_ref()).await {
+                gw.metrics.reload(false);
+                tracing::error!(error = %e, "reload: jwt.jwks_url cannot be fetched; keeping the running config");
+                return false;
+            }
             // What a running process cannot change: said, not ignored.
             let admin_addr = |c: &Config| c.admin.as_ref().map(|a| a.0);
             let restart: Vec<&str> = [

@@ -561,3 +561,84 @@ fn a_jwks_url_is_fetched_and_refreshed_through_rotation() {
     .with_url("http://127.0.0.1:1/jwks.json");
     assert!(bad.is_err());
 }
+
+/// Issue 47: loading a config does no network I/O. A `jwks_url` is named
+/// by `config::load` and fetched by `server::start` before the port opens
+/// (the first request's token is verified); a URL that does not answer
+/// fails the start, not the load.
+#[tokio::test]
+async fn loading_names_a_jwks_url_and_starting_fetches_it() {
+    use std::io::{Read, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let k = keys();
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (f, body) = (fetches.clone(), k.jwks.clone());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            f.fetch_add(1, Ordering::SeqCst);
+            let mut buf = [0; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let yaml = |url: &str| {
+        format!(
+            "jwt: {{jwks_url: '{url}', issuer: https://issuer.example, audiences: [api], required: true}}\n\
+             rules:\n  - {{name: per-user, limit: 5, window: 1h, key: ['jwt:sub']}}\n"
+        )
+    };
+    let good = format!("http://{addr}/jwks.json");
+    let overrides = ratewarden_gateway::config::Overrides::default();
+    ratewarden_gateway::config::load(&yaml(&good), "t.yaml", &overrides).unwrap();
+    assert_eq!(fetches.load(Ordering::SeqCst), 0, "load fetched nothing");
+
+    let up = support::Upstream::start().await;
+    let clock = ratewarden::clock::ManualClock::new(NOW * 1_000_000);
+    let gw = support::gateway(&yaml(&good), &up.url(), Some(clock)).await;
+    assert_eq!(fetches.load(Ordering::SeqCst), 1, "start fetched it once");
+    let bearer = format!(
+        "Bearer {}",
+        token(&k, json!({"alg": "RS256", "kid": "rsa"}), good_claims())
+    );
+    let r = support::send(
+        gw.listen,
+        "GET",
+        "/",
+        &[("authorization", bearer.as_str())],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200, "the first request's token is verified");
+    gw.shutdown().await;
+
+    // Nothing listens on port 1: loading is fine, starting is not.
+    let dead = yaml("http://127.0.0.1:1/jwks.json");
+    let cfg = ratewarden_gateway::config::load(&dead, "t.yaml", &overrides).unwrap();
+    let started = ratewarden_gateway::server::start(
+        cfg,
+        ratewarden_gateway::server::Source {
+            loaded: None,
+            path: None,
+            overrides: ratewarden_gateway::config::Overrides {
+                listen: Some("127.0.0.1:0".into()),
+                admin_listen: Some("127.0.0.1:0".into()),
+                upstream: Some(up.url()),
+                workers: None,
+            },
+            clock: None,
+        },
+    )
+    .await;
+    let Err(e) = started else {
+        panic!("a gateway started without its jwks_url's keys")
+    };
+    assert!(e.to_string().starts_with("jwt.jwks_url:"), "{e}");
+}

@@ -405,6 +405,85 @@ impl std::fmt::Display for KeyPart {
     }
 }
 
+/// Why a key part's text names none (see [`KeyPart`]'s `FromStr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPartError {
+    /// A word that is no part (`identity`, `method`, `path`, `host`,
+    /// `global`).
+    Unknown(String),
+    /// `KIND:NAME` with a kind that is none (`header`, `query`, `cookie`,
+    /// `path`, `jwt`).
+    UnknownKind(String, String),
+    /// `KIND:` with nothing after it.
+    Empty(String),
+    /// `header:NAME` with a name no header may have.
+    BadHeader(String),
+}
+
+impl KeyPartError {
+    /// The parts without a name.
+    pub const PLAIN: [&'static str; 5] = ["identity", "method", "path", "global", "host"];
+    /// The kinds of the parts with one.
+    pub const NAMED: [&'static str; 5] = ["header", "query", "cookie", "path", "jwt"];
+}
+
+impl std::fmt::Display for KeyPartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let all = "key parts are identity, method, path, host, global, header:NAME, \
+                   query:NAME, cookie:NAME, path:NAME (a capture of the rule's path_regex) and jwt:CLAIM";
+        match self {
+            KeyPartError::Unknown(t) => write!(f, "`{t}`: {all}"),
+            KeyPartError::UnknownKind(k, n) => write!(f, "`{k}:{n}`: {all}"),
+            KeyPartError::Empty(k) => write!(f, "`{k}:` names nothing after `{k}:`"),
+            KeyPartError::BadHeader(t) => write!(f, "`{t}`: bad header name"),
+        }
+    }
+}
+
+impl std::error::Error for KeyPartError {}
+
+/// A key part as a config writes it, the inverse of its `Display` (but
+/// `hash(..)`, which the front end makes with its own hasher).
+///
+/// ```
+/// use ratewarden_tower::policy::{KeyPart, KeyPartError};
+/// let part: KeyPart = "header:x-api-key".parse().unwrap();
+/// assert_eq!(part.to_string(), "header:x-api-key");
+/// assert_eq!("path:id".parse::<KeyPart>().unwrap(), KeyPart::Capture("id".into()));
+/// assert_eq!("ip".parse::<KeyPart>(), Err(KeyPartError::Unknown("ip".into())));
+/// assert_eq!("query:".parse::<KeyPart>(), Err(KeyPartError::Empty("query".into())));
+/// ```
+impl std::str::FromStr for KeyPart {
+    type Err = KeyPartError;
+
+    fn from_str(text: &str) -> Result<Self, KeyPartError> {
+        match text {
+            "identity" => return Ok(KeyPart::Identity),
+            "method" => return Ok(KeyPart::Method),
+            "path" => return Ok(KeyPart::Path),
+            "global" => return Ok(KeyPart::Global),
+            "host" => return Ok(KeyPart::Host),
+            _ => {}
+        }
+        let Some((kind, name)) = text.split_once(':') else {
+            return Err(KeyPartError::Unknown(text.to_owned()));
+        };
+        if name.is_empty() {
+            return Err(KeyPartError::Empty(kind.to_owned()));
+        }
+        match kind {
+            "header" => HeaderName::from_bytes(name.as_bytes())
+                .map(KeyPart::Header)
+                .map_err(|_| KeyPartError::BadHeader(text.to_owned())),
+            "query" => Ok(KeyPart::Query(name.to_owned())),
+            "cookie" => Ok(KeyPart::Cookie(name.to_owned())),
+            "path" => Ok(KeyPart::Capture(name.to_owned())),
+            "jwt" => Ok(KeyPart::Jwt(name.to_owned())),
+            _ => Err(KeyPartError::UnknownKind(kind.to_owned(), name.to_owned())),
+        }
+    }
+}
+
 /// What a matcher takes, in words (the gateway's banner and `/v1/rules`):
 /// `GET,POST paths /v2/* on hosts api.example.com|*.partner.example if
 /// header x-plan = pro and query format = json`. The one place each match

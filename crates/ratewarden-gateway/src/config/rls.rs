@@ -16,10 +16,6 @@
 //! Here in `config` (plain data, built from the files), so that the
 //! service (`crate::front::rls`) uses it and config uses nothing of the service.
 
-/// Looked up per call with request-given keys, built from the config
-/// only (nothing a request sends is inserted): a fast hash, seeded.
-type HashMap<K, V> = foldhash::HashMap<K, V>;
-
 /// `rls:` as configured.
 #[derive(Debug, Clone)]
 pub struct RlsSpec {
@@ -160,30 +156,27 @@ pub struct Limit {
     pub requests_per_unit: u32,
 }
 
-/// One level of a domain's tree.
-#[derive(Debug, Default)]
-pub struct Node {
-    children: HashMap<String, Node>,
-    /// `key_value` patterns holding `*`, in file order, split on `*`.
-    wildcards: Vec<(String, Vec<String>)>,
-    limit: Option<Arc<Limit>>,
+/// A descriptor as configured: its composite key (`key` or
+/// `key_value`) at its level, the limit it carries, and the descriptors
+/// under it. Plain data: the RLS front end builds its lookup tree from it
+/// (`front::rls::tree`).
+#[derive(Debug)]
+pub struct Descriptor {
+    /// `key` or `key_value` (may hold `*`, any run of characters).
+    pub key: String,
+    /// Its limit, if it has one.
+    pub limit: Option<Arc<Limit>>,
+    /// The level under it.
+    pub children: Vec<Descriptor>,
 }
 
-/// Every domain.
+/// Every domain, as configured.
 #[derive(Debug, Default)]
 pub struct Domains {
-    domains: HashMap<String, Node>,
+    /// Each domain's name and top level, in file order.
+    pub domains: Vec<(String, Vec<Descriptor>)>,
     /// Every compiled limit, for `/v1/rules`-style listings and tests.
     limits: Vec<Arc<Limit>>,
-}
-
-/// What a request descriptor's entries reached.
-#[derive(Debug)]
-pub enum Found<'a> {
-    /// No limit applies.
-    None,
-    /// This one.
-    Limit(&'a Arc<Limit>),
 }
 
 impl Domains {
@@ -197,74 +190,10 @@ impl Domains {
         self.domains.is_empty()
     }
 
-    /// Whether `domain` is configured.
-    pub fn has(&self, domain: &str) -> bool {
-        self.domains.contains_key(domain)
-    }
-
     /// Every limit configured.
     pub fn limits(&self) -> &[Arc<Limit>] {
         &self.limits
     }
-
-    /// The limit `entries` (key, value pairs) reach in `domain`, walking
-    /// the tree as envoyproxy/ratelimit does.
-    pub fn limit<'a>(&'a self, domain: &str, entries: &[(&str, &str)]) -> Found<'a> {
-        let Some(mut level) = self.domains.get(domain) else {
-            return Found::None;
-        };
-        let mut found = Found::None;
-        let mut exact = String::new();
-        for (i, (key, value)) in entries.iter().enumerate() {
-            exact.clear();
-            exact.push_str(key);
-            exact.push('_');
-            exact.push_str(value);
-            let next = level.children.get(exact.as_str()).or_else(|| {
-                level
-                    .wildcards
-                    .iter()
-                    .find(|(_, parts)| wildcard_match(parts, &exact))
-                    .and_then(|(k, _)| level.children.get(k))
-                    .or_else(|| level.children.get(*key))
-            });
-            let Some(next) = next else {
-                break;
-            };
-            if i == entries.len() - 1
-                && let Some(l) = &next.limit
-            {
-                found = Found::Limit(l);
-            }
-            if next.children.is_empty() {
-                break;
-            }
-            level = next;
-        }
-        found
-    }
-}
-
-/// Whether `value` matches a pattern split on `*` (each `*` any run of
-/// characters, possibly empty).
-fn wildcard_match(parts: &[String], value: &str) -> bool {
-    let (first, last) = (&parts[0], &parts[parts.len() - 1]);
-    if parts.len() == 1 {
-        return value == first;
-    }
-    let fixed: usize = parts.iter().map(String::len).sum();
-    if value.len() < fixed || !value.starts_with(first.as_str()) || !value.ends_with(last.as_str())
-    {
-        return false;
-    }
-    let mut rest = &value[first.len()..value.len() - last.len()];
-    for part in &parts[1..parts.len() - 1] {
-        match rest.find(part.as_str()) {
-            Some(i) => rest = &rest[i + part.len()..],
-            None => return false,
-        }
-    }
-    true
 }
 
 /// Builds the domains of `files` (each named for its errors). Errors are
@@ -283,11 +212,11 @@ pub(crate) fn build(
                 continue;
             }
         };
-        if out.domains.contains_key(&domain) {
+        if out.domains.iter().any(|(d, _)| *d == domain) {
             err("domain", format!("duplicate domain `{domain}`"));
             continue;
         }
-        let mut root = Node::default();
+        let mut root = vec![];
         load(
             &mut root,
             &format!("{domain}."),
@@ -295,7 +224,7 @@ pub(crate) fn build(
             &mut out.limits,
             &mut err,
         );
-        out.domains.insert(domain, root);
+        out.domains.push((domain, root));
     }
     if errors.is_empty() {
         Ok(out)
@@ -305,7 +234,7 @@ pub(crate) fn build(
 }
 
 fn load(
-    node: &mut Node,
+    level: &mut Vec<Descriptor>,
     parent: &str,
     descriptors: &[DescriptorFile],
     limits: &mut Vec<Arc<Limit>>,
@@ -324,7 +253,7 @@ fn load(
             _ => key.clone(),
         };
         let full_key = format!("{parent}{final_key}");
-        if node.children.contains_key(&final_key) {
+        if level.iter().any(|d| d.key == final_key) {
             err(
                 &full_key,
                 format!("duplicate descriptor composite key `{full_key}`"),
@@ -352,22 +281,19 @@ fn load(
         if let Some(l) = &limit {
             limits.push(l.clone());
         }
-        if final_key.contains('*') {
-            let parts = final_key.split('*').map(str::to_owned).collect();
-            node.wildcards.push((final_key.clone(), parts));
-        }
-        let mut child = Node {
-            limit,
-            ..Node::default()
-        };
+        let mut children = vec![];
         load(
-            &mut child,
+            &mut children,
             &format!("{full_key}."),
             &d.descriptors,
             limits,
             err,
         );
-        node.children.insert(final_key, child);
+        level.push(Descriptor {
+            key: final_key,
+            limit,
+            children,
+        });
     }
 }
 
@@ -525,69 +451,6 @@ fn compile(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn domains(yaml: &str) -> Domains {
-        let f: DomainFile = serde_saphyr::from_str(yaml).unwrap();
-        build(&[("t.yaml".into(), f)]).unwrap()
-    }
-
-    fn reached(d: &Domains, entries: &[(&str, &str)]) -> Option<String> {
-        match d.limit("d", entries) {
-            Found::None => None,
-            Found::Limit(l) => Some(l.full_key.clone()),
-        }
-    }
-
-    #[test]
-    fn the_walk_follows_envoyproxy_ratelimit() {
-        let d = domains(
-            "domain: d
-descriptors:
-  - key: remote_address
-    rate_limit: {unit: second, requests_per_unit: 10}
-  - key: path
-    value: /login
-    rate_limit: {unit: minute, requests_per_unit: 5}
-  - key: path
-    value: /api/*
-    rate_limit: {unit: minute, requests_per_unit: 50}
-  - key: path
-    rate_limit: {unit: minute, requests_per_unit: 100}
-  - key: client
-    value: 200
-    descriptors:
-      - key: op
-        rate_limit: {unit: hour, requests_per_unit: 3}
-  - key: x
-    value: a*b*c
-    rate_limit: {unit: day, requests_per_unit: 1}
-",
-        );
-        let k = |s: &str| Some(s.to_owned());
-        assert_eq!(
-            reached(&d, &[("remote_address", "1.2.3.4")]),
-            k("d.remote_address")
-        );
-        assert_eq!(reached(&d, &[("path", "/login")]), k("d.path_/login"));
-        assert_eq!(reached(&d, &[("path", "/api/v1")]), k("d.path_/api/*"));
-        assert_eq!(reached(&d, &[("path", "/other")]), k("d.path"));
-        // Nested: only the last entry's level counts.
-        assert_eq!(reached(&d, &[("client", "200")]), None);
-        assert_eq!(
-            reached(&d, &[("client", "200"), ("op", "w")]),
-            k("d.client_200.op")
-        );
-        assert_eq!(reached(&d, &[("client", "201"), ("op", "w")]), None);
-        // More entries than the tree is deep: nothing.
-        assert_eq!(reached(&d, &[("path", "/login"), ("op", "w")]), None);
-        assert_eq!(reached(&d, &[("x", "a-b-c")]), k("d.x_a*b*c"));
-        assert_eq!(reached(&d, &[("x", "abc")]), k("d.x_a*b*c"));
-        assert_eq!(reached(&d, &[("x", "acb")]), None);
-        assert!(matches!(
-            d.limit("other", &[("path", "/login")]),
-            Found::None
-        ));
-    }
 
     #[test]
     fn bad_descriptors_are_named_and_unsupported_keys_refused() {

@@ -21,6 +21,7 @@ pub use crate::config::rls::{RlsSpec, descriptor_files};
 mod health;
 #[cfg(feature = "reflection")]
 mod reflection;
+pub mod tree;
 pub(crate) mod wire;
 
 use std::sync::Arc;
@@ -33,7 +34,8 @@ use tokio::sync::watch;
 
 use crate::gateway::Gateway;
 use crate::wire::grpc::unframe;
-use config::{Domains, Found, Limit};
+use config::Limit;
+use tree::Trees;
 
 /// A call that fails: its gRPC status code and message, answered
 /// trailers-only.
@@ -127,12 +129,13 @@ const MAX_MESSAGE: usize = 4 << 20;
 /// trailers, or a trailers-only status.
 async fn should_rate_limit(
     gw: &Gateway,
+    trees: &Trees,
     req: http::Request<h2::RecvStream>,
 ) -> Result<bytes::Bytes, Status> {
     let message = read_message(gw, req, MAX_MESSAGE).await?;
     let request = wire::decode(&message)
         .map_err(|e| Status::invalid_argument(format!("the request does not decode: {e}")))?;
-    decide(gw, &request).await
+    decide(gw, trees, &request).await
 }
 
 /// A unary call's request message, at most `max_message` bytes: one
@@ -349,7 +352,11 @@ fn op_key(entries: &[(&str, &str)]) -> String {
 type Few<T> = wire::Few<T, 4>;
 
 /// Decides one `ShouldRateLimit` call: its answer, as one gRPC frame.
-pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Bytes, Status> {
+async fn decide(
+    gw: &Gateway,
+    trees: &Trees,
+    req: &wire::Request<'_>,
+) -> Result<bytes::Bytes, Status> {
     if req.domain.is_empty() {
         return Err(Status::invalid_argument(
             "rate limit domain must not be empty",
@@ -366,7 +373,8 @@ pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Byte
             "no `rls:` in the running configuration",
         ));
     };
-    let domains: &Domains = &spec.domains;
+    let built = trees.of(&spec.domains);
+    let domains = &built.1;
     // Overrides made per call (rare: none, and no allocation, usually).
     let overrides: Vec<Option<Limit>>;
     // The entries and what is worked out from them are not kept across
@@ -397,10 +405,7 @@ pub async fn decide(gw: &Gateway, req: &wire::Request<'_>) -> Result<bytes::Byte
             .enumerate()
             .map(|(i, e)| match overrides.get(i).and_then(Option::as_ref) {
                 Some(l) => Some(l),
-                None => match domains.limit(req.domain, e) {
-                    Found::None => None,
-                    Found::Limit(l) => Some(&**l),
-                },
+                None => domains.limit(req.domain, e).map(|l| &**l),
             })
             .collect();
         // `replaces`: a limit named by another reached limit does not apply.
@@ -681,6 +686,8 @@ fn until_boundary(window: Duration) -> Duration {
 /// What a connection's calls are answered by.
 struct Services {
     gw: Arc<Gateway>,
+    /// The descriptor tree of the configuration in force.
+    trees: Trees,
     #[cfg(feature = "reflection")]
     reflection: reflection::Reflection,
 }
@@ -694,7 +701,7 @@ impl Services {
     ) {
         let path = req.uri().path();
         if path == METHOD {
-            let answer = should_rate_limit(&self.gw, req).await;
+            let answer = should_rate_limit(&self.gw, &self.trees, req).await;
             return send_unary(&mut respond, answer);
         }
         if path.starts_with(health::SERVICE_PATH) {
@@ -774,6 +781,7 @@ pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Rec
     };
     let services = Arc::new(Services {
         gw,
+        trees: Trees::default(),
         #[cfg(feature = "reflection")]
         reflection,
     });

@@ -15,7 +15,7 @@ pub(crate) type Few<T, const N: usize> = smallvec::SmallVec<[T; N]>;
 
 /// `envoy.service.ratelimit.v3.RateLimitRequest`, its strings borrowed.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Request<'a> {
+pub(crate) struct Request<'a> {
     /// `domain` (1).
     pub domain: &'a str,
     /// `descriptors` (2).
@@ -28,7 +28,7 @@ pub struct Request<'a> {
 
 /// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Descriptor {
+pub(crate) struct Descriptor {
     /// Its `entries` (1): `Request::entries[from..to]`.
     pub from: usize,
     pub to: usize,
@@ -42,7 +42,7 @@ pub struct Descriptor {
 
 impl<'a> Request<'a> {
     /// Descriptor `d`'s entries.
-    pub fn entries_of(&self, d: &Descriptor) -> &[(&'a str, &'a str)] {
+    pub(crate) fn entries_of(&self, d: &Descriptor) -> &[(&'a str, &'a str)] {
         &self.entries[d.from..d.to]
     }
 }
