@@ -46,7 +46,7 @@ pub(crate) fn problem_body(status: StatusCode, body: String) -> Response<Body> {
 }
 
 /// The response to a rejected request.
-pub fn rejection(
+pub(crate) fn rejection(
     d: &Decision,
     status: StatusCode,
     style: ratewarden::HeaderStyle,

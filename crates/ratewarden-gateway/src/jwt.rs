@@ -70,20 +70,6 @@ pub enum Rejected {
 }
 
 impl Rejected {
-    /// Every reason, for the metric's labels.
-    pub const ALL: [Rejected; 10] = [
-        Rejected::TooLarge,
-        Rejected::Malformed,
-        Rejected::Algorithm,
-        Rejected::UnknownKey,
-        Rejected::Signature,
-        Rejected::Expired,
-        Rejected::NotYetValid,
-        Rejected::Issuer,
-        Rejected::Audience,
-        Rejected::Critical,
-    ];
-
     /// The metric's label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -226,14 +212,6 @@ impl Verifier {
     /// The `jwks_url` it names, if any.
     pub fn url(&self) -> Option<&str> {
         self.remote.as_ref().map(|r| r.url.as_str())
-    }
-
-    /// Whether its `jwks_url`'s keys have been fetched at least once (true
-    /// without a `jwks_url`).
-    pub fn fetched(&self) -> bool {
-        self.remote
-            .as_ref()
-            .is_none_or(|r| r.fetched.lock().is_some())
     }
 
     /// Fetches the `jwks_url` now (blocking, within 5 s: call it off the

@@ -17,10 +17,10 @@
 //!   loads through);
 //! - [`simulate`]: `ratewarden simulate`, on the same admission path.
 
-pub mod answer;
+pub(crate) mod answer;
 pub mod cli;
 pub mod config;
-pub mod front;
+pub(crate) mod front;
 // Only for the fuzz targets and the tests (the `fuzzing` feature): not
 // compiled into the gateway (issue 38, the build).
 #[cfg(any(test, feature = "fuzzing"))]
@@ -28,12 +28,12 @@ pub mod front;
 pub mod fuzzing;
 pub mod gateway;
 pub mod jwt;
-pub mod observe;
+pub(crate) mod observe;
 pub(crate) mod overrides;
 pub mod proxy;
 pub mod server;
 pub mod simulate;
-pub mod store;
+pub(crate) mod store;
 pub mod tls;
-pub mod upstream;
+pub(crate) mod upstream;
 pub mod wire;

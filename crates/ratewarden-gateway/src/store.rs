@@ -102,14 +102,6 @@ impl AnyStore {
         }
     }
 
-    /// Late answers so far (Redis only).
-    pub fn late_answers(&self) -> u64 {
-        match self {
-            AnyStore::Memory(_) => 0,
-            AnyStore::Redis(f) => f.inner().late_answers(),
-        }
-    }
-
     /// The policy when the store cannot decide (`local` for memory, which
     /// always can).
     pub fn on_error(&self) -> &'static str {

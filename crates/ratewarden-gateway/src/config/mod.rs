@@ -17,7 +17,7 @@ mod compat;
 mod diag;
 mod env;
 mod model;
-pub mod rls;
+pub(crate) mod rls;
 mod schema;
 mod tls;
 mod validate;

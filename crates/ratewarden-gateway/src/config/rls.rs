@@ -91,7 +91,7 @@ pub(super) fn read_files(
 
 /// The descriptor files `path` names: itself, or a directory's `.yaml` and
 /// `.yml` files, sorted (the order domains load in).
-pub fn descriptor_files(path: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+pub(crate) fn descriptor_files(path: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
     if !path.is_dir() {
         return Ok(vec![path.to_owned()]);
     }
@@ -112,7 +112,7 @@ use ratewarden::{HeaderStyle, Rule};
 pub(crate) use ratewarden_schema::rls::{DescriptorFile, DomainFile, RateLimitFile, Scalar};
 
 /// Envoy's `RateLimitResponse.RateLimit.Unit` values.
-pub const UNITS: [(&str, i32, u64); 7] = [
+pub(crate) const UNITS: [(&str, i32, u64); 7] = [
     ("second", 1, 1),
     ("minute", 2, 60),
     ("hour", 3, 3_600),
@@ -123,7 +123,7 @@ pub const UNITS: [(&str, i32, u64); 7] = [
 ];
 
 /// The seconds of Envoy unit `unit` (an override's), if it is one.
-pub fn unit_seconds(unit: i32) -> Option<u64> {
+pub(crate) fn unit_seconds(unit: i32) -> Option<u64> {
     UNITS.iter().find(|u| u.1 == unit).map(|u| u.2)
 }
 

@@ -345,7 +345,7 @@ fn decision_json(d: &Decision, live: &Live) -> Value {
 }
 
 /// Handles one admin request.
-pub async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
+pub(crate) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
     let live = gw.live();
     // Probes and Prometheus need no secret unless `admin.token_for_probes`.
     let probe = req.method() == Method::GET

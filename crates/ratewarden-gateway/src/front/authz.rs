@@ -44,18 +44,18 @@ use super::envoy_auth::{
 };
 
 /// The gRPC method Envoy calls.
-pub const CHECK: &str = "/envoy.service.auth.v3.Authorization/Check";
+pub(crate) const CHECK: &str = "/envoy.service.auth.v3.Authorization/Check";
 
 /// The header telling nginx's `error_page` what the other dialects would
 /// have answered (nginx's `auth_request` takes only 2xx, 401 and 403).
-pub const NGINX_STATUS: &str = "x-ratewarden-status";
+pub(crate) const NGINX_STATUS: &str = "x-ratewarden-status";
 
 /// Largest body taken (a gRPC `CheckRequest`).
 const MAX_BODY: usize = 64 << 10;
 
 /// Which hook's contract a request speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
+pub(crate) enum Dialect {
     /// nginx `auth_request`.
     Nginx,
     /// Traefik ForwardAuth, Caddy `forward_auth`.
@@ -66,7 +66,7 @@ pub enum Dialect {
 
 /// A request a proxy describes, as the gateway would have received it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Asked {
+pub(crate) struct Asked {
     /// The method.
     pub method: Method,
     /// The target (path and query) as the client sent it.
@@ -83,7 +83,7 @@ pub struct Asked {
 
 impl Asked {
     /// The one request view of it.
-    pub fn view(&self) -> RequestView<'_> {
+    pub(crate) fn view(&self) -> RequestView<'_> {
         RequestView {
             target: &self.target,
             fields: Fields::Map(&self.headers),
@@ -95,7 +95,7 @@ impl Asked {
 
 /// Why a hook's request describes no request (answered 400).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Bad(pub String);
+pub(crate) struct Bad(pub String);
 
 /// Fields a hook adds about the request, never the request's own.
 fn hook_field(name: &str) -> bool {
@@ -137,7 +137,7 @@ fn text<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
 /// else `X-Forwarded-For`), by the one walker every front end uses
 /// ([`ClientIp::behind`]). Bytes from a proxy's hook are hostile like any:
 /// a bad method, target or address is refused, never guessed.
-pub fn describe(
+pub(crate) fn describe(
     dialect: Dialect,
     method: &Method,
     target: &str,
@@ -226,7 +226,7 @@ fn describe_parts(
 }
 
 /// What Envoy's gRPC `CheckRequest` says a request is.
-pub fn describe_check(
+pub(crate) fn describe_check(
     check: &CheckRequest,
     proxy: IpAddr,
     client_ip: &ClientIp,
@@ -498,7 +498,7 @@ async fn check_response(
 }
 
 /// Handles one request on the authorisation listener.
-pub async fn handle(
+pub(crate) async fn handle(
     gw: &Arc<Gateway>,
     req: Request<Incoming>,
     client: crate::proxy::forward::Client,

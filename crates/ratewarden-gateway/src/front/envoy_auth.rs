@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 /// `envoy.service.auth.v3.CheckRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct CheckRequest {
+pub(crate) struct CheckRequest {
     /// The request's attributes.
     #[prost(message, optional, tag = "1")]
     pub attributes: Option<AttributeContext>,
@@ -23,7 +23,7 @@ pub struct CheckRequest {
 
 /// `envoy.service.auth.v3.AttributeContext`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct AttributeContext {
+pub(crate) struct AttributeContext {
     /// The downstream peer (the client, as Envoy saw it).
     #[prost(message, optional, tag = "1")]
     pub source: Option<Peer>,
@@ -34,7 +34,7 @@ pub struct AttributeContext {
 
 /// `AttributeContext.Peer`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Peer {
+pub(crate) struct Peer {
     /// Its address.
     #[prost(message, optional, tag = "1")]
     pub address: Option<Address>,
@@ -42,7 +42,7 @@ pub struct Peer {
 
 /// `envoy.config.core.v3.Address`: of its `oneof`, the socket address.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Address {
+pub(crate) struct Address {
     /// An IP and port.
     #[prost(message, optional, tag = "1")]
     pub socket_address: Option<SocketAddress>,
@@ -50,7 +50,7 @@ pub struct Address {
 
 /// `envoy.config.core.v3.SocketAddress`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct SocketAddress {
+pub(crate) struct SocketAddress {
     /// The IP, as text.
     #[prost(string, tag = "2")]
     pub address: String,
@@ -61,7 +61,7 @@ pub struct SocketAddress {
 
 /// `AttributeContext.Request`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct AttributeRequest {
+pub(crate) struct AttributeRequest {
     /// Its HTTP attributes.
     #[prost(message, optional, tag = "2")]
     pub http: Option<HttpRequest>,
@@ -69,7 +69,7 @@ pub struct AttributeRequest {
 
 /// `AttributeContext.HttpRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct HttpRequest {
+pub(crate) struct HttpRequest {
     /// The method.
     #[prost(string, tag = "2")]
     pub method: String,
@@ -89,7 +89,7 @@ pub struct HttpRequest {
 
 /// `envoy.service.auth.v3.CheckResponse`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct CheckResponse {
+pub(crate) struct CheckResponse {
     /// OK admits; anything else refuses.
     #[prost(message, optional, tag = "1")]
     pub status: Option<RpcStatus>,
@@ -100,7 +100,7 @@ pub struct CheckResponse {
 
 /// `CheckResponse.http_response`.
 #[derive(Clone, PartialEq, prost::Oneof)]
-pub enum HttpResponse {
+pub(crate) enum HttpResponse {
     /// The answer Envoy gives instead of forwarding.
     #[prost(message, tag = "2")]
     DeniedResponse(DeniedHttpResponse),
@@ -111,7 +111,7 @@ pub enum HttpResponse {
 
 /// `envoy.service.auth.v3.OkHttpResponse`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct OkHttpResponse {
+pub(crate) struct OkHttpResponse {
     /// Fields added to the upstream's answer on its way to the client.
     #[prost(message, repeated, tag = "6")]
     pub response_headers_to_add: Vec<HeaderValueOption>,
@@ -119,7 +119,7 @@ pub struct OkHttpResponse {
 
 /// `envoy.service.auth.v3.DeniedHttpResponse`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct DeniedHttpResponse {
+pub(crate) struct DeniedHttpResponse {
     /// Its status.
     #[prost(message, optional, tag = "1")]
     pub status: Option<HttpStatus>,
@@ -134,7 +134,7 @@ pub struct DeniedHttpResponse {
 /// `envoy.type.v3.HttpStatus` (its `code` an enum of the status codes,
 /// on the wire an int32).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct HttpStatus {
+pub(crate) struct HttpStatus {
     /// The status code.
     #[prost(int32, tag = "1")]
     pub code: i32,
@@ -142,7 +142,7 @@ pub struct HttpStatus {
 
 /// `google.rpc.Status`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct RpcStatus {
+pub(crate) struct RpcStatus {
     /// A gRPC status code.
     #[prost(int32, tag = "1")]
     pub code: i32,
@@ -153,7 +153,7 @@ pub struct RpcStatus {
 
 /// `envoy.config.core.v3.HeaderValueOption`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct HeaderValueOption {
+pub(crate) struct HeaderValueOption {
     /// The field.
     #[prost(message, optional, tag = "1")]
     pub header: Option<HeaderValue>,
@@ -161,7 +161,7 @@ pub struct HeaderValueOption {
 
 /// `envoy.config.core.v3.HeaderValue`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct HeaderValue {
+pub(crate) struct HeaderValue {
     /// Its name.
     #[prost(string, tag = "1")]
     pub key: String,

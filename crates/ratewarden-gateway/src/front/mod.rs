@@ -2,8 +2,8 @@
 //! admission path: the [`admin`] API (decisions for other languages, keys,
 //! bans), the live page [`ui`], and Envoy's rate limit service [`rls`].
 
-pub mod admin;
-pub mod authz;
-pub mod envoy_auth;
-pub mod rls;
-pub mod ui;
+pub(crate) mod admin;
+pub(crate) mod authz;
+pub(crate) mod envoy_auth;
+pub(crate) mod rls;
+pub(crate) mod ui;

@@ -20,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex, TryLockError, Weak};
 use std::time::Duration;
 
 /// A wall-clock time as the time since the Unix epoch.
-pub type Wall = Duration;
+pub(crate) type Wall = Duration;
 
 use crate::observe::request_id::RequestId;
 
@@ -35,7 +35,7 @@ const BATCH: usize = 64 << 10;
 /// The longest a line waits before it is written.
 const FLUSH: Duration = Duration::from_millis(200);
 
-pub use crate::config::{AccessFormat as Format, AccessSink as Sink, AccessSpec as Spec};
+pub(crate) use crate::config::{AccessFormat as Format, AccessSink as Sink, AccessSpec as Spec};
 
 /// One answered request, borrowed from the connection that answered it.
 #[derive(Debug, Clone, Copy)]
@@ -78,13 +78,13 @@ pub struct Record<'a> {
 
 /// When a request arrived, for its line: a TSC read, cheaper than the
 /// system clocks (two of them would be read per request otherwise).
-pub fn arrived() -> quanta::Instant {
+pub(crate) fn arrived() -> quanta::Instant {
     quanta::Instant::now()
 }
 
 /// The wall-clock time a request that arrived at `at` arrived, and how
 /// long it has taken since: a [`Record`]'s `time` and `duration`.
-pub fn since(at: quanta::Instant) -> (Wall, Duration) {
+pub(crate) fn since(at: quanta::Instant) -> (Wall, Duration) {
     (crate::observe::request_id::wall(at), at.elapsed())
 }
 

@@ -165,11 +165,11 @@ impl RouteCounts {
 /// not one the gateway made itself: `ratewarden_responses_total`'s
 /// `source` on hyper's path.
 #[derive(Debug, Clone, Copy)]
-pub struct FromUpstream;
+pub(crate) struct FromUpstream;
 
 /// The route label of answers given before a route was chosen (a path
 /// that cannot be normalised, say).
-pub const NO_ROUTE: &str = "none";
+pub(crate) const NO_ROUTE: &str = "none";
 
 /// The gateway's metrics.
 #[derive(Default)]
@@ -248,11 +248,6 @@ impl Metrics {
             .entry((route.to_owned(), server.to_owned()))
             .or_default()
             .clone()
-    }
-
-    /// Counts one decision of `rule`: `allowed`, `rejected`, or `shadow_rejected`.
-    pub fn request(&self, rule: &str, decision: &'static str) {
-        self.counts(rule).add(decision);
     }
 
     /// Time spent deciding.
@@ -524,7 +519,7 @@ impl Metrics {
 }
 
 /// The codes of `ratewarden_rls_decisions_total`.
-pub const RLS_CODES: [&str; 6] = [
+pub(crate) const RLS_CODES: [&str; 6] = [
     "ok",
     "over_limit",
     "shadow_over_limit",

@@ -2,6 +2,6 @@
 //! [`access`] log, and the [`request_id`] that ties a request's lines
 //! together.
 
-pub mod access;
-pub mod metrics;
-pub mod request_id;
+pub(crate) mod access;
+pub(crate) mod metrics;
+pub(crate) mod request_id;

@@ -6,10 +6,10 @@ use std::cell::Cell;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The header's name.
-pub const HEADER: &str = "x-request-id";
+pub(crate) const HEADER: &str = "x-request-id";
 
 /// Longest id kept from a client (longer ones are replaced).
-pub const MAX_LEN: usize = 128;
+pub(crate) const MAX_LEN: usize = 128;
 
 /// Bytes of an id kept inline: one the gateway makes (36) fits.
 const INLINE: usize = 40;
@@ -111,7 +111,7 @@ impl std::fmt::Debug for RequestId {
 /// their time from the arrival instant they already have, without a
 /// system clock read each, and follow the system clock within a second of
 /// a step.
-pub fn wall(at: quanta::Instant) -> Duration {
+pub(crate) fn wall(at: quanta::Instant) -> Duration {
     thread_local! {
         static TIE: Cell<Option<(quanta::Instant, Duration)>> = const { Cell::new(None) };
     }
@@ -139,7 +139,7 @@ pub fn wall(at: quanta::Instant) -> Duration {
 
 /// Whether a client's id can be kept: it goes into headers and log lines
 /// (JSON and text) unescaped, so only a safe alphabet.
-pub fn valid(v: &[u8]) -> bool {
+pub(crate) fn valid(v: &[u8]) -> bool {
     !v.is_empty()
         && v.len() <= MAX_LEN
         && v.iter()

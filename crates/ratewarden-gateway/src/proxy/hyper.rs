@@ -109,7 +109,7 @@ pub(crate) fn edge_check(parts: &Parts) -> Result<(), Edge> {
 /// Handles one request on hyper's path, through the one flow
 /// ([`crate::proxy::flow::run`]) with hyper's parts and bodies as its wire:
 /// the answer carries the request's id.
-pub async fn handle(
+pub(crate) async fn handle(
     gw: &Arc<Gateway>,
     req: Request<Incoming>,
     client: forward::Client,

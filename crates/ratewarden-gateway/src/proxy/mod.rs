@@ -7,8 +7,8 @@
 mod failover;
 pub(crate) mod flow;
 pub mod forward;
-pub mod h1;
-pub mod hyper;
+pub(crate) mod h1;
+pub(crate) mod hyper;
 mod tunnel;
 
 pub use h1::serve_connection;

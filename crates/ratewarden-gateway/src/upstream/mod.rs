@@ -2,5 +2,5 @@
 //! passive ejection, active checks) and each server's connection pool
 //! ([`pool`]).
 
-pub mod pool;
-pub mod route;
+pub(crate) mod pool;
+pub(crate) mod route;

@@ -616,7 +616,7 @@ pub struct ClientBody {
 /// What went wrong with a client's body on its way upstream: the client's
 /// doing, answered as such (400, 408, 413), not as the upstream's (502).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyFault {
+pub(crate) enum BodyFault {
     /// Malformed, or cut short.
     Broke,
     /// Stalled longer than `client_body_timeout`.
@@ -628,7 +628,7 @@ pub enum BodyFault {
 /// A [`ClientBody`]'s fault, shared with the exchange that reads the body
 /// (the body is moved into hyper's client): set once, read after.
 #[derive(Debug, Default)]
-pub struct BodyFaults(AtomicU8);
+pub(crate) struct BodyFaults(AtomicU8);
 
 impl BodyFaults {
     fn set(&self, f: BodyFault) {
@@ -641,7 +641,7 @@ impl BodyFaults {
     }
 
     /// The fault, if the body had one.
-    pub fn get(&self) -> Option<BodyFault> {
+    pub(crate) fn get(&self) -> Option<BodyFault> {
         match self.0.load(Ordering::Relaxed) {
             1 => Some(BodyFault::Broke),
             2 => Some(BodyFault::Stalled),

@@ -17,20 +17,17 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use http::Uri;
 use ratewarden_tower::view::RequestView;
 
 use crate::config::{Matcher, RouteSpec, ServerSpec};
 use crate::observe::metrics::{Metrics, ServerCounts};
 use crate::upstream::pool::Pool;
 
-pub use crate::config::{Active, Balance, Passive};
+pub(crate) use crate::config::{Active, Balance, Passive};
 
 /// One upstream server of a group.
 #[derive(Debug)]
 pub struct Server {
-    /// Its URL (scheme, host, port, optional path prefix).
-    pub url: Uri,
     /// The URL's path prefix, without its trailing `/`.
     pub prefix: String,
     /// Its connections.
@@ -78,11 +75,6 @@ pub struct Chosen<'g> {
 }
 
 impl<'g> Chosen<'g> {
-    /// Its group.
-    pub fn group(&self) -> &'g Group {
-        self.group
-    }
-
     /// The server.
     pub fn server(&self) -> &'g Server {
         &self.group.servers[self.index]
@@ -95,7 +87,7 @@ impl Drop for Chosen<'_> {
     }
 }
 
-pub use crate::observe::metrics::Outcome;
+pub(crate) use crate::observe::metrics::Outcome;
 
 impl Group {
     fn now(&self) -> u64 {
@@ -197,12 +189,12 @@ pub struct Router {
 }
 
 /// The name of the route of the top-level `upstream:`.
-pub const DEFAULT: &str = crate::config::DEFAULT_ROUTE;
+pub(crate) const DEFAULT: &str = crate::config::DEFAULT_ROUTE;
 
 /// Which of `routes` (their matchers, in order) a request takes: the first
 /// whose match takes it; `None` is the default route. The one rule for the
 /// router and for `simulate` (which picks routes without servers).
-pub fn chosen<'a>(
+pub(crate) fn chosen<'a>(
     routes: impl IntoIterator<Item = &'a Matcher>,
     request: &RequestView<'_>,
 ) -> Option<usize> {
@@ -365,7 +357,6 @@ fn server(route: &str, s: &ServerSpec, pools: &[Arc<Pool>], metrics: &Metrics) -
         .unwrap_or_else(|| Pool::new(addr.clone(), host_header, s.tls.clone(), protocol));
     Server {
         prefix: s.url.path().trim_end_matches('/').to_owned(),
-        url: s.url.clone(),
         pool,
         counts: metrics.server_counts(route, &addr),
         label: addr,

@@ -10,7 +10,7 @@
 
 /// `grpc.health.v1.HealthCheckRequest`.
 #[derive(Clone, PartialEq, Eq, prost::Message)]
-pub struct HealthCheckRequest {
+pub(crate) struct HealthCheckRequest {
     /// The service asked about; empty for the server as a whole.
     #[prost(string, tag = "1")]
     pub service: String,
@@ -18,7 +18,7 @@ pub struct HealthCheckRequest {
 
 /// `grpc.health.v1.HealthCheckResponse`.
 #[derive(Clone, PartialEq, Eq, prost::Message)]
-pub struct HealthCheckResponse {
+pub(crate) struct HealthCheckResponse {
     /// A [`ServingStatus`].
     #[prost(enumeration = "ServingStatus", tag = "1")]
     pub status: i32,
@@ -41,7 +41,7 @@ pub enum ServingStatus {
 /// Puts a gRPC status in `headers` (trailers, or the head of a
 /// trailers-only answer): `grpc-status: code`, and `grpc-message` when
 /// `message` is not empty, percent-encoded as gRPC requires.
-pub fn put_status(headers: &mut http::HeaderMap, code: i32, message: &str) {
+pub(crate) fn put_status(headers: &mut http::HeaderMap, code: i32, message: &str) {
     headers.insert("grpc-status", http::HeaderValue::from(code));
     if !message.is_empty()
         && let Ok(v) = http::HeaderValue::from_str(&percent(message))
@@ -51,7 +51,7 @@ pub fn put_status(headers: &mut http::HeaderMap, code: i32, message: &str) {
 }
 
 /// `grpc-message`'s percent-encoding: bytes outside 0x20-0x7E, and `%`.
-pub fn percent(s: &str) -> String {
+pub(crate) fn percent(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if (0x20..0x7f).contains(&b) && b != b'%' {
@@ -64,7 +64,7 @@ pub fn percent(s: &str) -> String {
 }
 
 /// `message` as one gRPC frame: uncompressed, length-prefixed.
-pub fn framed(message: &impl prost::Message) -> Vec<u8> {
+pub(crate) fn framed(message: &impl prost::Message) -> Vec<u8> {
     let len = message.encoded_len();
     let mut out = Vec::with_capacity(5 + len);
     out.push(0);
@@ -76,7 +76,7 @@ pub fn framed(message: &impl prost::Message) -> Vec<u8> {
 }
 
 /// The message of a body holding exactly one uncompressed gRPC frame.
-pub fn unframe(body: &[u8]) -> Option<&[u8]> {
+pub(crate) fn unframe(body: &[u8]) -> Option<&[u8]> {
     let (head, message) = body.split_at_checked(5)?;
     let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
     (head[0] == 0 && len == message.len()).then_some(message)

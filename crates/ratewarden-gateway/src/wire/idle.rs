@@ -25,10 +25,6 @@ use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
-/// How long a connection may sit without any I/O while no request of it is
-/// being answered (nginx: `client_header_timeout` 60 s): config's default.
-pub const IDLE_TIMEOUT: Duration = crate::config::IDLE_TIMEOUT;
-
 /// What one connection has been doing, shared by its I/O, its requests and
 /// its watchdog.
 #[derive(Default, Debug)]

@@ -3,7 +3,7 @@
 //! the health service's messages ([`grpc`]); the one way a task of ours
 //! is spawned ([`spawn`]).
 
-pub mod grpc;
+pub(crate) mod grpc;
 pub mod idle;
 pub mod stream;
 

@@ -16,12 +16,12 @@
 
 /// The descriptor configuration is config's (`config::rls`): config is a
 /// leaf that imports none of the modules that run what it describes.
-pub use crate::config::rls as config;
-pub use crate::config::rls::{RlsSpec, descriptor_files};
+pub(crate) use crate::config::rls as config;
+pub(crate) use crate::config::rls::RlsSpec;
 mod health;
 #[cfg(feature = "reflection")]
 mod reflection;
-pub mod tree;
+pub(crate) mod tree;
 pub(crate) mod wire;
 
 use std::sync::Arc;
@@ -40,7 +40,7 @@ use tree::Trees;
 /// A call that fails: its gRPC status code and message, answered
 /// trailers-only.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Status {
+pub(crate) struct Status {
     code: u8,
     message: String,
 }
@@ -77,16 +77,6 @@ impl Status {
         Self::new(14, message)
     }
 
-    /// The gRPC status code.
-    pub fn code(&self) -> u8 {
-        self.code
-    }
-
-    /// What went wrong, in words.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-
     /// The trailers-only answer: `grpc-status` and `grpc-message`
     /// (percent-encoded, as gRPC requires) in the head.
     fn head(&self) -> http::Response<()> {
@@ -108,7 +98,8 @@ enum Code {
 /// The descriptors of `envoy/service/ratelimit/v3/rls.proto` and the files
 /// it imports, for server reflection: taken from envoy-types' own
 /// descriptor set (`cargo run --example rls_descriptors`).
-pub const DESCRIPTORS: &[u8] = include_bytes!("rls_descriptors.bin");
+#[cfg(feature = "reflection")]
+pub(crate) const DESCRIPTORS: &[u8] = include_bytes!("rls_descriptors.bin");
 
 /// The service, answering from the gateway's live config and store.
 /// The service's gRPC name (health reports it serving).
@@ -773,7 +764,7 @@ async fn connection(stream: tokio::net::TcpStream, services: &Services) {
 
 /// Serves the rate limit service, health (and reflection) on `listener`
 /// (HTTP/2, cleartext) until `stop` turns true.
-pub async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Receiver<bool>) {
     #[cfg(feature = "reflection")]
     let Some(reflection) = reflection::Reflection::new() else {
         tracing::error!("rls: the reflection descriptors do not load; not serving");

@@ -37,13 +37,13 @@ impl Node {
 
 /// Every domain's tree.
 #[derive(Debug, Default)]
-pub struct Tree {
+pub(crate) struct Tree {
     domains: HashMap<String, Node>,
 }
 
 impl Tree {
     /// The trees of `domains`.
-    pub fn new(domains: &Domains) -> Self {
+    pub(crate) fn new(domains: &Domains) -> Self {
         Self {
             domains: domains
                 .domains
@@ -54,7 +54,7 @@ impl Tree {
     }
 
     /// Whether `domain` is configured.
-    pub fn has(&self, domain: &str) -> bool {
+    pub(crate) fn has(&self, domain: &str) -> bool {
         self.domains.contains_key(domain)
     }
 
@@ -62,7 +62,7 @@ impl Tree {
     /// the tree as envoyproxy/ratelimit does: each entry one level down,
     /// `key_value` first, then a wildcard value, then the bare `key`; the
     /// limit of the level the last entry reaches, if any.
-    pub fn limit(&self, domain: &str, entries: &[(&str, &str)]) -> Option<&Arc<Limit>> {
+    pub(crate) fn limit(&self, domain: &str, entries: &[(&str, &str)]) -> Option<&Arc<Limit>> {
         let mut level = self.domains.get(domain)?;
         let mut found = None;
         let mut exact = String::new();

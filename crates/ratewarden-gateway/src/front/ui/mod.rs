@@ -10,10 +10,10 @@ use std::fmt::Write as _;
 use crate::gateway::Live;
 
 /// The script, served as `/ui/app.js`.
-pub const SCRIPT: &str = include_str!("app.js");
+pub(crate) const SCRIPT: &str = include_str!("app.js");
 
 /// The page's Content-Security-Policy: its own script and nothing else.
-pub const CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; img-src 'self'";
+pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; img-src 'self'";
 
 /// `s` as HTML text.
 fn esc(out: &mut String, s: &str) {
@@ -30,7 +30,7 @@ fn esc(out: &mut String, s: &str) {
 }
 
 /// The page.
-pub fn page(live: &Live) -> String {
+pub(crate) fn page(live: &Live) -> String {
     let c = &live.config;
     let banner = crate::gateway::banner(c);
     let mut h = String::with_capacity(8192);
@@ -92,7 +92,7 @@ pub fn page(live: &Live) -> String {
 /// its padding, as browsers send it; the user name is not looked at):
 /// browsers send it for a page that asks with `WWW-Authenticate: Basic`,
 /// and again with the page's own requests.
-pub fn basic_password(value: &str) -> Option<String> {
+pub(crate) fn basic_password(value: &str) -> Option<String> {
     use base64::Engine as _;
     let b64 = value.strip_prefix("Basic ")?.trim();
     if b64.len() > 4096 {

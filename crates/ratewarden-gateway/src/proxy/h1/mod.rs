@@ -53,7 +53,7 @@ use crate::wire::stream::ClientIo;
 use chunked::{Chunks, valid_trailers};
 use exchange::within;
 use request::{BodyLen, Head, Parsed, parse_request};
-pub use request::{MAX_BODY, MAX_HEAD};
+pub(crate) use request::{MAX_BODY, MAX_HEAD};
 use write::{RateFields, write_answer};
 
 /// One client connection's buffers, reused from request to request.

@@ -9,13 +9,13 @@ use crate::proxy::forward::{Edge, check_host};
 
 /// Longest request head this path reads; longer ones go to hyper (which
 /// answers 431 past its own limit).
-pub const MAX_HEAD: usize = 16 * 1024;
+pub(crate) const MAX_HEAD: usize = 16 * 1024;
 /// Most header fields in a request or response head this path parses
 /// (hyper's limit too).
 pub(crate) const MAX_HEADERS: usize = 100;
 /// Largest request body this path buffers before forwarding (nginx buffers
 /// request bodies too); larger ones are streamed by hyper.
-pub const MAX_BODY: usize = 64 * 1024;
+pub(crate) const MAX_BODY: usize = 64 * 1024;
 
 /// How the request body is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
