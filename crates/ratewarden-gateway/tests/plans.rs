@@ -459,7 +459,12 @@ async fn an_override_set_on_one_gateway_holds_on_another_and_across_restarts() {
         if v["count"] == 1 {
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(1), "not on B within 1 s");
+        // Polled every 250 ms: on B within a second on a quiet host; the
+        // deadline leaves a busy one room.
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "not on B within 10 s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let seen = t.elapsed();
@@ -491,8 +496,8 @@ async fn an_override_set_on_one_gateway_holds_on_another_and_across_restarts() {
         != 404
     {
         assert!(
-            t.elapsed() < Duration::from_secs(1),
-            "not gone from A within 1 s"
+            t.elapsed() < Duration::from_secs(10),
+            "not gone from A within 10 s"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -238,15 +238,15 @@ async fn each_request_on_a_kept_alive_connection_gets_its_own_deadline() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
     assert_eq!(up.conns(), 1, "one kept-alive connection throughout");
-    // A slow answer is cut at this request's deadline, not earlier.
+    // A slow answer is cut at this request's deadline, not earlier: a 504
+    // (the upstream's 200 comes after 2 s, so it was cut before), and not
+    // before the 300 ms were up (a timer never fires early; no upper bound
+    // on the wall clock of a busy host).
     let started = Instant::now();
     let r = send(gw.listen, "GET", "/slow", &[], "").await;
     let took = started.elapsed();
     assert_eq!(r.status, 504, "{}", r.body);
-    assert!(
-        took >= Duration::from_millis(290) && took < Duration::from_millis(1900),
-        "{took:?}"
-    );
+    assert!(took >= Duration::from_millis(290), "cut early: {took:?}");
     // The timed-out connection is not reused; the next request gets a new one.
     assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
     assert_eq!(up.conns(), 2);

@@ -773,13 +773,14 @@ async fn http11_frees_the_slot_of_a_client_that_left() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     drop(a);
     let left = Instant::now();
-    // Within a second: the upstream's request cancelled, the slot free.
+    // Promptly (a second on a quiet host; the deadline leaves a busy one
+    // room): the upstream's request cancelled, the slot free.
     loop {
         if up.closed.load(Ordering::SeqCst) >= 1 {
             break;
         }
         assert!(
-            left.elapsed() < Duration::from_secs(1),
+            left.elapsed() < Duration::from_secs(5),
             "the upstream's request was not cancelled"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -790,7 +791,7 @@ async fn http11_frees_the_slot_of_a_client_that_left() {
         .unwrap();
     while up.arrived.load(Ordering::SeqCst) < 2 {
         assert!(
-            left.elapsed() < Duration::from_secs(1),
+            left.elapsed() < Duration::from_secs(5),
             "the slot was not given back"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;

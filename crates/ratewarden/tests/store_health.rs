@@ -191,8 +191,16 @@ async fn back_on_redis_within_a_second_of_it_answering() {
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     server.kill();
-    // Long enough for the breaker's backoff to reach its cap.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Until the breaker's backoff reaches its cap (a long outage), which
+    // takes under 1.5 s; polled, with a deadline.
+    let killed = Instant::now();
+    while !store.primary().at_longest_backoff() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(20),
+            "the breaker's backoff never reached its cap"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(store.health().0, Health::Down);
     server.restart();
     // restart() returns once the server answers.
@@ -287,9 +295,10 @@ async fn a_sentinel_failover_is_followed_to_the_new_master() {
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let admitted_at_kill = admitted.load(Ordering::Relaxed);
     master.kill();
-    // The replica's count as the kill left it, read before any promotion
-    // can happen (down after 1 s).
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The replica's count as the kill left it, read once its link to the
+    // dead master is down (nothing more can reach it) and before any
+    // promotion can happen (down after 1 s).
+    replica.wait_link_down();
     let kept = replica.state(&key).get(1).copied().unwrap_or(0);
     let deadline = Instant::now() + Duration::from_secs(30);
     while sentinels[0].master_port() != Some(replica.port) {

@@ -323,6 +323,23 @@ impl RedisServer {
         state_fields(out.split_once("OK\n").map_or("", |(_, fields)| fields))
     }
 
+    /// Waits (polling, 5 s at most) until this replica's link to its master
+    /// is down: after a master is killed, nothing more reaches it.
+    pub fn wait_link_down(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !self
+            .cli(&["info", "replication"])
+            .contains("master_link_status:down")
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the replica on {} still links to its dead master after 5 s",
+                self.port
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// Whether this server replicates the one on `port`.
     pub fn replicates(&self, port: u16) -> bool {
         let info = self.cli(&["info", "replication"]);

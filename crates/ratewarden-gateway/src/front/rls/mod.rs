@@ -764,7 +764,11 @@ async fn connection(stream: tokio::net::TcpStream, services: &Services) {
 
 /// Serves the rate limit service, health (and reflection) on `listener`
 /// (HTTP/2, cleartext) until `stop` turns true.
-pub(crate) async fn serve(listener: TcpListener, gw: Arc<Gateway>, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    gw: Arc<Gateway>,
+    mut stop: watch::Receiver<bool>,
+) {
     #[cfg(feature = "reflection")]
     let Some(reflection) = reflection::Reflection::new() else {
         tracing::error!("rls: the reflection descriptors do not load; not serving");

@@ -140,6 +140,13 @@ impl Breaker {
     pub(crate) fn is_open(&self) -> bool {
         self.state.lock().open_until.is_some()
     }
+
+    /// Whether it is open and its wait between probes has reached its cap
+    /// (a long outage).
+    pub(crate) fn at_longest_backoff(&self) -> bool {
+        let s = self.state.lock();
+        s.open_until.is_some() && s.backoff >= MAX_BACKOFF
+    }
 }
 
 #[cfg(test)]

@@ -182,6 +182,14 @@ impl RedisStore {
         self.inner.breaker.is_open()
     }
 
+    /// Whether the breaker is open and waits its longest between probes:
+    /// how an outage looks once it has lasted (tests wait for it rather
+    /// than for a fixed time).
+    #[doc(hidden)]
+    pub fn at_longest_backoff(&self) -> bool {
+        self.inner.breaker.at_longest_backoff()
+    }
+
     /// The state key and zset key of `op` (see [`keys`]).
     #[doc(hidden)]
     pub fn key_names(&self, op: &Op<'_>) -> (String, String) {
