@@ -371,8 +371,9 @@ pub struct RuleFile {
     /// anonymous, skip, reject.
     pub missing: Option<Sp<String>>,
     pub algorithm: Option<Sp<String>>,
-    /// Required, but in a rule whose tiers each set one.
-    pub limit: Option<Sp<i64>>,
+    /// Required, but in a rule whose tiers each set one. A whole number;
+    /// with `cost.price`, an amount of money (decimals allowed).
+    pub limit: Option<Sp<LimitFile>>,
     /// Required, but for `concurrency` (which has `max_hold` instead) and
     /// `calendar` windows.
     pub window: Option<Sp<String>>,
@@ -387,7 +388,11 @@ pub struct RuleFile {
     /// The `grpc-status` codes of a gRPC answer that are failures.
     pub failure_grpc_status: Option<Vec<Sp<i64>>>,
     pub count_rejected: Option<Sp<bool>>,
-    pub cost: Option<Sp<i64>>,
+    /// Units a request costs, or where its answer's cost is read.
+    pub cost: Option<Sp<CostFile>>,
+    /// The shape of a refusal: `problem` (RFC 9457, the default),
+    /// `openai` or `anthropic` (what their SDKs read).
+    pub refusal: Option<Sp<String>>,
     pub shadow: Option<Sp<bool>>,
     pub max_hold: Option<Sp<String>>,
     pub distribution: Option<Sp<DistributionFile>>,
@@ -433,17 +438,186 @@ pub enum TierFile {
 #[serde(deny_unknown_fields)]
 pub struct TierParams {
     pub algorithm: Option<Sp<String>>,
-    pub limit: Option<Sp<i64>>,
+    pub limit: Option<Sp<LimitFile>>,
     pub window: Option<Sp<String>>,
     pub burst: Option<Sp<i64>>,
     pub mode: Option<Sp<String>>,
     pub max_delay: Option<Sp<String>>,
     pub min_interval: Option<Sp<String>>,
     pub penalty: Option<Sp<PenaltyFile>>,
-    pub cost: Option<Sp<i64>>,
+    pub cost: Option<Sp<CostFile>>,
     pub calendar: Option<Sp<CalendarFile>>,
     pub status: Option<Sp<i64>>,
     pub problem_type: Option<Sp<String>>,
+}
+
+/// A rule's `limit`: a whole number of units, or (with `cost.price`) an
+/// amount of money.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LimitFile {
+    Whole(i64),
+    Decimal(f64),
+}
+
+impl<'de> Deserialize<'de> for LimitFile {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = LimitFile;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a whole number")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<LimitFile, E> {
+                Ok(LimitFile::Whole(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<LimitFile, E> {
+                Ok(LimitFile::Whole(i64::try_from(v).unwrap_or(i64::MAX)))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<LimitFile, E> {
+                Ok(LimitFile::Decimal(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A rule's `cost`: units per request, or where an answer's cost is read.
+#[derive(Debug, Clone)]
+pub enum CostFile {
+    Fixed(i64),
+    From(Box<CostFromFile>),
+}
+
+impl<'de> Deserialize<'de> for CostFile {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = CostFile;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a whole number (units per request) or where the answer's cost is read (`{from: llm}`, `{from: header, header: NAME}`, `{from: json, pointer: /PATH}`)")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<CostFile, E> {
+                Ok(CostFile::Fixed(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<CostFile, E> {
+                Ok(CostFile::Fixed(i64::try_from(v).unwrap_or(i64::MAX)))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<CostFile, A::Error> {
+                CostFromFile::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(|c| CostFile::From(Box::new(c)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `cost: {from: ...}`: a rule charged by what its answers cost.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostFromFile {
+    /// `llm` (the usage an LLM API reports), `header` (a header or
+    /// trailer the upstream sets) or `json` (a number in a JSON answer).
+    pub from: Sp<String>,
+    /// `from: header`: the header or trailer.
+    pub header: Option<Sp<String>>,
+    /// `from: json`: a JSON pointer (RFC 6901) to the number.
+    pub pointer: Option<Sp<String>>,
+    /// `llm`: reserve the estimate at admission (true, the default) or
+    /// not; `header` / `json`: the units reserved (default 1).
+    pub reserve: Option<Sp<ReserveFile>>,
+    /// `llm`: `auto` (by path), `openai`, `openai_responses`,
+    /// `anthropic` or `gemini`.
+    pub dialect: Option<Sp<String>>,
+    /// `llm`: `input`, `output`, `total`, or weights per kind of token.
+    pub count: Option<Sp<CountFile>>,
+    /// `llm`: the reservation's output part when a request names no
+    /// maximum.
+    pub default_max_output: Option<Sp<i64>>,
+    /// `llm`: lower a request's maximum output to what the budget has left.
+    pub cap_max_output: Option<Sp<bool>>,
+    /// `llm`: ask OpenAI streams for their usage.
+    pub include_usage: Option<Sp<bool>>,
+    /// `llm`: prices per million tokens, by model pattern (`*` any run):
+    /// the limit is then money.
+    pub price: Option<Sp<std::collections::BTreeMap<String, Sp<PriceFile>>>>,
+}
+
+/// `reserve:` of a cost read from the answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ReserveFile {
+    On(bool),
+    Units(i64),
+}
+
+impl<'de> Deserialize<'de> for ReserveFile {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = ReserveFile;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("true or false (`from: llm`), or the units reserved")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<ReserveFile, E> {
+                Ok(ReserveFile::On(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ReserveFile, E> {
+                Ok(ReserveFile::Units(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ReserveFile, E> {
+                Ok(ReserveFile::Units(i64::try_from(v).unwrap_or(i64::MAX)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `count:` of an LLM cost: one kind of token, or weights.
+#[derive(Debug, Clone)]
+pub enum CountFile {
+    Kind(String),
+    Weights(WeightsFile),
+}
+
+impl<'de> Deserialize<'de> for CountFile {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = CountFile;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("`input`, `output`, `total`, or weights (`{input: 1, output: 4, cached_input: 0.1}`)")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<CountFile, E> {
+                Ok(CountFile::Kind(v.to_owned()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<CountFile, A::Error> {
+                WeightsFile::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(CountFile::Weights)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Weights per kind of token (`cached_input`: the input read from a
+/// cache; `input`: the rest).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightsFile {
+    pub input: Option<f64>,
+    pub output: Option<f64>,
+    pub cached_input: Option<f64>,
+}
+
+/// A model's prices per million tokens.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceFile {
+    pub input: f64,
+    pub output: f64,
+    pub cached_input: Option<f64>,
 }
 
 impl<'de> Deserialize<'de> for TierFile {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use http::{HeaderName, StatusCode};
 use ratewarden::{Decision, Limiter, Mode, Op, Pending, Rule, Store, StoreError};
 
-pub use crate::settle::{Held, Owed, Settlement};
+pub use crate::settle::{AnswerCost, Held, Owed, Settlement};
 use smallvec::SmallVec;
 
 use crate::overrides::Applied;
@@ -116,7 +116,7 @@ pub enum Identity<'a> {
 
 /// What a front end knows of a request: the one view of it, and what the
 /// front end adds.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Facts<'a> {
     /// The request.
     pub request: RequestView<'a>,
@@ -125,6 +125,25 @@ pub struct Facts<'a> {
     /// The route the request takes, when the front end has routes (rules
     /// may match on it).
     pub route: Option<&'a str>,
+    /// What the request is estimated to cost each rule charged by its
+    /// answer ([`crate::policy::ByAnswer`]), reserved at admission (`None`,
+    /// or `None` for a rule: its fixed [`reserve`](crate::policy::ByAnswer::reserve)).
+    pub reserve: Option<&'a Reserve<'a>>,
+}
+
+/// A front end's estimate of what a request will cost a rule charged by
+/// its answer (the gateway's: an LLM request's input and maximum output).
+pub type Reserve<'a> = dyn Fn(&PolicyRule) -> Option<u64> + Sync + 'a;
+
+impl std::fmt::Debug for Facts<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Facts")
+            .field("request", &self.request)
+            .field("identity", &self.identity)
+            .field("route", &self.route)
+            .field("reserve", &self.reserve.is_some())
+            .finish()
+    }
 }
 
 /// Who a client is.
@@ -321,6 +340,7 @@ impl Policy {
     /// reject` lacks a key part.
     pub fn matching(&self, facts: &Facts<'_>, who: Who) -> Result<Matched<'_>, Refusal> {
         let mut keyed = SmallVec::<[Keyed; 2]>::new();
+        let mut reserved: Option<Box<Reserved>> = None;
         if who.limited {
             for (i, r) in self.rules.iter().enumerate() {
                 if !r.matcher.matches(&facts.request, facts.route) {
@@ -345,6 +365,12 @@ impl Policy {
                     // An unlimited tier or override: not limited by it.
                     continue;
                 };
+                if let Some(by) = r.by_answer {
+                    let units = facts.reserve.and_then(|f| f(r)).unwrap_or(by.reserve);
+                    reserved
+                        .get_or_insert_default()
+                        .push((i as u32, units.max(1)));
+                }
                 keyed.push(Keyed {
                     rule: i as u32,
                     key,
@@ -360,6 +386,7 @@ impl Policy {
             policy: self,
             who,
             keyed,
+            reserved,
         })
     }
 
@@ -448,6 +475,7 @@ impl Policy {
                 limited: true,
             },
             keyed,
+            reserved: None,
         })
     }
 }
@@ -624,7 +652,13 @@ pub struct Matched<'p> {
     /// most. (Small on purpose: an admission is moved through a few
     /// futures per request, and each move copies it.)
     keyed: SmallVec<[Keyed; 2]>,
+    /// What is reserved of each matching rule charged by its answer (by
+    /// its index): boxed, and only when there is one.
+    reserved: Option<Box<Reserved>>,
 }
+
+/// Units reserved per rule (by index) charged by the answer.
+type Reserved = SmallVec<[(u32, u64); 2]>;
 
 impl<'p> Matched<'p> {
     /// Who the client is.
@@ -642,13 +676,38 @@ impl<'p> Matched<'p> {
             .map(move |k| (&policy.rules[k.rule as usize], k.rule(policy), k.key(id)))
     }
 
-    /// The store ops of the matching rules.
+    /// The store ops of the matching rules (a rule charged by its answer
+    /// weighing what is reserved of it).
     pub fn ops(&self) -> SmallVec<[Op<'_>; 2]> {
         let id = &self.who.identity;
         self.keyed
             .iter()
-            .map(|k| Op::grouped(k.rule(self.policy), k.key(id), k.group(id)))
+            .map(|k| {
+                Op::grouped(k.rule(self.policy), k.key(id), k.group(id))
+                    .weighing(self.reserved_of(k.rule).unwrap_or(0))
+            })
             .collect()
+    }
+
+    /// What is reserved of the rule at `index`, if it is charged by its
+    /// answer and matched.
+    fn reserved_of(&self, index: u32) -> Option<u64> {
+        self.reserved
+            .as_deref()?
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, u)| *u)
+    }
+
+    /// What is reserved of `rule` (a rule charged by its answer), if it
+    /// matched.
+    pub fn reserved(&self, rule: &PolicyRule) -> Option<u64> {
+        let i = self
+            .policy
+            .rules
+            .iter()
+            .position(|r| std::ptr::eq(r, rule))?;
+        self.reserved_of(i as u32)
     }
 
     /// Stage 3: decides every matching rule in one store call, for a
@@ -763,7 +822,7 @@ impl<'p> Admitted<'p> {
     /// rule with its key and group. `None` when nothing awaits the answer.
     pub fn settlement<S: Store>(&self, limiter: &Arc<Limiter<S>>) -> Option<Settlement<S>> {
         let awaits = self.pending.as_deref().is_some_and(Pending::awaits_outcome);
-        if !awaits {
+        if !awaits && self.matched.reserved.is_none() {
             return None;
         }
         let id = &self.matched.who.identity;
@@ -774,12 +833,14 @@ impl<'p> Admitted<'p> {
             .filter_map(|k| {
                 let r = &self.matched.policy.rules[k.rule as usize];
                 let rule = k.rule(self.matched.policy);
-                rule.counts_failures().then(|| Owed {
+                let reserved = self.matched.reserved_of(k.rule);
+                (rule.counts_failures() || reserved.is_some()).then(|| Owed {
                     rule: rule.clone(),
                     key: k.key(id).to_owned(),
                     group: k.group(id).to_owned(),
                     failure_status: r.failure_status.clone(),
                     failure_grpc: r.failure_grpc.clone(),
+                    reserved,
                 })
             })
             .collect();

@@ -64,19 +64,113 @@ pub type Body<B> = Either<Guarded<B>, Full<Bytes>>;
 /// frame is handed on (before the client can have it, so a client that
 /// sends its next request at once finds its slot free), or when it is
 /// abandoned.
-#[derive(Debug)]
 pub struct Guarded<B> {
     inner: B,
     held: Option<Held>,
+    /// Run once when the body has ended or is dropped: the settling of
+    /// the rules charged by what the answer cost.
+    ended: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl<B: std::fmt::Debug> std::fmt::Debug for Guarded<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guarded")
+            .field("inner", &self.inner)
+            .field("held", &self.held)
+            .field("settles", &self.ended.is_some())
+            .finish()
+    }
 }
 
 impl<B> Guarded<B> {
     /// `inner`, holding `held` until its last frame is handed on or it is
     /// dropped (the gateway's hyper path uses it too).
     pub fn new(inner: B, held: Option<Held>) -> Self {
-        Self { inner, held }
+        Self {
+            inner,
+            held,
+            ended: None,
+        }
+    }
+
+    /// Calls `f` once when the body has ended or is dropped.
+    fn then(mut self, f: impl FnOnce() + Send + Sync + 'static) -> Self {
+        self.ended = Some(Box::new(f));
+        self
+    }
+
+    fn end(&mut self) {
+        self.held = None;
+        if let Some(f) = self.ended.take() {
+            f();
+        }
     }
 }
+
+impl<B> Drop for Guarded<B> {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// What an answer cost, in the units of the layer's rules charged by their
+/// answers ([`RateLimitLayerBuilder::charged_by_answer`]): the service puts
+/// one in its response's extensions, set before the response or later
+/// (a stream that knows its cost at its end keeps a clone and sets it
+/// then). The layer replaces the request's reservation by it when the
+/// response body has ended: the difference is charged, or given back. A
+/// cost never set leaves the reservation charged.
+///
+/// ```
+/// let cost = ratewarden_tower::Cost::new();
+/// let kept = cost.clone();
+/// kept.set(1200);
+/// assert_eq!(cost.get(), Some(1200));
+/// assert_eq!(ratewarden_tower::Cost::new().get(), None);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Cost(Arc<std::sync::atomic::AtomicU64>);
+
+impl Default for Cost {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Cost {
+    /// Not yet known.
+    pub fn new() -> Self {
+        Self(Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)))
+    }
+
+    /// Known now: `units`.
+    pub fn known(units: u64) -> Self {
+        let c = Self::new();
+        c.set(units);
+        c
+    }
+
+    /// The answer cost `units`.
+    pub fn set(&self, units: u64) {
+        self.0.store(
+            units.min(u64::MAX - 1),
+            std::sync::atomic::Ordering::Release,
+        );
+    }
+
+    /// What it was set to, if it was.
+    pub fn get(&self) -> Option<u64> {
+        let v = self.0.load(std::sync::atomic::Ordering::Acquire);
+        (v != u64::MAX).then_some(v)
+    }
+}
+
+/// What a request is estimated to cost the layer's rules charged by their
+/// answers, reserved at admission: put in the request's extensions (by a
+/// layer in front, or the caller). Without one, each rule reserves what
+/// [`RateLimitLayerBuilder::charged_by_answer`] said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserve(pub u64);
 
 impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
     type Data = B::Data;
@@ -89,8 +183,8 @@ impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if matches!(polled, Poll::Ready(None)) || this.inner.is_end_stream() {
-            // The end: dropping the guard gives the leases back.
-            this.held = None;
+            // The end: the leases go back, what the answer cost is settled.
+            this.end();
         }
         polled
     }
@@ -160,6 +254,24 @@ impl<S, K> RateLimitLayerBuilder<S, K> {
         f: impl Fn(StatusCode) -> Option<bool> + Send + Sync + 'static,
     ) -> Self {
         self.shared.classify = Some(Arc::new(f));
+        self
+    }
+    /// Charges rule `rule` by what each answer cost ([`Cost`]) rather
+    /// than per request: `reserve` units are reserved at admission (or the
+    /// request's [`Reserve`]) and corrected when the response body ends.
+    /// A name that is none of the layer's rules changes nothing.
+    pub fn charged_by_answer(mut self, rule: &str, reserve: u64) -> Self {
+        if let Some(r) = self
+            .shared
+            .policy
+            .rules
+            .iter_mut()
+            .find(|r| r.rule.name() == rule)
+        {
+            r.by_answer = Some(policy::ByAnswer {
+                reserve: reserve.max(1),
+            });
+        }
         self
     }
     /// What to do when the extractor finds no key (default [`Missing::Skip`]).
@@ -442,6 +554,8 @@ where
                     return Ok(problem_response(StatusCode::BAD_REQUEST, body));
                 }
             };
+            let reserve = parts.extensions.get::<Reserve>().map(|r| r.0);
+            let reserve_of = move |_: &policy::PolicyRule| reserve;
             let facts = Facts {
                 request: view::RequestView {
                     method: &parts.method,
@@ -455,6 +569,7 @@ where
                 },
                 route: None,
                 identity: Identity::Given(given.as_deref()),
+                reserve: Some(&reserve_of),
             };
             let mut admitted = match shared
                 .policy
@@ -488,7 +603,29 @@ where
             let _ = admitted
                 .settle(&shared.limiter, resp.status(), shared.classify.as_deref())
                 .await;
-            let mut resp = resp.map(|b| Either::Left(Guarded::new(b, held)));
+            // Rules charged by the answer: settled when its body has ended,
+            // by the cost the service put in the response (if it did).
+            let charged = admitted
+                .settlement(&shared.limiter)
+                .filter(|s| s.owed().iter().any(|o| o.reserved.is_some()));
+            let cost = resp.extensions().get::<Cost>().cloned();
+            let mut resp = resp.map(|b| {
+                let guarded = Guarded::new(b, held);
+                Either::Left(match charged {
+                    Some(s) => guarded.then(move || {
+                        let cost = match cost.and_then(|c| c.get()) {
+                            Some(n) => admission::AnswerCost::Known(n),
+                            None => admission::AnswerCost::Unknown,
+                        };
+                        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                            rt.spawn(async move {
+                                let _ = s.settle_with(|o| o.on_cost(cost)).await;
+                            });
+                        }
+                    }),
+                    None => guarded,
+                })
+            });
             if let Some(d) = &decision {
                 insert_headers(resp.headers_mut(), d.header_fields(shared.headers));
             }

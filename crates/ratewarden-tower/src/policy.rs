@@ -566,6 +566,22 @@ pub struct PolicyRule {
     /// the default tier's (or, when that is unlimited, the first limited
     /// tier's): the rule's name, and the base of its overrides.
     pub tiers: Option<Box<Tiers>>,
+    /// Charged by what the answer cost, not per request (`cost: {from:
+    /// ...}`): see [`ByAnswer`].
+    pub by_answer: Option<ByAnswer>,
+}
+
+/// A rule charged by what its answers cost (tokens, money, a cost the
+/// upstream names): admission reserves an estimate, and the end phase
+/// replaces the reservation by the answer's cost, charging the difference
+/// or giving it back ([`Settlement::on_end`](crate::settle::Settlement::on_end)).
+/// The units in flight plus the units settled never exceed the limit but
+/// by what an answer's cost exceeds its reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByAnswer {
+    /// Units reserved at admission where the front end estimates none
+    /// (at least 1: a request needs a unit left to go on).
+    pub reserve: u64,
 }
 
 /// A rule's tiers: its parameters chosen by one request value (a plan
@@ -612,6 +628,7 @@ impl PolicyRule {
             failure_grpc: DEFAULT_GRPC_FAILURES.to_vec(),
             missing: MissingPart::Identity,
             tiers: None,
+            by_answer: None,
         }
     }
 

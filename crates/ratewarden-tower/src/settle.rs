@@ -27,9 +27,44 @@ pub struct Owed {
     pub failure_status: Vec<(u16, u16)>,
     /// gRPC statuses that are failures (`failure_grpc_status`).
     pub failure_grpc: Vec<u16>,
+    /// A rule charged by its answer: the units reserved at admission,
+    /// which the answer's cost replaces.
+    pub reserved: Option<u64>,
+}
+
+/// What an answer cost a rule charged by its answer, as the front end read
+/// it when the answer ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerCost {
+    /// It cost this many units.
+    Known(u64),
+    /// No cost could be read (the client left mid-answer, the upstream
+    /// cut it, the body was not what was expected): the reservation stays
+    /// charged, the safe side.
+    Unknown,
+    /// The upstream failed before any output (no connection, a 5xx with
+    /// no body): nothing was spent, the reservation is given back.
+    Nothing,
 }
 
 impl Owed {
+    /// What the answer's `cost` settles of a rule charged by its answer:
+    /// the difference from what was reserved, charged or given back.
+    /// Nothing for other rules, or when the cost is what was reserved.
+    pub fn on_cost(&self, cost: AnswerCost) -> Option<Settle> {
+        let reserved = self.reserved?;
+        let cost = match cost {
+            AnswerCost::Known(c) => c,
+            AnswerCost::Unknown => return None,
+            AnswerCost::Nothing => 0,
+        };
+        match cost.cmp(&reserved) {
+            std::cmp::Ordering::Greater => Some(Settle::Charge(cost - reserved)),
+            std::cmp::Ordering::Less => Some(Settle::Refund(reserved - cost)),
+            std::cmp::Ordering::Equal => None,
+        }
+    }
+
     /// A failure or a success of a `count: failures` rule, at the
     /// request's weight (1).
     pub fn outcome(failure: bool) -> Settle {
@@ -46,7 +81,7 @@ impl Owed {
     /// any other HTTP status, and on gRPC's 0 (OK); a gRPC status that is
     /// neither leaves the key alone. Nothing for other rules.
     pub fn on_status(&self, status: u16, grpc: Option<u16>) -> Option<Settle> {
-        if !self.rule.counts_failures() {
+        if !self.rule.counts_failures() || self.reserved.is_some() {
             return None;
         }
         match grpc {
@@ -118,6 +153,16 @@ impl<S: Store> Settlement<S> {
     /// A store error is not fatal: the store counted it.
     pub async fn on_status(self, status: u16, grpc: Option<u16>) {
         let _ = self.settle_with(|o| o.on_status(status, grpc)).await;
+    }
+
+    /// The end of an answer: the `count: failures` rules settled on its
+    /// statuses, each rule charged by the answer on what it cost that rule
+    /// (`cost`; see [`Owed::on_cost`]). A store error is not fatal: the
+    /// store counted it.
+    pub async fn on_end(self, status: u16, grpc: Option<u16>, cost: impl Fn(&Owed) -> AnswerCost) {
+        let _ = self
+            .settle_with(|o| o.on_status(status, grpc).or_else(|| o.on_cost(cost(o))))
+            .await;
     }
 }
 

@@ -222,3 +222,79 @@ async fn a_custom_classifier_decides_what_a_failure_is() {
         StatusCode::BAD_REQUEST
     );
 }
+
+/// A service that settles what its answer cost after the response (issue
+/// 47): the layer reserves at admission (10 units, or the request's
+/// `Reserve`), and when the body has ended replaces the reservation by
+/// the `Cost` the service set, a stream's at its end.
+#[tokio::test]
+async fn a_service_settles_what_its_answer_cost_after_the_response() {
+    use ratewarden_tower::{Cost, Reserve};
+    let tokens = Rule::builder("tokens")
+        .algorithm(Kind::FixedWindow)
+        .limit(100, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::builder(MemoryStore::default(), [tokens], Header::new("x-key"))
+                .charged_by_answer("tokens", 10)
+                .build(),
+        )
+        .service_fn(|req: Request<Body>| async move {
+            // The cost the caller asks for, known at once or (`x-later`)
+            // only once the body is on its way.
+            let n: u64 = req.headers()["x-cost"].to_str().unwrap().parse().unwrap();
+            let cost = if req.headers().contains_key("x-later") {
+                let c = Cost::new();
+                let set = c.clone();
+                tokio::spawn(async move { set.set(n) });
+                tokio::task::yield_now().await;
+                c
+            } else {
+                Cost::known(n)
+            };
+            let mut resp = axum::http::Response::new(Body::from("answer"));
+            resp.extensions_mut().insert(cost);
+            Ok::<_, Infallible>(resp)
+        });
+    let call = |cost: u64, reserve: Option<u64>, later: bool| {
+        let svc = svc.clone();
+        let mut req = Request::get("/")
+            .header("x-key", "k")
+            .header("x-cost", cost.to_string());
+        if later {
+            req = req.header("x-later", "1");
+        }
+        let mut req = req.body(Body::empty()).unwrap();
+        if let Some(r) = reserve {
+            req.extensions_mut().insert(Reserve(r));
+        }
+        async move {
+            let resp = svc.oneshot(req).await.unwrap();
+            let (status, left) = (
+                resp.status(),
+                resp.headers()["x-ratelimit-remaining"]
+                    .to_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+            resp.into_body().collect().await.unwrap();
+            // The settle is spawned as the body ends.
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            (status, left)
+        }
+    };
+    // 10 reserved (90 left), the answer cost 42.
+    assert_eq!(call(42, None, false).await, (StatusCode::OK, "90".into()));
+    // 42 used: 10 reserved leaves 48; it cost 5 (47 used).
+    assert_eq!(call(5, None, true).await, (StatusCode::OK, "48".into()));
+    // The request's own estimate: 50 reserved of 53 left.
+    assert_eq!(
+        call(50, Some(50), false).await,
+        (StatusCode::OK, "3".into())
+    );
+    // 97 used: 10 do not fit.
+    assert_eq!(call(1, None, false).await.0, StatusCode::TOO_MANY_REQUESTS);
+}

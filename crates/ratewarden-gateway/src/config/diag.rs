@@ -283,6 +283,28 @@ fn penalty_hint(written: &str) -> String {
 /// Turns a serde-saphyr error into ours: with a suggestion for unknown
 /// keys, and the key at fault read from the line for type errors.
 pub(crate) fn parse_error(file: &str, text: &str, e: &serde_saphyr::Error) -> ConfigError {
+    let mut err = parse_error_at(file, text, e);
+    // An error our own visitors raise is placed at the key: where its
+    // value starts is what is written, and what a mend replaces.
+    if err.line > 0
+        && err.message.starts_with("expected ")
+        && let Some(l) = text.lines().nth(err.line as usize - 1)
+        && let Some(rest) = l.get(err.column.saturating_sub(1) as usize..)
+        && let Some(value) = rest
+            .strip_prefix(err.key.as_str())
+            .and_then(|r| r.strip_prefix(':'))
+    {
+        let skip = err.key.len() + 1 + (value.len() - value.trim_start().len());
+        err.column += skip as u64;
+        if let Some(at) = err.message.find(&format!("got `{}:", err.key)) {
+            let written = value_at(text, err.line, err.column);
+            err.message = format!("{}got `{written}`", &err.message[..at]);
+        }
+    }
+    err
+}
+
+fn parse_error_at(file: &str, text: &str, e: &serde_saphyr::Error) -> ConfigError {
     let loc = e.location();
     let rendered = e.to_string();
     // The first line is the message ("error: line L column C: ..."); the rest
@@ -326,7 +348,20 @@ pub(crate) fn parse_error(file: &str, text: &str, e: &serde_saphyr::Error) -> Co
         // A value of the wrong type: say what was expected and what was
         // written, in words, not serde's.
         let written = value_at(text, l.line(), l.column());
-        let expected = if first.starts_with("invalid i64")
+        // Our own visitors say what they expect in words already
+        // (`limit`, `cost`, `reserve`, `count`): kept, after `expected`.
+        let own = first
+            .strip_prefix("invalid type: ")
+            .and_then(|t| t.split_once(", expected "))
+            .map(|(_, e)| e)
+            .filter(|e| {
+                e.starts_with("a whole number")
+                    || e.starts_with("true or false")
+                    || e.starts_with("`input`")
+            });
+        let expected = if let Some(e) = own {
+            Some(e.to_owned())
+        } else if first.starts_with("invalid i64")
             || first.starts_with("invalid u64")
             || first.starts_with("invalid u32")
             || first.contains("expected i64")

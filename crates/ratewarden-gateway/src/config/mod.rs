@@ -14,6 +14,7 @@
 //! * [`env`]: `${VAR}` from the environment, before parsing.
 
 mod compat;
+pub mod cost;
 mod diag;
 mod env;
 mod model;
@@ -129,7 +130,7 @@ fn parse_all<T>(
                 None => take_out(&now, loc.line()),
             }
         } else if err.message.starts_with("expected ") {
-            placeholder(&err.message).and_then(|p| replace_value(&now, loc.line(), loc.column(), p))
+            placeholder(&err.message).and_then(|p| replace_value(&now, err.line, err.column, p))
         } else {
             None
         };

@@ -137,6 +137,11 @@ pub struct Config {
     pub status: StatusCode,
     /// Envoy's rate limit service (`rls:`).
     pub rls: Option<crate::config::rls::RlsSpec>,
+    /// The rules charged by what their answers cost, and how each reads
+    /// it.
+    pub costs: Vec<std::sync::Arc<super::cost::CostSpec>>,
+    /// Rules whose refusals take another shape than a problem body.
+    pub refusals: Vec<(String, super::cost::RefusalShape)>,
     /// Token verification for `jwt:CLAIM` key parts (`jwt:`).
     pub jwt: Option<crate::jwt::Verifier>,
     /// The most runtime overrides (`overrides.max`, default

@@ -430,11 +430,12 @@ impl Wire for Hyper {
             // A tunnel is one request: it ends when the tunnel does.
             let on = self.upgrade.take().and_then(|(_, on)| on);
             let idle = end.flow().live.config.client_idle_timeout;
-            super::tunnel::splice_then(on, server, idle, move || {
+            super::tunnel::splice_then(on, server, idle, move |sent| {
                 finish_spawned(
                     end,
                     Outcome {
                         status,
+                        bytes: Some(sent),
                         from_upstream: true,
                         ..Outcome::default()
                     },
@@ -449,8 +450,14 @@ impl Wire for Hyper {
             status,
             grpc_status: grpc_status(resp.headers()),
             from_upstream: true,
-            bytes: None,
+            ..Outcome::default()
         };
+        let mut end = end;
+        if end.tap.reads() {
+            for (name, value) in resp.headers() {
+                end.tap.field(name.as_str(), value.as_bytes());
+            }
+        }
         Ok(resp.map(|body| Ending::new(body, end, outcome, kept).boxed_unsync()))
     }
 
@@ -486,15 +493,15 @@ fn finish_spawned(mut end: End, outcome: Outcome, kept: Option<Kept>) {
     }
 }
 
-/// An answer's body on its way to the client, the end phase's tap: it
-/// counts the bytes, reads a gRPC status in the trailers, and finishes the
-/// request's end once, when the body has ended (the last frame handed on)
-/// or is dropped (the client gone, or the upstream cut it).
+/// An answer's body on its way to the client, feeding the end phase's
+/// [`Tap`](super::flow::Tap) (bytes, and a meter's reading), reading a
+/// gRPC status in the trailers, and finishing the request's end once, when
+/// the body has ended (the last frame handed on) or is dropped (the client
+/// gone, or the upstream cut it).
 struct Ending {
     inner: Body,
     end: Option<(End, Option<Kept>)>,
     outcome: Outcome,
-    sent: u64,
 }
 
 impl Ending {
@@ -503,21 +510,18 @@ impl Ending {
             inner,
             end: Some((end, kept)),
             outcome,
-            sent: 0,
         };
         if http_body::Body::is_end_stream(&this.inner) {
             // Nothing to send (never polled): the answer has ended.
-            this.finish(true);
+            this.finish();
         }
         this
     }
 
-    /// The end phase, once; `whole`: the body ended as the upstream ended it.
-    fn finish(&mut self, whole: bool) {
+    /// The end phase, once.
+    fn finish(&mut self) {
         if let Some((end, kept)) = self.end.take() {
-            let mut outcome = self.outcome;
-            outcome.bytes = whole.then_some(self.sent);
-            finish_spawned(end, outcome, kept);
+            finish_spawned(end, self.outcome, kept);
         }
     }
 }
@@ -535,21 +539,27 @@ impl http_body::Body for Ending {
         let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.sent += data.len() as u64;
-                } else if let Some(t) = frame.trailers_ref()
-                    && let Some(code) = grpc_status(t)
-                {
-                    this.outcome.grpc_status = Some(code);
+                if let Some((end, _)) = &mut this.end {
+                    if let Some(data) = frame.data_ref() {
+                        end.tap.data(data);
+                    } else if let Some(t) = frame.trailers_ref() {
+                        if let Some(code) = grpc_status(t) {
+                            this.outcome.grpc_status = Some(code);
+                        }
+                        if end.tap.reads() {
+                            for (name, value) in t {
+                                end.tap.trailer(name.as_str(), value.as_bytes());
+                            }
+                        }
+                    }
                 }
             }
-            Poll::Ready(Some(Err(_))) => this.finish(false),
-            Poll::Ready(None) => this.finish(true),
+            Poll::Ready(Some(Err(_)) | None) => this.finish(),
             Poll::Pending => {}
         }
         if this.end.is_some() && this.inner.is_end_stream() {
             // The last frame is handed on: the answer has ended.
-            this.finish(true);
+            this.finish();
         }
         polled
     }
@@ -566,7 +576,7 @@ impl http_body::Body for Ending {
 impl Drop for Ending {
     fn drop(&mut self) {
         // Dropped before its end: the client left, or the stream broke.
-        self.finish(false);
+        self.finish();
     }
 }
 

@@ -129,27 +129,28 @@ pub(crate) async fn attempt(
 
 /// Splices the client's upgraded connection (`client`, once hyper hands it
 /// over after the 101) with the server's, in a task of its own, then calls
-/// `ended` (the request's end phase) when the tunnel has ended, however it
-/// ends.
+/// `ended` (the request's end phase) with the bytes the client was sent,
+/// when the tunnel has ended, however it ends.
 pub(crate) fn splice_then(
     client: Option<OnUpgrade>,
     server: OnUpgrade,
     idle: Duration,
-    ended: impl FnOnce() + Send + 'static,
+    ended: impl FnOnce(u64) + Send + 'static,
 ) {
     crate::wire::spawn(async move {
+        let mut sent = 0;
         if let (Some(client), Ok(server)) = (client, server.await)
             && let Ok(client) = client.await
         {
-            splice(TokioIo::new(client), TokioIo::new(server), idle).await;
+            sent = splice(TokioIo::new(client), TokioIo::new(server), idle).await;
         }
-        ended();
+        ended(sent);
     });
 }
 
 /// Copies bytes both ways until either side closes, or until nothing
-/// moved either way for `idle`.
-async fn splice<A, B>(a: A, b: B, idle: Duration)
+/// moved either way for `idle`; the bytes `b` sent `a`.
+async fn splice<A, B>(a: A, b: B, idle: Duration) -> u64
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -157,10 +158,11 @@ where
     let start = Instant::now();
     // Milliseconds from `start` to the last byte moved, either way.
     let last = AtomicU64::new(0);
+    let (to_b, to_a) = (AtomicU64::new(0), AtomicU64::new(0));
     let (ar, aw) = tokio::io::split(a);
     let (br, bw) = tokio::io::split(b);
-    let one = pump(ar, bw, start, &last);
-    let two = pump(br, aw, start, &last);
+    let one = pump(ar, bw, start, &last, &to_b);
+    let two = pump(br, aw, start, &last, &to_a);
     let watchdog = async {
         let idle_ms = idle.as_millis() as u64;
         loop {
@@ -176,11 +178,12 @@ where
         _ = async { tokio::join!(one, two) } => {}
         () = watchdog => {}
     }
+    to_a.load(Ordering::Relaxed)
 }
 
 /// Copies `from` to `to` until `from` ends or either side fails, noting in
 /// `last` when bytes last moved; then shuts `to` for writing.
-async fn pump<R, W>(mut from: R, mut to: W, start: Instant, last: &AtomicU64)
+async fn pump<R, W>(mut from: R, mut to: W, start: Instant, last: &AtomicU64, moved: &AtomicU64)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -194,6 +197,7 @@ where
                     break;
                 }
                 last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+                moved.fetch_add(n as u64, Ordering::Relaxed);
             }
         }
     }

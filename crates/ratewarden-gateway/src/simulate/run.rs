@@ -284,6 +284,7 @@ impl<'a> Prepared<'a> {
                         },
                         identity: Identity::Given(Some(id)),
                         route: None,
+                        reserve: None,
                     })
                     .map_err(|_| ())
             })
@@ -392,6 +393,7 @@ impl<'a> Prepared<'a> {
                 },
                 identity: Identity::Given(Some(&traffic.identities[client])),
                 route: *route,
+                reserve: None,
             };
             let Ok(matched) = policy.matching(&facts, who.clone()) else {
                 // `missing: reject`: refused before any rule counts it.

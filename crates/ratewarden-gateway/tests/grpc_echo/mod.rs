@@ -6,7 +6,8 @@
 //! - `Unary`: its message back; `missing` is answered NOT_FOUND;
 //! - `Server`: for a message of one byte `n`, `n` messages `[0]`..`[n-1]`,
 //!   the last only after the client has said (by `Echo::release`) that
-//!   it read the first;
+//!   it read the first; a second byte `c`, if not 0, ends the stream with
+//!   gRPC status `c` in its trailers (after the messages);
 //! - `Client`: how many messages, and how many bytes, it was sent; the
 //!   server signals `Echo::got_first` when the first one arrives, and the
 //!   client sends the rest only then;
@@ -131,10 +132,19 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Echo {
                         Method(move |r: Request<Bytes>| {
                             let release = release.clone();
                             async move {
-                                let n = r.into_inner().first().copied().unwrap_or(0);
+                                let m = r.into_inner();
+                                let n = m.first().copied().unwrap_or(0);
+                                let code = m.get(1).copied().unwrap_or(0);
                                 let s: BoxStream = futures_util::stream::unfold(0u8, move |i| {
                                     let release = release.clone();
                                     async move {
+                                        if i == n && code != 0 {
+                                            let status = Status::new(
+                                                tonic::Code::from_i32(i32::from(code)),
+                                                "ended as asked",
+                                            );
+                                            return Some((Err(status), i + 1));
+                                        }
                                         if i >= n {
                                             return None;
                                         }

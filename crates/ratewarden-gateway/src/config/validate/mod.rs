@@ -13,6 +13,7 @@ use super::diag::{Diag, parse_duration, suggest};
 use super::model::*;
 use super::schema::*;
 
+mod cost;
 mod identity;
 mod jwt;
 mod keys;
@@ -318,6 +319,8 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         },
     };
     let mut rules: Vec<PolicyRule> = vec![];
+    let mut costs = vec![];
+    let mut refusals = vec![];
     let mut names: Vec<String> = vec![];
     let mut rules_ok = true;
     // `key_secret`: the HMAC key of hashed key parts (never printed).
@@ -356,7 +359,15 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         }
         names.push(r.name.value.clone());
         match rules::rule(d, r, &route_names, hasher.as_ref(), has_jwt) {
-            Some(g) => rules.push(g),
+            Some(c) => {
+                if let Some(spec) = c.cost {
+                    costs.push(std::sync::Arc::new(spec));
+                }
+                if c.refusal != super::cost::RefusalShape::Problem {
+                    refusals.push((c.rule.rule.name().to_owned(), c.refusal));
+                }
+                rules.push(c.rule);
+            }
             None => rules_ok = false,
         }
     }
@@ -412,6 +423,8 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         headers: headers?,
         status: status?,
         rls: rls?,
+        costs,
+        refusals,
         jwt: jwt?,
         overrides_max: overrides_max?,
         authz: authz?,

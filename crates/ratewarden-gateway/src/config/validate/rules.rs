@@ -53,13 +53,21 @@ pub(super) fn rule_location<'r>(r: &'r RuleFile, key: &str) -> &'r Location {
     at.unwrap_or(&r.name.referenced)
 }
 
+/// A rule, compiled: its policy rule, its cost read from the answer (if
+/// any), and the shape of its refusals.
+pub(super) struct Compiled {
+    pub(super) rule: PolicyRule,
+    pub(super) cost: Option<super::super::cost::CostSpec>,
+    pub(super) refusal: super::super::cost::RefusalShape,
+}
+
 pub(super) fn rule(
     d: &Diag<'_>,
     r: RuleFile,
     routes: &[String],
     hasher: Option<&KeyHasher>,
     has_jwt: bool,
-) -> Option<PolicyRule> {
+) -> Option<Compiled> {
     // A tiered rule without its own limit takes each tier's.
     let own = if r.limit.is_some() || r.tiers.is_none() {
         rule_spec(d, &r, None).map(Some)
@@ -199,14 +207,33 @@ pub(super) fn rule(
         }
         (None, None) => return None,
     };
-    Some(PolicyRule {
-        rule,
-        matcher: matcher?,
-        key: key?,
-        failure_status: failure_status?,
-        failure_grpc: failure_grpc?,
-        missing: missing?,
-        tiers: tiers.map(Box::new),
+    let from_answer = super::cost::from_answer(
+        d,
+        &r.name.value,
+        r.cost.as_ref(),
+        Some(rule.spec().algorithm),
+    );
+    let refusal = super::cost::refusal(d, r.refusal.as_ref());
+    let (cost, by_answer) = match from_answer? {
+        Some((spec, reserve)) => (
+            Some(spec),
+            Some(ratewarden_tower::policy::ByAnswer { reserve }),
+        ),
+        None => (None, None),
+    };
+    Some(Compiled {
+        rule: PolicyRule {
+            rule,
+            matcher: matcher?,
+            key: key?,
+            failure_status: failure_status?,
+            failure_grpc: failure_grpc?,
+            missing: missing?,
+            tiers: tiers.map(Box::new),
+            by_answer,
+        },
+        cost,
+        refusal: refusal?,
     })
 }
 
@@ -288,6 +315,15 @@ pub(super) fn tiers(
         let compiled = match &tier.value {
             TierFile::Unlimited => Some(None),
             TierFile::Params(p) => {
+                if let Some(c) = &p.cost
+                    && matches!(c.value, CostFile::From(_))
+                {
+                    d.error(
+                        "cost",
+                        Some(&c.referenced),
+                        "a tier's `cost` is a number: where an answer's cost is read is the rule's",
+                    );
+                }
                 let mut over = r.clone();
                 over.tiers = None;
                 macro_rules! lay {
@@ -362,7 +398,7 @@ pub(super) fn rule_spec(d: &Diag<'_>, r: &RuleFile, tier: Option<&str>) -> Optio
         },
     };
     let limit = match &r.limit {
-        Some(l) => d.positive("limit", l),
+        Some(l) => super::cost::limit_units(d, l, super::cost::priced(r.cost.as_ref())),
         None => {
             let at = r
                 .tiers
@@ -543,10 +579,7 @@ pub(super) fn rule_spec(d: &Diag<'_>, r: &RuleFile, tier: Option<&str>) -> Optio
             None
         }
     });
-    let cost = match &r.cost {
-        Some(c) => d.positive("cost", c).and_then(NonZeroU64::new),
-        None => Some(NonZeroU64::MIN),
-    };
+    let cost = super::cost::per_request(d, r.cost.as_ref());
     let spec = RuleSpec {
         name: r.name.value.clone(),
         algorithm: kind?,

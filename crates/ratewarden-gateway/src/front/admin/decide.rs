@@ -242,6 +242,7 @@ pub(super) async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Respons
                     None => Identity::Resolve,
                 },
                 route: Some(live.router.route_name(&request)),
+                reserve: None,
             };
             let who = match policy.identify(&facts) {
                 Ok(w) => w,
@@ -422,6 +423,7 @@ pub(super) async fn explain(gw: &Gateway, live: &Live, q: &[(String, String)]) -
             None => Identity::Resolve,
         },
         route: Some(live.router.route_name(&request)),
+        reserve: None,
     };
     let head = |identity: &str, would: bool| json!({"method": method.as_str(), "path": path, "identity": identity, "would_allow": would});
     // Refused before any rule decides: why, and with which status.

@@ -8,9 +8,9 @@
 
 use std::future::Future;
 
-use ratewarden_tower::admission::{Held, Settlement};
+use ratewarden_tower::admission::{AnswerCost, Held, Settlement};
 
-use super::{Counted, Flow, Line};
+use super::{Counted, Flow, Line, Read, Tap};
 use crate::store::AnyStore;
 
 /// How an answer ended, as the end phase reads it.
@@ -21,7 +21,8 @@ pub(crate) struct Outcome {
     /// A gRPC answer's `grpc-status`, from its trailers or a trailers-only
     /// head: what `count: failures` rules read instead of the status.
     pub(crate) grpc_status: Option<u16>,
-    /// Body bytes the client was sent, when known.
+    /// Body bytes the client was sent, when known (a relayed answer's:
+    /// what its [`Tap`] counted).
     pub(crate) bytes: Option<u64>,
     /// The upstream gave the answer (else the gateway did).
     pub(crate) from_upstream: bool,
@@ -46,6 +47,8 @@ pub(crate) struct End {
     pub(crate) flow: Flow,
     pub(crate) settlement: Option<Settlement<AnyStore>>,
     pub(crate) held: Option<Held>,
+    /// What the answer's body showed as it was relayed.
+    pub(crate) tap: Tap,
 }
 
 impl End {
@@ -61,6 +64,7 @@ impl End {
             flow: Flow::start(gw, live, given),
             settlement: None,
             held: None,
+            tap: Tap::default(),
         }
     }
 
@@ -90,10 +94,13 @@ impl End {
     /// counted it.
     pub(crate) fn finish<'a>(
         &mut self,
-        outcome: Outcome,
+        mut outcome: Outcome,
         line: impl FnOnce() -> Line<'a>,
     ) -> Option<impl Future<Output = ()> + Send + 'static> {
         self.held = None;
+        if outcome.from_upstream {
+            outcome.bytes = outcome.bytes.or(Some(self.tap.bytes));
+        }
         let flow = &self.flow;
         let (status, from_upstream) = (outcome.status, outcome.from_upstream);
         match &flow.counted {
@@ -143,6 +150,24 @@ impl End {
             return None;
         }
         let settlement = self.settlement.take()?;
-        Some(settlement.on_status(outcome.status, outcome.grpc_status))
+        // What the answer cost each rule charged by it: what its meter
+        // read; nothing when the upstream failed before any output (the
+        // gateway's own 5xx, or the upstream's with no body); unknown
+        // otherwise (the reservation stays: the safe side).
+        let reads = self.tap.read();
+        let nothing = outcome.status >= 500 && (!outcome.from_upstream || self.tap.bytes == 0);
+        Some(
+            settlement.on_end(outcome.status, outcome.grpc_status, move |o| {
+                let read = reads
+                    .iter()
+                    .find(|(r, _)| r == o.rule.name())
+                    .map(|(_, r)| *r);
+                match read {
+                    _ if nothing => AnswerCost::Nothing,
+                    Some(Read::Cost(c)) => AnswerCost::Known(c),
+                    Some(Read::Missing(_)) | None => AnswerCost::Unknown,
+                }
+            }),
+        )
     }
 }

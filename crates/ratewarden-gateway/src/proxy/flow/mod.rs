@@ -29,6 +29,7 @@
 pub(crate) mod answers;
 mod end;
 mod run;
+pub(crate) mod tap;
 
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -48,6 +49,7 @@ use crate::upstream::route::Group;
 pub(crate) use answers::{Grpc, add_rate_headers, edge_answer, grpc_kind, refusal_answer};
 pub(crate) use end::{End, Outcome};
 pub(crate) use run::{Own, Target, Tried, Wire, run};
+pub(crate) use tap::{Meter, Read, Tap};
 
 /// The status the access log gives a request whose client left before it
 /// was answered (nginx's 499): nothing was sent back.
@@ -194,6 +196,7 @@ impl Flow {
             request,
             identity: Identity::Resolve,
             route: Some(route.unwrap_or(crate::upstream::route::DEFAULT)),
+            reserve: None,
         };
         match gw.admit(live, &facts, rid).await {
             Ok(mut admitted) => {

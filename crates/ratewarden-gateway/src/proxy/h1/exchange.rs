@@ -23,7 +23,9 @@ use super::request::{BodyLen, Head};
 use super::response::{Framing, MAX_UPSTREAM_HEAD, UpHead, parse_response};
 use super::with_id;
 use super::write::{http_date, push_field, status_line, write_answer};
-use crate::proxy::flow::{End, Flow, Line, Outcome, Own, Tried, Wire, grpc_kind, refusal_answer};
+use crate::proxy::flow::{
+    End, Flow, Line, Outcome, Own, Tap, Tried, Wire, grpc_kind, refusal_answer,
+};
 use crate::proxy::forward::{
     Edge, X_FORWARDED, dropped_request_field, drops_length, is_hop_by_hop, push_forwarded_for,
     tls_cause, upstream_target, x_forwarded_index, x_forwarded_values,
@@ -309,23 +311,22 @@ impl Wire for H1<'_> {
         let close = self.head.close || resp.framing == Framing::Close;
         self.conn
             .response_head(&resp, end.flow(), decision.as_ref(), close);
-        let mut outcome = Outcome {
+        let outcome = Outcome {
             status: resp.status,
-            bytes: match resp.framing {
-                Framing::Empty => Some(0),
-                Framing::Length(n) => Some(n),
-                _ => None,
-            },
             from_upstream: true,
             ..Outcome::default()
         };
+        if end.tap.reads() {
+            for (name, value) in &self.conn.up_fields {
+                let name = std::str::from_utf8(&self.conn.up[name.clone()]).unwrap_or("");
+                end.tap
+                    .field(&name.to_ascii_lowercase(), &self.conn.up[value.clone()]);
+            }
+        }
         // From here `up` holds the body bytes read so far.
         self.conn.up.advance(resp.len);
         let relayed = relay_body(self, &mut end, &resp, &mut up).await;
-        if relayed.is_err() {
-            // Cut short: the client has less than the whole answer.
-            outcome.bytes = None;
-        }
+        // (Cut short, the tap counted what the client was sent.)
         if let Some(settle) = end.finish(outcome, || self.line()) {
             settle.await;
         }
@@ -393,26 +394,27 @@ async fn relay_body(
             out.extend_from_slice(&body[..n]);
             end.release_leases().await;
             io.write_all(out).await?;
+            end.tap.data(&body[..n]);
             body.len() == n
         }
         Framing::Length(n) => {
             io.write_all(out).await?;
             w.answering = None;
-            relay_length(up, io, body, n).await?;
+            relay_length(up, io, body, n, &mut end.tap).await?;
             end.release_leases().await;
             body.is_empty()
         }
         Framing::Chunked => {
             io.write_all(out).await?;
             w.answering = None;
-            let clean = relay_chunked(up, io, body).await?;
+            let clean = relay_chunked(up, io, body, &mut end.tap).await?;
             end.release_leases().await;
             clean
         }
         Framing::Close => {
             io.write_all(out).await?;
             w.answering = None;
-            relay_to_close(up, io, body).await?;
+            relay_to_close(up, io, body, &mut end.tap).await?;
             end.release_leases().await;
             false
         }
@@ -701,10 +703,12 @@ pub(crate) async fn relay_length<S: AsyncWrite + Unpin>(
     io: &mut S,
     buf: &mut BytesMut,
     mut left: u64,
+    tap: &mut Tap,
 ) -> io::Result<()> {
     loop {
         let n = buf.len().min(left.try_into().unwrap_or(usize::MAX));
         io.write_all(&buf[..n]).await?;
+        tap.data(&buf[..n]);
         left -= n as u64;
         if left == 0 {
             buf.advance(n);
@@ -718,20 +722,44 @@ pub(crate) async fn relay_length<S: AsyncWrite + Unpin>(
 
 /// Relays a chunked body as it is, starting with the bytes in `buf`;
 /// `Ok(true)` when it ended exactly where the upstream stopped sending.
+/// The tap counts the bytes as sent (framing included) and, when it reads
+/// the body, is fed the chunks' data and the trailer fields, decoded.
 pub(crate) async fn relay_chunked<S: AsyncWrite + Unpin>(
     up: &mut UpstreamIo,
     io: &mut S,
     buf: &mut BytesMut,
+    tap: &mut Tap,
 ) -> io::Result<bool> {
     let mut chunks = Chunks::default();
+    let (mut data, mut trailer) = (Vec::new(), Vec::new());
     loop {
         let bad = || io::Error::new(io::ErrorKind::InvalidData, "bad chunked framing");
-        match chunks.feed(buf).map_err(|_| bad())? {
-            Some(end) => {
-                io.write_all(&buf[..end]).await?;
-                return Ok(end == buf.len());
+        let ended = if tap.reads() {
+            data.clear();
+            trailer.clear();
+            chunks
+                .decode(buf, &mut data, &mut trailer)
+                .map_err(|_| bad())?
+        } else {
+            chunks.feed(buf).map_err(|_| bad())?
+        };
+        let n = ended.unwrap_or(buf.len());
+        io.write_all(&buf[..n]).await?;
+        tap.counted(n);
+        if tap.reads() {
+            for r in &data {
+                tap.meter_data(&buf[r.clone()]);
             }
-            None => io.write_all(buf).await?,
+            for r in &trailer {
+                let line = &buf[r.clone()];
+                if let Some(colon) = line.iter().position(|&b| b == b':') {
+                    let name = String::from_utf8_lossy(&line[..colon]).to_ascii_lowercase();
+                    tap.trailer(name.trim(), line[colon + 1..].trim_ascii());
+                }
+            }
+        }
+        if let Some(end) = ended {
+            return Ok(end == buf.len());
         }
         if refill(up, buf).await? == 0 {
             return Err(cut_short());
@@ -745,9 +773,11 @@ pub(crate) async fn relay_to_close<S: AsyncWrite + Unpin>(
     up: &mut UpstreamIo,
     io: &mut S,
     buf: &mut BytesMut,
+    tap: &mut Tap,
 ) -> io::Result<()> {
     loop {
         io.write_all(buf).await?;
+        tap.data(buf);
         if refill(up, buf).await? == 0 {
             return Ok(());
         }
