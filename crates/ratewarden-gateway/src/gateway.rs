@@ -31,6 +31,10 @@ pub struct Live {
     counts: Vec<(u64, Arc<RuleCounts>)>,
     /// A rule keys on a token's claims: requests' tokens are verified.
     reads_claims: bool,
+    /// The answer counts of requests no route took (the echo upstream's,
+    /// under the default route) and of those answered before any route
+    /// was chosen: resolved here, so that counting takes no lock.
+    pub(crate) unrouted: [Arc<crate::observe::metrics::RouteCounts>; 2],
 }
 
 impl std::fmt::Debug for Live {
@@ -82,12 +86,17 @@ impl Live {
             .jwt
             .as_ref()
             .is_some_and(|j| j.required || keyed_by_claims);
+        let unrouted = [
+            metrics.route(crate::upstream::route::DEFAULT),
+            metrics.route(crate::observe::metrics::NO_ROUTE),
+        ];
         Self {
             config,
             limiter,
             router,
             counts,
             reads_claims,
+            unrouted,
         }
     }
 

@@ -208,11 +208,11 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// The answer counts of `route`, created on first use.
     pub fn route(&self, route: &str) -> Arc<RouteCounts> {
-        self.routes
-            .lock()
-            .entry(route.to_owned())
-            .or_default()
-            .clone()
+        let mut m = self.routes.lock();
+        match m.get(route) {
+            Some(c) => c.clone(),
+            None => m.entry(route.to_owned()).or_default().clone(),
+        }
     }
 
     /// The decision counts of `rule`, created on first use.

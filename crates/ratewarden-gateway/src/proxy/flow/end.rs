@@ -105,16 +105,8 @@ impl End {
         let (status, from_upstream) = (outcome.status, outcome.from_upstream);
         match &flow.counted {
             Counted::Route(c) => c.response(status, from_upstream),
-            Counted::Echo => flow
-                .gw
-                .metrics
-                .route(crate::upstream::route::DEFAULT)
-                .response(status, from_upstream),
-            Counted::None => flow
-                .gw
-                .metrics
-                .route(crate::observe::metrics::NO_ROUTE)
-                .response(status, false),
+            Counted::Echo => flow.live.unrouted[0].response(status, from_upstream),
+            Counted::None => flow.live.unrouted[1].response(status, false),
         }
         if let Some(log) = &flow.gw.access {
             let line = line();
