@@ -321,9 +321,10 @@ impl Wire for Hook {
         &self.asked.target
     }
 
-    fn view<'a>(&'a self, path: &'a str) -> RequestView<'a> {
+    fn view<'a>(&'a self, path: &'a str, target: &'a str) -> RequestView<'a> {
         RequestView {
             path,
+            target,
             ..self.asked.view()
         }
     }

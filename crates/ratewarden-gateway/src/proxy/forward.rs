@@ -280,7 +280,7 @@ pub(crate) fn push_forwarded_for<'a>(
         out.extend_from_slice(hop);
         out.extend_from_slice(b", ");
     }
-    out.extend_from_slice(ratewarden_tower::identity::ip_text(peer).as_bytes());
+    ratewarden_tower::identity::push_ip(out, peer);
 }
 
 /// How a client connection came in: the peer, whether over TLS (and the

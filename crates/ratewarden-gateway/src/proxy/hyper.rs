@@ -29,6 +29,12 @@ use crate::upstream::route::{Chosen, Group};
 use ratewarden_tower::view::{Fields, RequestView};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// [`forward::X_FORWARDED`] as header names, made at compile time.
+const X_FORWARDED_NAMES: [HeaderName; 3] = [
+    HeaderName::from_static(forward::X_FORWARDED[0]),
+    HeaderName::from_static(forward::X_FORWARDED[1]),
+    HeaderName::from_static(forward::X_FORWARDED[2]),
+];
 
 /// Removes the request fields whose names contain `_` (see
 /// [`forward::dropped_request_field`]).
@@ -121,7 +127,7 @@ pub(crate) async fn handle(
         // (This wire's answers are built, not written: nothing fails.)
         Err(_) => Response::new(crate::answer::empty_body()),
     };
-    if let Ok(v) = HeaderValue::from_bytes(wire.rid.as_bytes()) {
+    if let Some(Ok(v)) = wire.rid.map(|r| HeaderValue::from_bytes(r.as_bytes())) {
         resp.headers_mut().insert(request_id::HEADER, v);
     }
     resp
@@ -172,7 +178,7 @@ struct Hyper {
     /// The target sent after the server's prefix.
     upstream_target: String,
     /// The request id the flow chose, for the answer's header.
-    rid: RequestId,
+    rid: Option<RequestId>,
     kept: Option<Kept>,
 }
 
@@ -226,7 +232,7 @@ impl Hyper {
             grpc,
             upgrade,
             upstream_target: String::new(),
-            rid: RequestId::keep_or_make(None, quanta::Instant::now()),
+            rid: None,
             kept,
         }
     }
@@ -267,11 +273,11 @@ impl Wire for Hyper {
         self.parts.uri.path_and_query().map_or("/", |p| p.as_str())
     }
 
-    fn view<'a>(&'a self, path: &'a str) -> RequestView<'a> {
+    fn view<'a>(&'a self, path: &'a str, target: &'a str) -> RequestView<'a> {
         RequestView {
             method: &self.parts.method,
             path,
-            target: self.target(),
+            target,
             authority: self.parts.uri.authority().map(|a| a.as_str()),
             fields: Fields::Map(&self.parts.headers),
             peer: Some(self.client.peer.ip()),
@@ -281,7 +287,7 @@ impl Wire for Hyper {
     }
 
     async fn answer(&mut self, flow: &Flow, own: Own<'_>) -> io::Result<(Response<Body>, Outcome)> {
-        self.rid = flow.rid.clone();
+        self.rid = Some(flow.rid.clone());
         let live = &flow.live;
         let answer = match own {
             Own::Refused(refusal) => refusal_answer(refusal, &live.config, self.grpc),
@@ -308,7 +314,7 @@ impl Wire for Hyper {
     }
 
     fn prepare(&mut self, flow: &Flow) -> Result<(), Edge> {
-        self.rid = flow.rid.clone();
+        self.rid = Some(flow.rid.clone());
         let live = &flow.live;
         let sent = self.parts.uri.path_and_query().map_or("/", |p| p.as_str());
         self.upstream_target =
@@ -330,7 +336,12 @@ impl Wire for Hyper {
             live.config.client_max_body_size,
         );
         self.fault = Some(fault);
-        let mut parts = self.parts.clone();
+        // The parts go upstream (not copied: a header map's copy allocates
+        // per field); the method and target stay for what is asked after.
+        let (mut kept, ()) = Request::new(()).into_parts();
+        kept.method = self.parts.method.clone();
+        kept.uri = self.parts.uri.clone();
+        let mut parts = std::mem::replace(&mut self.parts, kept);
         parts.version = Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
         forwarding_fields(&mut parts.headers, &forwarding, &flow.rid);
@@ -448,7 +459,7 @@ impl Wire for Hyper {
         // trailers-only, else in its trailers, at the end of the stream.
         let outcome = Outcome {
             status,
-            grpc_status: grpc_status(resp.headers()),
+            grpc_status: self.grpc.and_then(|_| grpc_status(resp.headers())),
             from_upstream: true,
             ..Outcome::default()
         };
@@ -610,12 +621,13 @@ struct Forwarding {
 /// had none (HTTP/2: `:authority`), for `preserve_host`.
 fn forwarding_fields(h: &mut HeaderMap, f: &Forwarding, rid: &RequestId) {
     let mut xff = Vec::new();
-    let chain = h.get_all(X_FORWARDED_FOR);
+    // (The incoming chain is looked up only when it is kept.)
+    let chain = f.keep_chain.then(|| h.get_all(X_FORWARDED_FOR));
     push_forwarded_for(
         &mut xff,
         chain
             .iter()
-            .filter(|_| f.keep_chain)
+            .flat_map(|c| c.iter())
             .map(HeaderValue::as_bytes),
         f.client.peer.ip(),
     );
@@ -631,8 +643,7 @@ fn forwarding_fields(h: &mut HeaderMap, f: &Forwarding, rid: &RequestId) {
         f.asked.as_ref().map(HeaderValue::as_bytes),
         &mut port,
     );
-    for (name, value) in forward::X_FORWARDED.iter().zip(ours) {
-        let name = HeaderName::from_static(name);
+    for (name, value) in X_FORWARDED_NAMES.into_iter().zip(ours) {
         if f.trusted && h.contains_key(&name) {
             continue;
         }

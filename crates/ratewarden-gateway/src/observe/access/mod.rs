@@ -367,7 +367,7 @@ impl Cache {
     fn ip(&mut self, out: &mut Vec<u8>, ip: IpAddr) {
         if self.ip != Some(ip) {
             self.ip_text.clear();
-            render_ip(&mut self.ip_text, ip);
+            ratewarden_tower::identity::push_ip(&mut self.ip_text, ip);
             self.ip = Some(ip);
         }
         out.extend_from_slice(&self.ip_text);
@@ -390,28 +390,6 @@ impl Cache {
             *at = secs;
         }
         out.extend_from_slice(text);
-    }
-}
-
-fn render_ip(out: &mut Vec<u8>, ip: IpAddr) {
-    match ip {
-        IpAddr::V4(v4) => {
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b'.');
-                }
-                if octet >= 100 {
-                    out.push(b'0' + octet / 100);
-                }
-                if octet >= 10 {
-                    out.push(b'0' + octet / 10 % 10);
-                }
-                out.push(b'0' + octet % 10);
-            }
-        }
-        IpAddr::V6(v6) => {
-            let _ = write!(out, "{v6}");
-        }
     }
 }
 

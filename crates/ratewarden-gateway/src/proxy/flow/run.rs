@@ -80,8 +80,9 @@ pub(crate) trait Wire {
     fn method(&self) -> &Method;
     /// The target as the client sent it (origin form, or `*`).
     fn target(&self) -> &str;
-    /// The one view of the request, with `path` as a rule sees it.
-    fn view<'a>(&'a self, path: &'a str) -> RequestView<'a>;
+    /// The one view of the request, with `path` as a rule sees it and
+    /// `target` as [`Wire::target`] gave it (asked once).
+    fn view<'a>(&'a self, path: &'a str, target: &'a str) -> RequestView<'a>;
     /// Where a request goes: the router's route for `request` by default
     /// (its name for the rules that match on it, and its servers).
     fn route<'l>(
@@ -144,11 +145,12 @@ pub(crate) async fn run<W: Wire + Send>(
     // Phases 2 to 5, borrowing the request from the wire until admission
     // has decided.
     let (target, decided) = {
-        let path = match end.flow.rule_path(wire.method(), wire.target()) {
+        let target = wire.target();
+        let path = match end.flow.rule_path(wire.method(), target) {
             Ok(p) => p,
             Err(e) => return answered(wire, &mut end, Own::Edge(e)).await,
         };
-        let request = wire.view(&path);
+        let request = wire.view(&path, target);
         let (route, target) = wire.route(&mut end.flow, live, &request);
         (target, end.flow.decide(request, route).await)
     };

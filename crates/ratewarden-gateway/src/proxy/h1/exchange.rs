@@ -197,11 +197,11 @@ impl Wire for H1<'_> {
         std::str::from_utf8(&self.conn.input[self.head.target.clone()]).unwrap_or("/")
     }
 
-    fn view<'a>(&'a self, path: &'a str) -> RequestView<'a> {
+    fn view<'a>(&'a self, path: &'a str, target: &'a str) -> RequestView<'a> {
         RequestView {
             method: &self.head.method,
             path,
-            target: self.target(),
+            target,
             authority: None,
             fields: Fields::Raw {
                 head: &self.conn.input[..self.head.len],
