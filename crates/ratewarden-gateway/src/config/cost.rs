@@ -1,6 +1,6 @@
 //! A rule charged by what its answers cost, as configured (`cost: {from:
 //! ...}`): where the cost is read, how it is counted, what is reserved
-//! before the answer. Plain specs: `proxy::cost` builds the meters and
+//! before the answer. Plain specs: `proxy::flow::cost` builds the meters and
 //! estimates from them.
 
 /// One rule's cost read from its answers.

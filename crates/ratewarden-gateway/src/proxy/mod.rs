@@ -4,7 +4,6 @@
 //! three take their phases from [`flow`], their upstream attempts from
 //! `failover`, and what the two HTTP paths must do alike from [`forward`].
 
-pub(crate) mod cost;
 mod failover;
 pub(crate) mod flow;
 pub mod forward;

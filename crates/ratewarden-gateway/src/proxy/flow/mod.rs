@@ -27,6 +27,7 @@
 //!    writes the access log's line.
 
 pub(crate) mod answers;
+mod cost;
 mod end;
 mod run;
 pub(crate) mod tap;
@@ -49,7 +50,7 @@ use crate::upstream::route::Group;
 pub(crate) use answers::{Grpc, add_rate_headers, edge_answer, grpc_kind, refusal_answer};
 pub(crate) use end::{End, Outcome};
 pub(crate) use run::{Own, Target, Tried, Wire, run};
-pub(crate) use tap::{Meter, Read, Tap};
+pub(crate) use tap::{Read, Tap};
 
 /// The status the access log gives a request whose client left before it
 /// was answered (nginx's 499): nothing was sent back.

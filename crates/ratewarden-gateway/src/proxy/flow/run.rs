@@ -161,7 +161,7 @@ pub(crate) async fn run<W: Wire + Send>(
     end.settlement = pass.settlement.take();
     end.held = pass.held.take();
     if let Some(s) = &end.settlement {
-        crate::proxy::cost::meter(&mut end.tap, &live.config.costs, s.owed());
+        super::cost::meter(&mut end.tap, &live.config.costs, s.owed());
     }
     let group = match target {
         Target::Itself => return answered(wire, &mut end, Own::Admitted(&pass)).await,

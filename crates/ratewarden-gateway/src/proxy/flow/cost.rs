@@ -1,13 +1,13 @@
 //! What an answer cost the rules charged by it (`cost: {from: ...}`),
 //! read alongside the relay: the meters the end phase's
-//! [`Tap`](super::flow::Tap) feeds, built from the rules' specs
+//! [`Tap`](super::Tap) feeds, built from the rules' specs
 //! (`config::cost`) for each request that matched one.
 
 use std::sync::Arc;
 
 use ratewarden_tower::admission::Owed;
 
-use super::flow::{Meter, Read, Tap};
+use super::tap::{Meter, Read, Tap};
 use crate::config::cost::{CostSource, CostSpec};
 
 /// Gives `tap` a meter for each rule in `owed` charged by its answer.
