@@ -156,3 +156,70 @@ async fn a_json_answers_cost_and_a_failure_before_output() {
     wait_left(admin, "tokens", 47).await;
     gw.shutdown().await;
 }
+
+/// The bound on what a rule charged by its answers lets through: each
+/// request in flight may cost more than it reserved, and admission sees
+/// only the reservations. Limit 10, reserve 2, answers that cost 5: five
+/// requests in flight are admitted (10 reserved), a sixth is refused, and
+/// when the five end, 25 units were served, 15 over, which is the five in
+/// flight times (cost - reserve); the rule's state saturates at its limit,
+/// so nothing more is admitted in the window.
+#[tokio::test]
+async fn over_admission_is_the_requests_in_flight_times_cost_over_reserve() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let (release, held) = tokio::sync::watch::channel(false);
+    {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                let seen = seen.clone();
+                let mut held = held.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let mut chunk = [0u8; 1024];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    let _ = held.wait_for(|go| *go).await;
+                    let out = "HTTP/1.1 200 OK\r\nx-cost: 5\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok";
+                    let _ = s.write_all(out.as_bytes()).await;
+                });
+            }
+        });
+    }
+    let yaml = "rules:\n  - name: units\n    limit: 10\n    window: 1h\n    cost: {from: header, header: X-Cost, reserve: 2}\n";
+    let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
+    let admin = gw.admin.unwrap();
+    let listen = gw.listen;
+    let in_flight: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(async move { send(listen, "GET", "/a", &[], "").await.status }))
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while seen.load(Ordering::SeqCst) < 5 {
+        assert!(std::time::Instant::now() < deadline, "the five never reached the upstream");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // 10 reserved: the sixth is refused before the upstream.
+    assert_eq!(send(listen, "GET", "/a", &[], "").await.status.as_u16(), 429);
+    release.send(true).unwrap();
+    for r in in_flight {
+        assert_eq!(r.await.unwrap().as_u16(), 200);
+    }
+    assert_eq!(seen.load(Ordering::SeqCst), 5, "served: 5 x 5 = 25 units");
+    // Charged up to the limit, not past it: the window is spent.
+    wait_left(admin, "units", 0).await;
+    assert_eq!(send(listen, "GET", "/a", &[], "").await.status.as_u16(), 429);
+    assert_eq!(seen.load(Ordering::SeqCst), 5);
+    gw.shutdown().await;
+}
