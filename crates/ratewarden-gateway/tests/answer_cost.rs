@@ -207,11 +207,17 @@ async fn over_admission_is_the_requests_in_flight_times_cost_over_reserve() {
         .collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while seen.load(Ordering::SeqCst) < 5 {
-        assert!(std::time::Instant::now() < deadline, "the five never reached the upstream");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the five never reached the upstream"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     // 10 reserved: the sixth is refused before the upstream.
-    assert_eq!(send(listen, "GET", "/a", &[], "").await.status.as_u16(), 429);
+    assert_eq!(
+        send(listen, "GET", "/a", &[], "").await.status.as_u16(),
+        429
+    );
     release.send(true).unwrap();
     for r in in_flight {
         assert_eq!(r.await.unwrap().as_u16(), 200);
@@ -219,7 +225,10 @@ async fn over_admission_is_the_requests_in_flight_times_cost_over_reserve() {
     assert_eq!(seen.load(Ordering::SeqCst), 5, "served: 5 x 5 = 25 units");
     // Charged up to the limit, not past it: the window is spent.
     wait_left(admin, "units", 0).await;
-    assert_eq!(send(listen, "GET", "/a", &[], "").await.status.as_u16(), 429);
+    assert_eq!(
+        send(listen, "GET", "/a", &[], "").await.status.as_u16(),
+        429
+    );
     assert_eq!(seen.load(Ordering::SeqCst), 5);
     gw.shutdown().await;
 }

@@ -42,6 +42,22 @@ pub struct LlmCost {
     pub include_usage: bool,
 }
 
+impl LlmCost {
+    /// What is reserved of a request whose body cannot be read (not JSON):
+    /// the default maximum output at the output's weight (a price table:
+    /// the dearest output); without `reserve`, one unit.
+    pub fn fallback(&self) -> u64 {
+        if !self.reserve {
+            return 1;
+        }
+        let per = match &self.count {
+            Count::Weights { output, .. } => *output,
+            Count::Price(p) => p.iter().map(|(_, x)| x.output).fold(0.0, f64::max),
+        };
+        ((self.default_max_output as f64) * per).ceil().max(1.0) as u64
+    }
+}
+
 /// An LLM API's request and answer shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {

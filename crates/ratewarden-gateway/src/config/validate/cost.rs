@@ -194,15 +194,7 @@ pub(super) fn from_answer(
             let reserve = reserved(d);
             (CostSource::Json(pointer.filter(|_| ok)?), reserve?)
         }
-        "llm" => {
-            llm(d, f, at)?;
-            d.error(
-                "from",
-                Some(&f.from.referenced),
-                "`from: llm` is not served yet: read the usage with `{from: json, pointer: /usage/total_tokens}`",
-            );
-            return None;
-        }
+        "llm" => llm(d, f, at)?,
         other => {
             let hint = suggest(other, ["llm", "header", "json"])
                 .map_or(String::new(), |s| format!("; did you mean `{s}`?"));
@@ -354,27 +346,31 @@ fn llm(
             good.then_some(Count::Price(prices))
         }
     };
+    // Rewriting the request's body is not served yet: said, not ignored.
+    for (k, v) in [
+        ("cap_max_output", &f.cap_max_output),
+        ("include_usage", &f.include_usage),
+    ] {
+        if let Some(v) = v.as_ref().filter(|v| v.value) {
+            d.error(
+                k,
+                Some(&v.referenced),
+                format!("`{k}: true` rewrites the request's body, which is not served yet"),
+            );
+            ok = false;
+        }
+    }
     let cost = LlmCost {
         dialect: dialect?,
         count: count?,
         reserve: reserve?,
         default_max_output: default_max_output?,
         cap_max_output: f.cap_max_output.as_ref().is_some_and(|c| c.value),
-        include_usage: f.include_usage.as_ref().is_none_or(|c| c.value),
+        include_usage: f.include_usage.as_ref().is_some_and(|c| c.value),
     };
     if !ok {
         return None;
     }
-    // Without an estimate (a body that is not JSON): the default maximum
-    // output at the output's weight; without `reserve`, one unit.
-    let fallback = if cost.reserve {
-        let per = match &cost.count {
-            Count::Weights { output, .. } => *output,
-            Count::Price(p) => p.iter().map(|(_, x)| x.output).fold(0.0, f64::max),
-        };
-        ((cost.default_max_output as f64) * per).ceil().max(1.0) as u64
-    } else {
-        1
-    };
+    let fallback = cost.fallback();
     Some((CostSource::Llm(cost), fallback))
 }

@@ -11,7 +11,7 @@ use super::tap::{Meter, Read, Tap};
 use crate::config::cost::{CostSource, CostSpec};
 
 /// Gives `tap` a meter for each rule in `owed` charged by its answer.
-pub(crate) fn meter(tap: &mut Tap, costs: &[Arc<CostSpec>], owed: &[Owed]) {
+pub(crate) fn meter(tap: &mut Tap, costs: &[Arc<CostSpec>], owed: &[Owed], model: Option<String>) {
     for o in owed.iter().filter(|o| o.reserved.is_some()) {
         let Some(spec) = costs.iter().find(|c| c.rule == o.rule.name()) else {
             continue;
@@ -26,8 +26,10 @@ pub(crate) fn meter(tap: &mut Tap, costs: &[Arc<CostSpec>], owed: &[Owed]) {
                 body: Vec::new(),
                 over: false,
             }),
-            // Read by the LLM meter, once its dialects land here.
-            CostSource::Llm(_) => continue,
+            CostSource::Llm(_) => match super::llm::LlmMeter::new(spec.clone(), model.clone()) {
+                Some(m) => Box::new(m),
+                None => continue,
+            },
         };
         tap.meter(o.rule.name(), m);
     }

@@ -29,6 +29,7 @@
 pub(crate) mod answers;
 mod cost;
 mod end;
+pub(crate) mod llm;
 mod run;
 pub(crate) mod tap;
 
@@ -37,9 +38,11 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ratewarden::{Decision, Rule};
-use ratewarden_tower::admission::{Facts, Held, Identity, Refusal, Settlement};
+use ratewarden_tower::admission::{Facts, Held, Identity, Refusal, Reserve, Settlement};
+use ratewarden_tower::policy::PolicyRule;
 use ratewarden_tower::view::RequestView;
 
+use crate::config::cost::CostSource;
 use crate::gateway::{Gateway, Live};
 use crate::observe::metrics::RouteCounts;
 use crate::observe::request_id::RequestId;
@@ -71,6 +74,9 @@ pub(crate) struct Flow {
     /// What the access log and the metrics say of the answer.
     pub(crate) note: Note,
     counted: Counted,
+    /// The model an LLM request's body names (read only when a rule is
+    /// charged by an LLM's usage).
+    pub(crate) llm_model: Option<String>,
 }
 
 /// Whose answer counts the request's answer.
@@ -140,6 +146,7 @@ impl Flow {
             arrival,
             note: Note::default(),
             counted: Counted::None,
+            llm_model: None,
         }
     }
 
@@ -172,11 +179,13 @@ impl Flow {
 
     /// Phases 4 and 5: `request` on `route`, through the one admission
     /// path; noting who the client is and, for a refusal, the rule that
-    /// refused and its key.
+    /// refused and its key. `body`, the request's body when the wire read
+    /// it whole, sizes what a rule charged by an LLM's usage reserves.
     pub(crate) async fn decide(
         &mut self,
         request: RequestView<'_>,
         route: Option<&str>,
+        body: Option<&[u8]>,
     ) -> Decided {
         // (Borrowed apart: the note is written while the admission borrows
         // the configuration.)
@@ -185,6 +194,7 @@ impl Flow {
             live,
             rid,
             note,
+            llm_model,
             ..
         } = self;
         let logged = gw.access.is_some();
@@ -193,11 +203,29 @@ impl Flow {
             Err(r) => return Decided::Refused(r),
         };
         let request = request.with_claims(claims.as_ref().map(|c| c as _));
+        // A rule charged by an LLM's usage reserves what the body asks.
+        let costs = &live.config.costs;
+        let by_llm = costs.iter().any(|c| matches!(c.source, CostSource::Llm(_)));
+        let json = body.filter(|_| by_llm).and_then(llm::body_json);
+        if let Some(v) = &json {
+            *llm_model = llm::model_of(v);
+        }
+        let (path, len) = (request.path, body.map_or(0, <[u8]>::len));
+        let reserve = |r: &PolicyRule| -> Option<u64> {
+            let spec = costs.iter().find(|c| c.rule == r.rule.name())?;
+            let CostSource::Llm(cost) = &spec.source else {
+                return None;
+            };
+            let asked = json
+                .as_ref()
+                .map(|v| llm::asked(llm::dialect_of(cost.dialect, path), v, len));
+            Some(llm::reservation(cost, asked.as_ref()))
+        };
         let facts = Facts {
             request,
             identity: Identity::Resolve,
             route: Some(route.unwrap_or(crate::upstream::route::DEFAULT)),
-            reserve: None,
+            reserve: by_llm.then_some(&reserve as &Reserve<'_>),
         };
         match gw.admit(live, &facts, rid).await {
             Ok(mut admitted) => {

@@ -80,6 +80,12 @@ pub(crate) trait Wire {
     fn method(&self) -> &Method;
     /// The target as the client sent it (origin form, or `*`).
     fn target(&self) -> &str;
+    /// The request's body, when the wire read it whole before the flow (the
+    /// HTTP/1.1 path, a body of declared length): what a rule charged by an
+    /// LLM's usage reserves is read from it.
+    fn body(&self) -> Option<&[u8]> {
+        None
+    }
     /// The one view of the request, with `path` as a rule sees it and
     /// `target` as [`Wire::target`] gave it (asked once).
     fn view<'a>(&'a self, path: &'a str, target: &'a str) -> RequestView<'a>;
@@ -152,7 +158,8 @@ pub(crate) async fn run<W: Wire + Send>(
         };
         let request = wire.view(&path, target);
         let (route, target) = wire.route(&mut end.flow, live, &request);
-        (target, end.flow.decide(request, route).await)
+        let body = wire.body();
+        (target, end.flow.decide(request, route, body).await)
     };
     let mut pass = match decided {
         Decided::Refused(r) => return answered(wire, &mut end, Own::Refused(&r)).await,
@@ -161,7 +168,8 @@ pub(crate) async fn run<W: Wire + Send>(
     end.settlement = pass.settlement.take();
     end.held = pass.held.take();
     if let Some(s) = &end.settlement {
-        super::cost::meter(&mut end.tap, &live.config.costs, s.owed());
+        let model = end.flow.llm_model.take();
+        super::cost::meter(&mut end.tap, &live.config.costs, s.owed(), model);
     }
     let group = match target {
         Target::Itself => return answered(wire, &mut end, Own::Admitted(&pass)).await,

@@ -197,6 +197,13 @@ impl Wire for H1<'_> {
         std::str::from_utf8(&self.conn.input[self.head.target.clone()]).unwrap_or("/")
     }
 
+    fn body(&self) -> Option<&[u8]> {
+        match self.conn.body.as_slice() {
+            [one] => self.conn.input.get(one.clone()),
+            _ => None,
+        }
+    }
+
     fn view<'a>(&'a self, path: &'a str, target: &'a str) -> RequestView<'a> {
         RequestView {
             method: &self.head.method,

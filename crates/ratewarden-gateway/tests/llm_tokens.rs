@@ -1,0 +1,261 @@
+//! Rules charged by an LLM's usage (`cost: {from: llm}`), against a fake
+//! OpenAI- and Anthropic-compatible upstream written here: the usage is
+//! read from the answer, JSON or streamed, the reservation made at
+//! admission (the body's length as the input bound, plus the maximum
+//! output) is replaced by it, and concurrent requests never take more than
+//! the budget.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use support::send;
+
+/// The fake upstream: reads a request with its body, counts it in `seen`,
+/// waits until `go` is true, and answers in the dialect its path names,
+/// streamed when the body says `"stream": true`, with a usage of 20 input
+/// tokens (5 of them cached) and the request's maximum output.
+async fn fake_llm(seen: Arc<AtomicUsize>, go: tokio::sync::watch::Receiver<bool>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let (seen, mut go) = (seen.clone(), go.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let (head, body) = loop {
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        if buf.len() >= i + 4 + len {
+                            break (head, buf[i + 4..i + 4 + len].to_vec());
+                        }
+                    }
+                    let mut chunk = [0u8; 4096];
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                };
+                seen.fetch_add(1, Ordering::SeqCst);
+                let _ = go.wait_for(|g| *g).await;
+                let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let max = req["max_tokens"].as_u64().unwrap_or(10);
+                let stream = req["stream"].as_bool().unwrap_or(false);
+                let anthropic = head.starts_with("post /v1/messages");
+                let (ctype, out) = match (anthropic, stream) {
+                    (false, false) => (
+                        "application/json",
+                        format!(
+                            r#"{{"model":"gpt-4o-mini","choices":[{{"message":{{"content":"ok"}}}}],"usage":{{"prompt_tokens":20,"completion_tokens":{max},"prompt_tokens_details":{{"cached_tokens":5}}}}}}"#
+                        ),
+                    ),
+                    (false, true) => (
+                        "text/event-stream",
+                        format!(
+                            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"o\"}}}}],\"usage\":null}}\n\n\
+                         data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":20,\"completion_tokens\":{max},\"prompt_tokens_details\":{{\"cached_tokens\":5}}}}}}\n\n\
+                         data: [DONE]\n\n"
+                        ),
+                    ),
+                    (true, false) => (
+                        "application/json",
+                        format!(
+                            r#"{{"type":"message","content":[],"usage":{{"input_tokens":15,"cache_read_input_tokens":5,"output_tokens":{max}}}}}"#
+                        ),
+                    ),
+                    (true, true) => (
+                        "text/event-stream",
+                        format!(
+                            "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"usage\":{{\"input_tokens\":15,\"cache_read_input_tokens\":5,\"output_tokens\":1}}}}}}\n\n\
+                         event: message_delta\ndata: {{\"type\":\"message_delta\",\"usage\":{{\"output_tokens\":{max}}}}}\n\n\
+                         event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
+                        ),
+                    ),
+                };
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{out}",
+                    out.len()
+                );
+                let _ = s.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// What `/v1/keys` says is left of `rule` for the test's client (one less
+/// than what is unused: it is a request's `remaining`).
+async fn left(admin: SocketAddr, rule: &str) -> u64 {
+    let body = send(admin, "GET", &format!("/v1/keys/{rule}/127.0.0.1"), &[], "")
+        .await
+        .body;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["remaining"].as_u64().unwrap_or_else(|| panic!("{v}"))
+}
+
+async fn wait_left(admin: SocketAddr, rule: &str, want: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let got = left(admin, rule).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left {got}, not {want}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+fn released() -> (
+    Arc<AtomicUsize>,
+    tokio::sync::watch::Sender<bool>,
+    tokio::sync::watch::Receiver<bool>,
+) {
+    let (tx, rx) = tokio::sync::watch::channel(true);
+    (Arc::new(AtomicUsize::new(0)), tx, rx)
+}
+
+/// Each dialect, JSON and streamed: the answer's usage is what is charged
+/// (20 input + the maximum output), whatever was reserved.
+#[tokio::test]
+async fn each_dialect_is_charged_its_usage_json_and_streamed() {
+    let (seen, _tx, rx) = released();
+    let up = fake_llm(seen, rx).await;
+    let yaml =
+        "rules:\n  - name: tokens\n    limit: 100000\n    window: 1h\n    cost: {from: llm}\n";
+    let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
+    let admin = gw.admin.unwrap();
+    let json = [("content-type", "application/json")];
+    let mut used = 0;
+    for (path, stream, max) in [
+        ("/v1/chat/completions", false, 30),
+        ("/v1/chat/completions", true, 40),
+        ("/v1/messages", false, 50),
+        ("/v1/messages", true, 60),
+    ] {
+        let body = format!(
+            r#"{{"model":"m","max_tokens":{max},"stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
+        );
+        let r = send(gw.listen, "POST", path, &json, &body).await;
+        assert_eq!(r.status.as_u16(), 200, "{path} {stream}: {}", r.body);
+        used += 20 + max;
+        wait_left(admin, "tokens", 100000 - used - 1).await;
+    }
+    gw.shutdown().await;
+}
+
+/// The exactness under concurrency: 40 streamed requests at once, each
+/// asking up to 400 tokens of output, against a budget of 5,000. Each is
+/// reserved its body's length plus 400 before it reaches the upstream, so
+/// only as many as the budget holds are let through; the rest are refused
+/// there, and what is charged at the end (each request's real usage)
+/// never exceeds the budget.
+#[tokio::test]
+async fn forty_concurrent_streams_never_take_more_than_the_budget() {
+    let (seen, go, rx) = released();
+    go.send(false).unwrap();
+    let up = fake_llm(seen.clone(), rx).await;
+    let yaml = "rules:\n  - name: tokens\n    limit: 5000\n    window: 1h\n    cost: {from: llm}\n";
+    let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
+    let admin = gw.admin.unwrap();
+    let body = r#"{"model":"gpt-4o-mini","max_tokens":400,"stream":true,"messages":[{"role":"user","content":"write"}]}"#;
+    let reserved = body.len() as u64 + 400;
+    let listen = gw.listen;
+    let calls: Vec<_> = (0..40)
+        .map(|_| {
+            tokio::spawn(async move {
+                send(
+                    listen,
+                    "POST",
+                    "/v1/chat/completions",
+                    &[("content-type", "application/json")],
+                    body,
+                )
+                .await
+                .status
+                .as_u16()
+            })
+        })
+        .collect();
+    // Every call has been decided once the admitted ones have reached the
+    // upstream and the refused ones have been answered.
+    let admitted_most = (5000 / reserved) as usize;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while seen.load(Ordering::SeqCst) < admitted_most {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} reached the upstream",
+            seen.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    go.send(true).unwrap();
+    let mut ok = 0;
+    for c in calls {
+        match c.await.unwrap() {
+            200 => ok += 1,
+            429 => {}
+            other => panic!("status {other}"),
+        }
+    }
+    assert_eq!(ok, admitted_most, "admitted: as many reservations as fit");
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        admitted_most,
+        "no refused request reached the upstream"
+    );
+    // Each admitted stream used 20 + 400; charged exactly that.
+    let charged = ok as u64 * 420;
+    assert!(charged <= 5000, "charged {charged}");
+    wait_left(admin, "tokens", 5000 - charged - 1).await;
+    gw.shutdown().await;
+}
+
+/// A body that is not JSON is reserved the default maximum output; a
+/// budget that cannot hold a request's reservation refuses it before the
+/// upstream.
+#[tokio::test]
+async fn a_reservation_that_does_not_fit_is_refused_before_the_upstream() {
+    let (seen, _tx, rx) = released();
+    let up = fake_llm(seen.clone(), rx).await;
+    let yaml = "rules:\n  - name: tokens\n    limit: 1000\n    window: 1h\n    cost: {from: llm, default_max_output: 2000}\n";
+    let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
+    let json = [("content-type", "application/json")];
+    // No maximum named: 2,000 reserved, more than the budget.
+    let r = send(
+        gw.listen,
+        "POST",
+        "/v1/chat/completions",
+        &json,
+        r#"{"messages":[]}"#,
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 429);
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+    // A maximum that fits.
+    let r = send(
+        gw.listen,
+        "POST",
+        "/v1/chat/completions",
+        &json,
+        r#"{"messages":[],"max_tokens":100}"#,
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200);
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    gw.shutdown().await;
+}
