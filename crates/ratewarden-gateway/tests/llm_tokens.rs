@@ -259,3 +259,55 @@ async fn a_reservation_that_does_not_fit_is_refused_before_the_upstream() {
     assert_eq!(seen.load(Ordering::SeqCst), 1);
     gw.shutdown().await;
 }
+
+/// `refusal: openai | anthropic`: the vendor's error object and rate-limit
+/// headers, on both HTTP paths (the HTTP/1.1 path's cached refusal bytes
+/// are a problem body's: a shaped rule's refusals are made apart).
+#[tokio::test]
+async fn refusals_take_the_vendors_shapes() {
+    let (seen, _tx, rx) = released();
+    let up = fake_llm(seen, rx).await;
+    let yaml = "rules:\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n    limit: 100\n    window: 1m\n    cost: {from: llm}\n    refusal: openai\n  - name: msgs\n    match: {path_prefix: /v1/messages}\n    limit: 100\n    window: 1m\n    cost: {from: llm}\n    refusal: anthropic\n";
+    let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
+    let json = [("content-type", "application/json")];
+    let big = r#"{"max_tokens":500,"messages":[]}"#;
+    let r = send(gw.listen, "POST", "/v1/chat/completions", &json, big).await;
+    assert_eq!(r.status.as_u16(), 429);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded", "{v}");
+    assert_eq!(v["error"]["type"], "tokens");
+    assert!(v["error"]["param"].is_null());
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("`chat`"),
+        "{v}"
+    );
+    let h = |n: &str| r.headers.get(n).map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(h("x-ratelimit-limit-tokens").as_deref(), Some("100"));
+    assert_eq!(h("x-ratelimit-remaining-tokens").as_deref(), Some("100"));
+    assert!(h("x-ratelimit-reset-tokens").is_some());
+    assert!(h("retry-after").is_some() && h("retry-after-ms").is_some());
+    assert_eq!(h("content-type").as_deref(), Some("application/json"));
+    let r = send(gw.listen, "POST", "/v1/messages", &json, big).await;
+    assert_eq!(r.status.as_u16(), 429);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
+    let h = |n: &str| r.headers.get(n).map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(
+        h("anthropic-ratelimit-tokens-limit").as_deref(),
+        Some("100")
+    );
+    assert!(
+        h("anthropic-ratelimit-tokens-reset")
+            .unwrap()
+            .ends_with('Z')
+    );
+    assert!(h("retry-after").is_some());
+    // HTTP/1.0: hyper's path (no body read: the default maximum output
+    // reserved, 1,024, over the budget), the same shape.
+    let out = support::binary_free_http10(gw.listen, "/v1/chat/x").await;
+    assert!(out.contains(" 429 "), "{out}");
+    assert!(out.contains("rate_limit_exceeded"), "{out}");
+    assert!(out.contains("x-ratelimit-limit-tokens: 100"), "{out}");
+    gw.shutdown().await;
+}

@@ -69,7 +69,7 @@ pub(super) fn refusal(d: &Diag<'_>, r: Option<&Sp<String>>) -> Option<RefusalSha
     let Some(r) = r else {
         return Some(RefusalShape::Problem);
     };
-    let shape = d.choice(
+    d.choice(
         "refusal",
         r,
         &[
@@ -77,19 +77,7 @@ pub(super) fn refusal(d: &Diag<'_>, r: Option<&Sp<String>>) -> Option<RefusalSha
             ("openai", RefusalShape::OpenAi),
             ("anthropic", RefusalShape::Anthropic),
         ],
-    )?;
-    if shape != RefusalShape::Problem {
-        d.error(
-            "refusal",
-            Some(&r.referenced),
-            format!(
-                "`{}` is not served yet: a refusal is a problem body",
-                r.value
-            ),
-        );
-        return None;
-    }
-    Some(shape)
+    )
 }
 
 /// `cost: {from: ...}` of rule `rule` (decided by `kind`): the spec, and

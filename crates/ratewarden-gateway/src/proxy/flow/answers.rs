@@ -34,7 +34,16 @@ pub(crate) fn refusal_answer(
         return grpc_refusal(refusal, config, kind);
     }
     match refusal {
-        Refusal::Limited(d) => crate::answer::rejection(d, config.status, config.headers),
+        Refusal::Limited(d) => match super::shaped::shape_of(d, config) {
+            Some((shape, by)) => super::shaped::shaped(
+                d,
+                by,
+                shape,
+                Refusal::limited_status(d, config.status),
+                config.headers,
+            ),
+            None => crate::answer::rejection(d, config.status, config.headers),
+        },
         Refusal::Unauthenticated => {
             let mut r = problem_body(
                 refusal.status(config.status),

@@ -31,6 +31,7 @@ mod cost;
 mod end;
 pub(crate) mod llm;
 mod run;
+pub(crate) mod shaped;
 pub(crate) mod tap;
 
 use std::borrow::Cow;

@@ -226,7 +226,10 @@ impl Wire for H1<'_> {
         let close = self.head.close;
         let grpc = || grpc_kind(self.field(b"content-type"));
         let answer = match own {
-            Own::Refused(Refusal::Limited(d)) if grpc().is_none() => {
+            Own::Refused(Refusal::Limited(d))
+                if grpc().is_none()
+                    && crate::proxy::flow::shaped::shape_of(d, &live.config).is_none() =>
+            {
                 // The refusing rule's status, else the default; the bytes
                 // from the thread's last rejection when they read the same.
                 let status = Refusal::limited_status(d, live.config.status);
