@@ -54,36 +54,7 @@ async fn fake_llm(seen: Arc<AtomicUsize>, go: tokio::sync::watch::Receiver<bool>
                 let max = req["max_tokens"].as_u64().unwrap_or(10);
                 let stream = req["stream"].as_bool().unwrap_or(false);
                 let anthropic = head.starts_with("post /v1/messages");
-                let (ctype, out) = match (anthropic, stream) {
-                    (false, false) => (
-                        "application/json",
-                        format!(
-                            r#"{{"model":"gpt-4o-mini","choices":[{{"message":{{"content":"ok"}}}}],"usage":{{"prompt_tokens":20,"completion_tokens":{max},"prompt_tokens_details":{{"cached_tokens":5}}}}}}"#
-                        ),
-                    ),
-                    (false, true) => (
-                        "text/event-stream",
-                        format!(
-                            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"o\"}}}}],\"usage\":null}}\n\n\
-                         data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":20,\"completion_tokens\":{max},\"prompt_tokens_details\":{{\"cached_tokens\":5}}}}}}\n\n\
-                         data: [DONE]\n\n"
-                        ),
-                    ),
-                    (true, false) => (
-                        "application/json",
-                        format!(
-                            r#"{{"type":"message","content":[],"usage":{{"input_tokens":15,"cache_read_input_tokens":5,"output_tokens":{max}}}}}"#
-                        ),
-                    ),
-                    (true, true) => (
-                        "text/event-stream",
-                        format!(
-                            "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"usage\":{{\"input_tokens\":15,\"cache_read_input_tokens\":5,\"output_tokens\":1}}}}}}\n\n\
-                         event: message_delta\ndata: {{\"type\":\"message_delta\",\"usage\":{{\"output_tokens\":{max}}}}}\n\n\
-                         event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
-                        ),
-                    ),
-                };
+                let (ctype, out) = answer(anthropic, stream, max);
                 let answer = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{out}",
                     out.len()
@@ -93,6 +64,61 @@ async fn fake_llm(seen: Arc<AtomicUsize>, go: tokio::sync::watch::Receiver<bool>
         }
     });
     addr
+}
+
+/// The fake's answer, complete enough for the vendors' SDKs to parse: 20
+/// input tokens (5 of them cached) and `max` output tokens.
+fn answer(anthropic: bool, stream: bool, max: u64) -> (&'static str, String) {
+    let usage = format!(
+        r#"{{"prompt_tokens":20,"completion_tokens":{max},"total_tokens":{},"prompt_tokens_details":{{"cached_tokens":5}}}}"#,
+        20 + max
+    );
+    let chunk = |choices: &str, usage: &str| {
+        format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o-mini\",\"choices\":{choices},\"usage\":{usage}}}\n\n"
+        )
+    };
+    let message = |content: &str, stop: &str, out: u64| {
+        format!(
+            r#"{{"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":{content},"stop_reason":{stop},"stop_sequence":null,"usage":{{"input_tokens":15,"cache_read_input_tokens":5,"cache_creation_input_tokens":0,"output_tokens":{out}}}}}"#
+        )
+    };
+    match (anthropic, stream) {
+        (false, false) => (
+            "application/json",
+            format!(
+                r#"{{"id":"c1","object":"chat.completion","created":1,"model":"gpt-4o-mini","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok"}},"finish_reason":"stop"}}],"usage":{usage}}}"#
+            ),
+        ),
+        (false, true) => (
+            "text/event-stream",
+            chunk(
+                r#"[{"index":0,"delta":{"role":"assistant","content":"ok"},"finish_reason":null}]"#,
+                "null",
+            ) + &chunk(r#"[{"index":0,"delta":{},"finish_reason":"stop"}]"#, "null")
+                + &chunk("[]", &usage)
+                + "data: [DONE]\n\n",
+        ),
+        (true, false) => (
+            "application/json",
+            message(r#"[{"type":"text","text":"ok"}]"#, r#""end_turn""#, max),
+        ),
+        (true, true) => {
+            let events = [
+                ("message_start", format!(r#"{{"type":"message_start","message":{}}}"#, message("[]", "null", 1))),
+                ("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#.to_owned()),
+                ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ok"}}"#.to_owned()),
+                ("content_block_stop", r#"{"type":"content_block_stop","index":0}"#.to_owned()),
+                ("message_delta", format!(r#"{{"type":"message_delta","delta":{{"stop_reason":"end_turn","stop_sequence":null}},"usage":{{"output_tokens":{max}}}}}"#)),
+                ("message_stop", r#"{"type":"message_stop"}"#.to_owned()),
+            ];
+            let body = events
+                .iter()
+                .map(|(e, d)| format!("event: {e}\ndata: {d}\n\n"))
+                .collect();
+            ("text/event-stream", body)
+        }
+    }
 }
 
 /// What `/v1/keys` says is left of `rule` for the test's client (one less
@@ -309,5 +335,67 @@ async fn refusals_take_the_vendors_shapes() {
     assert!(out.contains(" 429 "), "{out}");
     assert!(out.contains("rate_limit_exceeded"), "{out}");
     assert!(out.contains("x-ratelimit-limit-tokens: 100"), "{out}");
+    gw.shutdown().await;
+}
+
+/// The Python with the vendors' SDKs (`./test` makes one in
+/// `target/sdk-venv` and names it in `RATEWARDEN_SDK_PYTHON`).
+fn sdk_python() -> String {
+    std::env::var("RATEWARDEN_SDK_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "this test needs a Python with the `openai` and `anthropic` packages: run ./test \
+             (it makes target/sdk-venv), or `python3 -m venv v && v/bin/pip install openai anthropic` \
+             and set RATEWARDEN_SDK_PYTHON=v/bin/python"
+        )
+    })
+}
+
+/// The real SDKs from PyPI, pointed at the gateway: a call and a streamed
+/// call in each, each charged exactly its usage; past the budget, each
+/// SDK's `RateLimitError`, carrying our message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_and_anthropic_sdks_are_charged_their_usage() {
+    let python = sdk_python();
+    let (seen, _tx, rx) = released();
+    let up = fake_llm(seen, rx).await;
+    let yaml = "rules:\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n    limit: 1000\n    window: 1h\n    cost: {from: llm}\n    refusal: openai\n  - name: msgs\n    match: {path_prefix: /v1/messages}\n    limit: 1000\n    window: 1h\n    cost: {from: llm}\n    refusal: anthropic\n";
+    let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/llm_sdks.py");
+    let base = format!("http://{}", gw.listen);
+    let out = tokio::process::Command::new(&python)
+        .args([script, &base])
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{python}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |name: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name}: {stdout}"))
+            .split(' ')
+            .map(str::to_owned)
+            .collect()
+    };
+    // What each SDK read of the usage: 20 in, the maximum out.
+    assert_eq!(line("openai"), ["50", "ok"]);
+    assert_eq!(line("openai-stream"), ["60"]);
+    assert_eq!(line("anthropic"), ["70", "ok"]);
+    assert_eq!(line("anthropic-stream"), ["80"]);
+    // What the gateway charged: the same.
+    let admin = gw.admin.unwrap();
+    wait_left(admin, "chat", 1000 - 110 - 1).await;
+    wait_left(admin, "msgs", 1000 - 150 - 1).await;
+    let refused = line("openai-refused");
+    assert_eq!(refused[..2], ["429", "rate_limit_exceeded"], "{stdout}");
+    assert!(stdout.contains("under rule `chat`"), "{stdout}");
+    let refused = line("anthropic-refused");
+    assert_eq!(refused[..2], ["429", "rate_limit_error"], "{stdout}");
+    assert!(stdout.contains("under rule `msgs`"), "{stdout}");
     gw.shutdown().await;
 }
