@@ -54,7 +54,11 @@ async fn fake_llm(seen: Arc<AtomicUsize>, go: tokio::sync::watch::Receiver<bool>
                 let max = req["max_tokens"].as_u64().unwrap_or(10);
                 let stream = req["stream"].as_bool().unwrap_or(false);
                 let anthropic = head.starts_with("post /v1/messages");
-                let (ctype, out) = answer(anthropic, stream, max);
+                let (ctype, out) = if head.starts_with("post /v1/plain") {
+                    ("text/plain", "no usage here".to_owned())
+                } else {
+                    answer(anthropic, stream, max)
+                };
                 let answer = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{out}",
                     out.len()
@@ -166,7 +170,7 @@ async fn each_dialect_is_charged_its_usage_json_and_streamed() {
     let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
     let admin = gw.admin.unwrap();
     let json = [("content-type", "application/json")];
-    let mut used = 0;
+    let mut used: u64 = 0;
     for (path, stream, max) in [
         ("/v1/chat/completions", false, 30),
         ("/v1/chat/completions", true, 40),
@@ -181,6 +185,34 @@ async fn each_dialect_is_charged_its_usage_json_and_streamed() {
         used += 20 + max;
         wait_left(admin, "tokens", 100000 - used - 1).await;
     }
+    // Counted by rule, dialect and kind: 15 uncached and 5 cached in each.
+    let metrics = send(admin, "GET", "/metrics", &[], "").await.body;
+    for (dialect, kind, n) in [
+        ("openai", "input", 30),
+        ("openai", "cached_input", 10),
+        ("openai", "output", 70),
+        ("anthropic", "input", 30),
+        ("anthropic", "cached_input", 10),
+        ("anthropic", "output", 110),
+    ] {
+        let line = format!(
+            "ratewarden_llm_tokens_total{{rule=\"tokens\",dialect=\"{dialect}\",kind=\"{kind}\"}} {n}"
+        );
+        assert!(metrics.contains(&line), "no {line}:\n{metrics}");
+    }
+    // An answer with no usage: its reservation (the body's length plus
+    // the maximum output, 100) stays charged, and is counted.
+    let body = r#"{"max_tokens":100}"#;
+    let r = send(gw.listen, "POST", "/v1/plain", &json, body).await;
+    assert_eq!(r.status.as_u16(), 200);
+    used += body.len() as u64 + 100;
+    wait_left(admin, "tokens", 100000 - used - 1).await;
+    let metrics = send(admin, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        metrics
+            .contains("ratewarden_llm_usage_missing_total{rule=\"tokens\",reason=\"not_json\"} 1"),
+        "{metrics}"
+    );
     gw.shutdown().await;
 }
 

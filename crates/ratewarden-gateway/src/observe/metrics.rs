@@ -191,6 +191,12 @@ pub struct Metrics {
     tls_failures: AtomicU64,
     /// Tokens not trusted, by reason (`jwt:`).
     jwt_rejected: Mutex<Vec<(&'static str, u64)>>,
+    /// Answers to a rule charged by them whose cost could not be read: by
+    /// rule and reason.
+    cost_missing: Mutex<Vec<(String, &'static str, u64)>>,
+    /// LLM tokens charged: by rule, dialect and kind (input, cached_input,
+    /// output).
+    llm_tokens: Mutex<Vec<(String, &'static str, [u64; 3])>>,
     bans: Mutex<HashMap<(String, String), Instant>>,
     /// Per rule, keys seen near or over their limit lately (sampled), as
     /// the candidates `/v1/keys` inspects.
@@ -275,6 +281,36 @@ impl Metrics {
         match r.iter_mut().find(|(k, _)| *k == reason) {
             Some((_, n)) => *n += 1,
             None => r.push((reason, 1)),
+        }
+    }
+
+    /// An answer to `rule` (charged by its answers) named no cost it could
+    /// read: its reservation stays charged. Returns how many so far.
+    pub fn cost_missing(&self, rule: &str, reason: &'static str) -> u64 {
+        let mut m = self.cost_missing.lock();
+        match m.iter_mut().find(|(r, k, _)| r == rule && *k == reason) {
+            Some((_, _, n)) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                m.push((rule.to_owned(), reason, 1));
+                1
+            }
+        }
+    }
+
+    /// An LLM answer to `rule` used these tokens (uncached input, cached
+    /// input, output), in `dialect`'s shape.
+    pub fn llm_tokens(&self, rule: &str, dialect: &'static str, tokens: [u64; 3]) {
+        let mut m = self.llm_tokens.lock();
+        match m.iter_mut().find(|(r, d, _)| r == rule && *d == dialect) {
+            Some((_, _, n)) => {
+                for (a, b) in n.iter_mut().zip(tokens) {
+                    *a += b;
+                }
+            }
+            None => m.push((rule.to_owned(), dialect, tokens)),
         }
     }
 
@@ -472,6 +508,34 @@ impl Metrics {
                     out,
                     "ratewarden_jwt_rejected_total{{reason=\"{reason}\"}} {n}"
                 );
+            }
+        }
+        let missing = self.cost_missing.lock().clone();
+        if !missing.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP ratewarden_llm_usage_missing_total Answers to a rule charged by them whose cost (an LLM's usage, a header, a JSON field) could not be read: the reservation stays charged.\n# TYPE ratewarden_llm_usage_missing_total counter"
+            );
+            for (rule, reason, n) in missing {
+                let _ = writeln!(
+                    out,
+                    "ratewarden_llm_usage_missing_total{{rule=\"{rule}\",reason=\"{reason}\"}} {n}"
+                );
+            }
+        }
+        let tokens = self.llm_tokens.lock().clone();
+        if !tokens.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP ratewarden_llm_tokens_total Tokens LLM answers reported, by rule, dialect and kind.\n# TYPE ratewarden_llm_tokens_total counter"
+            );
+            for (rule, dialect, t) in tokens {
+                for (kind, n) in ["input", "cached_input", "output"].into_iter().zip(t) {
+                    let _ = writeln!(
+                        out,
+                        "ratewarden_llm_tokens_total{{rule=\"{rule}\",dialect=\"{dialect}\",kind=\"{kind}\"}} {n}"
+                    );
+                }
             }
         }
         let _ = writeln!(

@@ -148,12 +148,22 @@ impl End {
         // otherwise (the reservation stays: the safe side).
         let reads = self.tap.read();
         let nothing = outcome.status >= 500 && (!outcome.from_upstream || self.tap.bytes == 0);
+        let metrics = &flow.gw.metrics;
+        for (rule, read, tokens) in &reads {
+            if let Some(t) = tokens {
+                metrics.llm_tokens(rule, t.dialect, [t.input, t.cached, t.output]);
+            }
+            if let (Read::Missing(reason), false) = (read, nothing) {
+                let n = metrics.cost_missing(rule, reason);
+                missing_logged(rule, reason, n);
+            }
+        }
         Some(
             settlement.on_end(outcome.status, outcome.grpc_status, move |o| {
                 let read = reads
                     .iter()
-                    .find(|(r, _)| r == o.rule.name())
-                    .map(|(_, r)| *r);
+                    .find(|(r, _, _)| r == o.rule.name())
+                    .map(|(_, r, _)| *r);
                 match read {
                     _ if nothing => AnswerCost::Nothing,
                     Some(Read::Cost(c)) => AnswerCost::Known(c),
@@ -161,5 +171,28 @@ impl End {
                 }
             }),
         )
+    }
+}
+
+/// Logs an answer whose cost could not be read, once per 10 s (the count
+/// says how many in all: `ratewarden_llm_usage_missing_total`).
+fn missing_logged(rule: &str, reason: &str, so_far: u64) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST.load(Ordering::Relaxed);
+    if now >= last + 10
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(
+            rule,
+            reason,
+            so_far,
+            "an answer to rule {rule} named no cost that could be read ({reason}): its reservation stays charged ({so_far} so far)"
+        );
     }
 }

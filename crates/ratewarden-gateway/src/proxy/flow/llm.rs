@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use std::sync::Arc;
 
-use super::tap::{Meter, Read};
+use super::tap::{Meter, Read, Tokens};
 use crate::config::cost::{CostSource, CostSpec, Count, Dialect, LlmCost};
 
 /// The most of a JSON answer, or of one event, read for its usage: past
@@ -46,6 +46,8 @@ struct Seen {
     thoughts: Option<u64>,
     /// Anthropic's shape (`input_tokens` excludes the cache).
     anthropic: bool,
+    /// Whose shape the usage came in.
+    dialect: Option<&'static str>,
 }
 
 impl Seen {
@@ -54,7 +56,15 @@ impl Seen {
         macro_rules! take {
             ($($f:ident),*) => {$( if later.$f.is_some() { self.$f = later.$f; } )*};
         }
-        take!(input, cached, cache_read, cache_write, output, thoughts);
+        take!(
+            input,
+            cached,
+            cache_read,
+            cache_write,
+            output,
+            thoughts,
+            dialect
+        );
         self.anthropic |= later.anthropic;
     }
 
@@ -119,6 +129,17 @@ fn usage_object(u: &Value) -> Seen {
         s.cached = Some(c);
     }
     s.thoughts = whole(u.get("thoughtsTokenCount"));
+    s.dialect = if u.get("promptTokenCount").is_some() {
+        Some("gemini")
+    } else if s.anthropic {
+        Some("anthropic")
+    } else if u.get("prompt_tokens").is_some() {
+        Some("openai")
+    } else if u.get("input_tokens").is_some() {
+        Some("openai_responses")
+    } else {
+        None
+    };
     s
 }
 
@@ -135,6 +156,7 @@ fn read_object(v: &Value, seen: &mut Seen, model: &mut Option<String>) {
     found(v.get("usageMetadata")); // Gemini
     if anthropic_shape(v) {
         seen.anthropic = true;
+        seen.dialect = Some("anthropic");
     }
     for m in [
         v.get("model"),
@@ -275,6 +297,16 @@ impl Meter for LlmMeter {
                 None => {}
             }
         }
+    }
+
+    fn tokens(&self) -> Option<Tokens> {
+        let u = self.seen.usage()?;
+        Some(Tokens {
+            dialect: self.seen.dialect.unwrap_or("unknown"),
+            input: u.input - u.cached.min(u.input),
+            cached: u.cached.min(u.input),
+            output: u.output,
+        })
     }
 
     fn read(&mut self) -> Read {

@@ -16,6 +16,23 @@ pub(crate) trait Meter: Send + Sync {
     fn trailer(&mut self, _name: &str, _value: &[u8]) {}
     /// What the answer cost, read from all it was fed.
     fn read(&mut self) -> Read;
+    /// The tokens an LLM's answer reported, once read (for the metrics).
+    fn tokens(&self) -> Option<Tokens> {
+        None
+    }
+}
+
+/// Tokens an LLM's answer used, as its meter read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tokens {
+    /// Whose shape the usage came in (`openai`, `anthropic`...).
+    pub(crate) dialect: &'static str,
+    /// Input tokens not read from a cache.
+    pub(crate) input: u64,
+    /// Input tokens read from a cache.
+    pub(crate) cached: u64,
+    /// Output tokens.
+    pub(crate) output: u64,
 }
 
 /// What a [`Meter`] read of an answer.
@@ -96,11 +113,14 @@ impl Tap {
         }
     }
 
-    /// What each meter read, by rule.
-    pub(crate) fn read(&mut self) -> Vec<(String, Read)> {
+    /// What each meter read, by rule, and the tokens it saw.
+    pub(crate) fn read(&mut self) -> Vec<(String, Read, Option<Tokens>)> {
         self.meters
             .iter_mut()
-            .map(|(rule, m)| (std::mem::take(rule), m.read()))
+            .map(|(rule, m)| {
+                let read = m.read();
+                (std::mem::take(rule), read, m.tokens())
+            })
             .collect()
     }
 }
@@ -138,7 +158,7 @@ mod tests {
         metered.data(b"3");
         assert_eq!(
             (metered.bytes, metered.read()),
-            (5, vec![("r".to_owned(), Read::Cost(6))])
+            (5, vec![("r".to_owned(), Read::Cost(6), None)])
         );
     }
 }
