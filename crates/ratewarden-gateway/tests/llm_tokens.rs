@@ -5,6 +5,8 @@
 //! output) is replaced by it, and concurrent requests never take more than
 //! the budget.
 
+#[path = "../../ratewarden/tests/common/mod.rs"]
+mod common;
 mod support;
 
 use std::net::SocketAddr;
@@ -14,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use common::RedisServer;
 use support::send;
 
 /// The fake upstream: reads a request with its body, counts it in `seen`,
@@ -217,24 +220,31 @@ async fn each_dialect_is_charged_its_usage_json_and_streamed() {
 }
 
 /// The exactness under concurrency: 40 streamed requests at once, each
-/// asking up to 400 tokens of output, against a budget of 5,000. Each is
-/// reserved its body's length plus 400 before it reaches the upstream, so
-/// only as many as the budget holds are let through; the rest are refused
-/// there, and what is charged at the end (each request's real usage)
-/// never exceeds the budget.
-#[tokio::test]
-async fn forty_concurrent_streams_never_take_more_than_the_budget() {
+/// asking up to 400 tokens of output, against a budget of 5,000, through
+/// `gateways` (alternately). Each is reserved its body's length plus 400
+/// before it reaches the upstream, so only as many as the budget holds
+/// are let through; the rest are refused there, and what is charged at
+/// the end (each request's real usage) never exceeds the budget.
+async fn forty_streams(store: &str) {
     let (seen, go, rx) = released();
     go.send(false).unwrap();
     let up = fake_llm(seen.clone(), rx).await;
-    let yaml = "rules:\n  - name: tokens\n    limit: 5000\n    window: 1h\n    cost: {from: llm}\n";
-    let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
-    let admin = gw.admin.unwrap();
+    let yaml = format!(
+        "{store}rules:\n  - name: tokens\n    limit: 5000\n    window: 1h\n    cost: {{from: llm}}\n"
+    );
+    let gateways = if store.is_empty() {
+        vec![support::gateway(&yaml, &format!("http://{up}"), None).await]
+    } else {
+        vec![
+            support::gateway(&yaml, &format!("http://{up}"), None).await,
+            support::gateway(&yaml, &format!("http://{up}"), None).await,
+        ]
+    };
     let body = r#"{"model":"gpt-4o-mini","max_tokens":400,"stream":true,"messages":[{"role":"user","content":"write"}]}"#;
     let reserved = body.len() as u64 + 400;
-    let listen = gw.listen;
     let calls: Vec<_> = (0..40)
-        .map(|_| {
+        .map(|i| {
+            let listen = gateways[i % gateways.len()].listen;
             tokio::spawn(async move {
                 send(
                     listen,
@@ -249,8 +259,7 @@ async fn forty_concurrent_streams_never_take_more_than_the_budget() {
             })
         })
         .collect();
-    // Every call has been decided once the admitted ones have reached the
-    // upstream and the refused ones have been answered.
+    // The admitted ones reach the upstream and wait there.
     let admitted_most = (5000 / reserved) as usize;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while seen.load(Ordering::SeqCst) < admitted_most {
@@ -279,8 +288,25 @@ async fn forty_concurrent_streams_never_take_more_than_the_budget() {
     // Each admitted stream used 20 + 400; charged exactly that.
     let charged = ok as u64 * 420;
     assert!(charged <= 5000, "charged {charged}");
-    wait_left(admin, "tokens", 5000 - charged - 1).await;
-    gw.shutdown().await;
+    wait_left(gateways[0].admin.unwrap(), "tokens", 5000 - charged - 1).await;
+    for gw in gateways {
+        gw.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn forty_concurrent_streams_never_take_more_than_the_budget() {
+    forty_streams("").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_concurrent_streams_through_two_gateways_on_redis() {
+    let redis = RedisServer::start();
+    forty_streams(&format!(
+        "store: {{type: redis, url: \"{}\"}}\n",
+        redis.url()
+    ))
+    .await;
 }
 
 /// A body that is not JSON is reserved the default maximum output; a
