@@ -675,3 +675,56 @@ pub fn authz_dialect(data: &[u8]) {
         );
     }
 }
+
+/// The LLM readers (`cost: {from: llm}`): an answer's usage, JSON or
+/// streamed, read the same whatever pieces it arrives in (the first byte
+/// chooses the pieces); a request body's reservation always at least one
+/// unit and never below its input bound at weight 1.
+pub fn llm_usage(data: &[u8]) {
+    use crate::config::cost::{CostSource, CostSpec, Count, Dialect, LlmCost};
+    use crate::proxy::flow::llm;
+    use crate::proxy::flow::tap::{Meter, Read};
+    let Some((&step, body)) = data.split_first() else {
+        return;
+    };
+    let cost = LlmCost {
+        dialect: Dialect::Auto,
+        count: Count::Weights {
+            input: 1.0,
+            cached_input: 1.0,
+            output: 1.0,
+        },
+        reserve: true,
+        default_max_output: 1024,
+        cap_max_output: false,
+        include_usage: false,
+    };
+    let spec = std::sync::Arc::new(CostSpec {
+        rule: "f".into(),
+        source: CostSource::Llm(cost.clone()),
+    });
+    for ctype in ["text/event-stream", "application/json"] {
+        let read = |pieces: usize| -> Read {
+            let mut m = llm::LlmMeter::new(spec.clone(), None).expect("an llm spec");
+            m.field("content-type", ctype.as_bytes());
+            for p in body.chunks(pieces.max(1)) {
+                m.data(p);
+            }
+            m.read()
+        };
+        let whole = read(body.len());
+        assert_eq!(
+            read(usize::from(step)),
+            whole,
+            "{ctype}: pieces changed the read"
+        );
+        assert_eq!(read(1), whole, "{ctype}: byte by byte changed the read");
+    }
+    if let Some(v) = llm::body_json(body) {
+        for dialect in [None, Some(Dialect::OpenAi), Some(Dialect::Gemini)] {
+            let a = llm::asked(dialect, &v, body.len());
+            let r = llm::reservation(&cost, Some(&a));
+            assert!(r >= 1 && r >= a.input_bound, "reserved {r} of {a:?}");
+        }
+    }
+}

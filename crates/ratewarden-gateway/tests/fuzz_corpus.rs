@@ -86,3 +86,8 @@ fn jwt() {
 fn authz_dialect() {
     corpus("authz_dialect", ratewarden_gateway::fuzzing::authz_dialect);
 }
+
+#[test]
+fn llm_usage() {
+    corpus("llm_usage", ratewarden_gateway::fuzzing::llm_usage);
+}

@@ -457,3 +457,85 @@ async fn the_openai_and_anthropic_sdks_are_charged_their_usage() {
     assert!(stdout.contains("under rule `msgs`"), "{stdout}");
     gw.shutdown().await;
 }
+
+/// Streams pass through as they come: an upstream that sends an event
+/// every 200 ms, relayed under a rule that reads the stream's usage; the
+/// client sees each event within 50 ms of the upstream sending it (nothing
+/// is held back to read the usage), and the usage in the last is charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_events_reach_the_client_as_they_are_sent() {
+    use std::time::{Duration, Instant};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let sent: Arc<std::sync::Mutex<Vec<Instant>>> = Arc::default();
+    {
+        let sent = sent.clone();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 8192];
+            let mut got = Vec::new();
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).await.unwrap();
+                got.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+                .await
+                .unwrap();
+            for i in 0..5 {
+                let usage = if i == 4 {
+                    r#"{"prompt_tokens":3,"completion_tokens":5}"#
+                } else {
+                    "null"
+                };
+                let event = format!("data: {{\"choices\":[],\"usage\":{usage}}}\n\n");
+                let chunk = format!("{:x}\r\n{event}\r\n", event.len());
+                sent.lock().unwrap().push(Instant::now());
+                s.write_all(chunk.as_bytes()).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            s.write_all(b"0\r\n\r\n").await.unwrap();
+        });
+    }
+    let yaml =
+        "rules:\n  - name: tokens\n    limit: 100000\n    window: 1h\n    cost: {from: llm}\n";
+    let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
+    let mut c = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+    let body = r#"{"max_tokens":10,"stream":true}"#;
+    c.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut seen = Vec::new();
+    let mut all = Vec::new();
+    let mut buf = vec![0u8; 8192];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf))
+            .await
+            .expect("the stream within 10 s")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        all.extend_from_slice(&buf[..n]);
+        let events = all.windows(5).filter(|w| w == b"data:").count();
+        while seen.len() < events {
+            seen.push(Instant::now());
+        }
+    }
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(seen.len(), 5, "{}", String::from_utf8_lossy(&all));
+    for (i, (s, r)) in sent.iter().zip(&seen).enumerate() {
+        let late = r.saturating_duration_since(*s);
+        assert!(
+            late < Duration::from_millis(50),
+            "event {i} reached the client {late:?} after it was sent"
+        );
+    }
+    wait_left(gw.admin.unwrap(), "tokens", 100000 - 8 - 1).await;
+    gw.shutdown().await;
+}
