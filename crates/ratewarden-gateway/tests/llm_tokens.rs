@@ -539,3 +539,62 @@ async fn streamed_events_reach_the_client_as_they_are_sent() {
     wait_left(gw.admin.unwrap(), "tokens", 100000 - 8 - 1).await;
     gw.shutdown().await;
 }
+
+/// A money budget: prices per million tokens, a limit in currency (counted
+/// in millionths, so decimals are exact), by calendar month in Seoul, on
+/// the manual clock: charged what each answer's tokens cost at its model's
+/// price, refused when the month's money is spent, fresh at the local
+/// month's start.
+#[tokio::test]
+async fn a_monthly_money_budget_in_a_time_zone() {
+    use ratewarden::clock::ManualClock;
+    // 2027-01-31T14:59:00Z: 23:59 in Seoul, a minute before February.
+    let clock = ManualClock::new(1_801_407_540_000_000);
+    let (seen, _tx, rx) = released();
+    let up = fake_llm(seen.clone(), rx).await;
+    // gpt-4o-mini (the fake's model): 20 input tokens (5 cached) at 1000
+    // and 500 per million, 100 output at 2000: 15,000 + 2,500 + 200,000
+    // millionths = 0.2175 a call; the budget, 0.50 a month.
+    let yaml = "rules:\n  - name: spend\n    algorithm: fixed_window\n    limit: 0.50\n    calendar: {period: month, timezone: Asia/Seoul}\n    cost:\n      from: llm\n      price: {\"gpt-4o*\": {input: 1000, cached_input: 500, output: 2000}, \"*\": {input: 9000, output: 9000}}\n";
+    let gw = support::gateway(yaml, &format!("http://{up}"), Some(clock.clone())).await;
+    let admin = gw.admin.unwrap();
+    let json = [("content-type", "application/json")];
+    let body = r#"{"model":"gpt-4o-mini","max_tokens":100}"#;
+    // Reserved: (the body's length at the dearer input price) + 100 x 2000.
+    assert_eq!(
+        send(gw.listen, "POST", "/v1/chat/completions", &json, body)
+            .await
+            .status
+            .as_u16(),
+        200
+    );
+    wait_left(admin, "spend", 500_000 - 217_500 - 1).await;
+    assert_eq!(
+        send(gw.listen, "POST", "/v1/chat/completions", &json, body)
+            .await
+            .status
+            .as_u16(),
+        200
+    );
+    wait_left(admin, "spend", 500_000 - 435_000 - 1).await;
+    // 0.065 left: a third call's reservation does not fit.
+    assert_eq!(
+        send(gw.listen, "POST", "/v1/chat/completions", &json, body)
+            .await
+            .status
+            .as_u16(),
+        429
+    );
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    // February in Seoul: the month's money again.
+    clock.advance(std::time::Duration::from_secs(60));
+    assert_eq!(
+        send(gw.listen, "POST", "/v1/chat/completions", &json, body)
+            .await
+            .status
+            .as_u16(),
+        200
+    );
+    wait_left(admin, "spend", 500_000 - 217_500 - 1).await;
+    gw.shutdown().await;
+}
