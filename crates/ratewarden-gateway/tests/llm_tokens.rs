@@ -598,3 +598,60 @@ async fn a_monthly_money_budget_in_a_time_zone() {
     wait_left(admin, "spend", 500_000 - 217_500 - 1).await;
     gw.shutdown().await;
 }
+
+/// hyper's path (HTTP/1.0 here; HTTP/2 alike) reads the body whole before
+/// the decision when a rule reserves from it: the reservation is the
+/// body's length plus its `max_tokens`, not the default (which would not
+/// fit), and the upstream gets the body as sent.
+#[tokio::test]
+async fn hypers_path_reads_the_body_to_reserve() {
+    let (seen, _tx, rx) = released();
+    let up = fake_llm(seen.clone(), rx).await;
+    let yaml = "rules:\n  - name: tokens\n    limit: 200\n    window: 1h\n    cost: {from: llm, default_max_output: 5000}\n";
+    let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
+    let body = r#"{"model":"m","max_tokens":50}"#;
+    let mut c = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+    c.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.0\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(10), c.read_to_end(&mut out))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.0 200"), "{out}");
+    // The upstream read max_tokens from the body it was sent: 20 + 50.
+    assert!(out.contains(r#""completion_tokens":50"#), "{out}");
+    wait_left(gw.admin.unwrap(), "tokens", 200 - 70 - 1).await;
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    // The HTTP/1.1 path, a chunked body in two pieces: joined for the
+    // reservation (the default, 5,000, would not fit).
+    let (a, b) = body.split_at(10);
+    let mut c = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+    c.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+            a.len(),
+            b.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(10), c.read_to_end(&mut out))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    gw.shutdown().await;
+}

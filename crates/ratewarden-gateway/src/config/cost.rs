@@ -12,6 +12,13 @@ pub struct CostSpec {
     pub source: CostSource,
 }
 
+impl CostSpec {
+    /// Whether its reservation reads the request's body (`from: llm`).
+    pub fn reads_body(&self) -> bool {
+        matches!(self.source, CostSource::Llm(_))
+    }
+}
+
 /// Where an answer's cost is read.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CostSource {

@@ -163,6 +163,9 @@ struct Hyper {
     parts: Parts,
     /// The client's body, until the request upstream is made of it.
     body: Option<Incoming>,
+    /// The client's body read whole before the decision (a rule charged by
+    /// an LLM's usage reads it), with its trailers.
+    buffered: Option<(bytes::Bytes, Option<HeaderMap>)>,
     /// The request upstream, made and not sent (hyper hands back one a
     /// server could not be connected to, for the next).
     outgoing: Option<Request<ClientBody>>,
@@ -225,6 +228,7 @@ impl Hyper {
         Self {
             parts,
             body: Some(body),
+            buffered: None,
             outgoing: None,
             fault: None,
             client,
@@ -271,6 +275,34 @@ impl Wire for Hyper {
 
     fn target(&self) -> &str {
         self.parts.uri.path_and_query().map_or("/", |p| p.as_str())
+    }
+
+    async fn read_body(&mut self, flow: &Flow) -> Result<(), Edge> {
+        if self.upgrade.is_some() {
+            return Ok(());
+        }
+        let Some(body) = self.body.take() else {
+            return Ok(());
+        };
+        let config = &flow.live.config;
+        let max = config.client_max_body_size;
+        let (body, fault) = ClientBody::new(body, config.client_body_timeout, max);
+        match http_body_util::BodyExt::collect(body).await {
+            Ok(whole) => {
+                let trailers = whole.trailers().cloned();
+                self.buffered = Some((whole.to_bytes(), trailers));
+                Ok(())
+            }
+            Err(_) => Err(match fault.get() {
+                Some(BodyFault::Stalled) => Edge::BodyTimeout,
+                Some(BodyFault::TooLarge) => Edge::TooLarge(max),
+                _ => Edge::BadBody,
+            }),
+        }
+    }
+
+    fn body(&self) -> Option<&[u8]> {
+        self.buffered.as_ref().map(|(b, _)| &b[..])
     }
 
     fn view<'a>(&'a self, path: &'a str, target: &'a str) -> RequestView<'a> {
@@ -327,14 +359,15 @@ impl Wire for Hyper {
             self.parts.headers = headers;
             return Ok(());
         }
-        let Some(body) = self.body.take() else {
-            return Ok(());
+        let (body, fault) = match (self.buffered.take(), self.body.take()) {
+            (Some((data, trailers)), _) => ClientBody::buffered(data, trailers),
+            (None, Some(body)) => ClientBody::new(
+                body,
+                live.config.client_body_timeout,
+                live.config.client_max_body_size,
+            ),
+            (None, None) => return Ok(()),
         };
-        let (body, fault) = ClientBody::new(
-            body,
-            live.config.client_body_timeout,
-            live.config.client_max_body_size,
-        );
         self.fault = Some(fault);
         // The parts go upstream (not copied: a header map's copy allocates
         // per field); the method and target stay for what is asked after.

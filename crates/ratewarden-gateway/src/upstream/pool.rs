@@ -604,13 +604,26 @@ impl Body for PooledBody {
 /// it was the client's doing, which is answered 400 or 408, not 502.
 #[derive(Debug)]
 pub struct ClientBody {
-    inner: Incoming,
+    inner: Source,
     timeout: Duration,
     timer: Option<Pin<Box<Sleep>>>,
     fault: Arc<BodyFaults>,
     /// `client_max_body_size` (0: none), and the data bytes so far.
     max: u64,
     seen: u64,
+}
+
+/// Where a [`ClientBody`]'s bytes come from.
+#[derive(Debug)]
+enum Source {
+    /// The client, as they arrive.
+    Streamed(Incoming),
+    /// Read whole before the request was decided (a rule reads the body):
+    /// its data, then its trailers.
+    Buffered {
+        data: Option<Bytes>,
+        trailers: Option<http::HeaderMap>,
+    },
 }
 
 /// What went wrong with a client's body on its way upstream: the client's
@@ -655,11 +668,31 @@ impl ClientBody {
     pub(crate) fn new(inner: Incoming, timeout: Duration, max: u64) -> (Self, Arc<BodyFaults>) {
         let fault = Arc::new(BodyFaults::default());
         let body = Self {
-            inner,
+            inner: Source::Streamed(inner),
             timeout,
             timer: None,
             fault: fault.clone(),
             max,
+            seen: 0,
+        };
+        (body, fault)
+    }
+
+    /// A body read whole before: `data`, then `trailers`.
+    pub(crate) fn buffered(
+        data: Bytes,
+        trailers: Option<http::HeaderMap>,
+    ) -> (Self, Arc<BodyFaults>) {
+        let fault = Arc::new(BodyFaults::default());
+        let body = Self {
+            inner: Source::Buffered {
+                data: Some(data).filter(|d| !d.is_empty()),
+                trailers,
+            },
+            timeout: Duration::ZERO,
+            timer: None,
+            fault: fault.clone(),
+            max: 0,
             seen: 0,
         };
         (body, fault)
@@ -675,7 +708,20 @@ impl http_body::Body for ClientBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let inner = match &mut this.inner {
+            Source::Streamed(inner) => inner,
+            Source::Buffered { data, trailers } => {
+                return Poll::Ready(match (data.take(), trailers.take()) {
+                    (Some(d), t) => {
+                        *trailers = t;
+                        Some(Ok(Frame::data(d)))
+                    }
+                    (None, Some(t)) => Some(Ok(Frame::trailers(t))),
+                    (None, None) => None,
+                });
+            }
+        };
+        match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Err(e))) => {
                 this.fault.set(BodyFault::Broke);
                 Poll::Ready(Some(Err(e.into())))
@@ -710,10 +756,18 @@ impl http_body::Body for ClientBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Source::Streamed(inner) => inner.is_end_stream(),
+            Source::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Source::Streamed(inner) => inner.size_hint(),
+            Source::Buffered { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
     }
 }

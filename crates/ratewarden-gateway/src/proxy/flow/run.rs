@@ -80,6 +80,13 @@ pub(crate) trait Wire {
     fn method(&self) -> &Method;
     /// The target as the client sent it (origin form, or `*`).
     fn target(&self) -> &str;
+    /// Reads the request's body whole before the decision, when a rule
+    /// reads it (the HTTP/1.1 path has already: a body of declared
+    /// length); the edge's refusal when it fails (too large, stalled,
+    /// malformed).
+    fn read_body(&mut self, _flow: &Flow) -> impl Future<Output = Result<(), Edge>> + Send {
+        async { Ok(()) }
+    }
     /// The request's body, when the wire read it whole before the flow (the
     /// HTTP/1.1 path, a body of declared length): what a rule charged by an
     /// LLM's usage reserves is read from it.
@@ -146,6 +153,12 @@ pub(crate) async fn run<W: Wire + Send>(
 ) -> io::Result<W::Done> {
     let mut end = End::start(gw, live, wire.request_id());
     if let Some(e) = wire.edge() {
+        return answered(wire, &mut end, Own::Edge(e)).await;
+    }
+    // A rule charged by an LLM's usage reserves what the body asks.
+    if live.config.costs.iter().any(|c| c.reads_body())
+        && let Err(e) = wire.read_body(&end.flow).await
+    {
         return answered(wire, &mut end, Own::Edge(e)).await;
     }
     // Phases 2 to 5, borrowing the request from the wire until admission

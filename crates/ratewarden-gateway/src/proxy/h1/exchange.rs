@@ -151,6 +151,8 @@ pub(crate) struct H1<'c> {
     /// The target sent after the server's prefix when it is not the
     /// client's as it came (see [`crate::proxy::forward::upstream_target`]).
     rewritten: Option<String>,
+    /// A chunked body's pieces joined, when a rule reads the body.
+    joined: Option<Vec<u8>>,
 }
 
 impl<'c> H1<'c> {
@@ -170,6 +172,7 @@ impl<'c> H1<'c> {
             underscores,
             answering,
             rewritten: None,
+            joined: None,
         }
     }
 
@@ -197,9 +200,26 @@ impl Wire for H1<'_> {
         std::str::from_utf8(&self.conn.input[self.head.target.clone()]).unwrap_or("/")
     }
 
+    async fn read_body(&mut self, _flow: &Flow) -> Result<(), Edge> {
+        // Read whole already; a chunked body's pieces joined for the rules.
+        if self.conn.body.len() > 1 {
+            let input = &self.conn.input;
+            self.joined = Some(
+                self.conn
+                    .body
+                    .iter()
+                    .flat_map(|r| &input[r.clone()])
+                    .copied()
+                    .collect(),
+            );
+        }
+        Ok(())
+    }
+
     fn body(&self) -> Option<&[u8]> {
-        match self.conn.body.as_slice() {
-            [one] => self.conn.input.get(one.clone()),
+        match (&self.joined, self.conn.body.as_slice()) {
+            (Some(j), _) => Some(j),
+            (None, [one]) => self.conn.input.get(one.clone()),
             _ => None,
         }
     }
