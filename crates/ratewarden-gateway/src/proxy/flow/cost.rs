@@ -44,7 +44,7 @@ struct HeaderMeter {
 
 impl HeaderMeter {
     fn saw(&mut self, name: &str, value: &[u8]) {
-        if name == self.name {
+        if name.eq_ignore_ascii_case(&self.name) {
             self.found = Some(
                 std::str::from_utf8(value)
                     .ok()

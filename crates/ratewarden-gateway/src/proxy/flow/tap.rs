@@ -8,11 +8,12 @@
 /// way: the head's fields, then the body's bytes (decoded: chunked framing
 /// taken off), then the trailers; [`Meter::read`] once the answer ended.
 pub(crate) trait Meter: Send + Sync {
-    /// A field of the answer's head (name lowercase).
+    /// A field of the answer's head (its name in any case: HTTP/1.1's as
+    /// sent, HTTP/2's lowercase).
     fn field(&mut self, _name: &str, _value: &[u8]) {}
     /// The next bytes of the body.
     fn data(&mut self, bytes: &[u8]);
-    /// A trailer field (name lowercase).
+    /// A trailer field (its name in any case).
     fn trailer(&mut self, _name: &str, _value: &[u8]) {}
     /// What the answer cost, read from all it was fed.
     fn read(&mut self) -> Read;

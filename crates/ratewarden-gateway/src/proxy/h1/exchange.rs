@@ -349,8 +349,7 @@ impl Wire for H1<'_> {
         if end.tap.reads() {
             for (name, value) in &self.conn.up_fields {
                 let name = std::str::from_utf8(&self.conn.up[name.clone()]).unwrap_or("");
-                end.tap
-                    .field(&name.to_ascii_lowercase(), &self.conn.up[value.clone()]);
+                end.tap.field(name, &self.conn.up[value.clone()]);
             }
         }
         // From here `up` holds the body bytes read so far.
