@@ -655,3 +655,52 @@ async fn hypers_path_reads_the_body_to_reserve() {
     assert_eq!(seen.load(Ordering::SeqCst), 2);
     gw.shutdown().await;
 }
+
+/// The access log's JSON line of an LLM call: the model, the tokens in
+/// and out, what was reserved and what charged.
+#[tokio::test]
+async fn the_access_log_says_what_an_llm_call_used_and_was_charged() {
+    let (seen, _tx, rx) = released();
+    let up = fake_llm(seen, rx).await;
+    let dir = std::env::temp_dir().join(format!(
+        "rw-llm-log-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    let yaml = format!(
+        "access_log: {{path: {}, format: json}}\nrules:\n  - name: tokens\n    limit: 100000\n    window: 1h\n    cost: {{from: llm}}\n",
+        log.display()
+    );
+    let gw = support::gateway(&yaml, &format!("http://{up}"), None).await;
+    let body = r#"{"model":"gpt-4o-mini","max_tokens":30}"#;
+    let r = send(
+        gw.listen,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        body,
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let line: Value = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(l) = text.lines().next() {
+            break serde_json::from_str(l).unwrap();
+        }
+        assert!(std::time::Instant::now() < deadline, "no line");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(line["model"], "gpt-4o-mini", "{line}");
+    assert_eq!(line["tokens_in"], 20);
+    assert_eq!(line["tokens_out"], 30);
+    assert_eq!(line["reserved"], body.len() as u64 + 30);
+    assert_eq!(line["charged"], 50);
+    gw.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -74,6 +74,22 @@ pub struct Record<'a> {
     pub referer: Option<&'a [u8]>,
     /// `User-Agent`, as sent.
     pub user_agent: Option<&'a [u8]>,
+    /// What a rule charged by an LLM's usage read and charged (JSON only).
+    pub llm: Option<&'a LlmLine>,
+}
+
+/// The access log's account of an LLM call (`cost: {from: llm}`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LlmLine {
+    /// The model the answer (else the request) named.
+    pub model: Option<String>,
+    /// Input tokens (cached ones included) and output tokens, when the
+    /// answer reported its usage.
+    pub tokens_in: Option<u64>,
+    pub tokens_out: Option<u64>,
+    /// The units reserved at admission, and charged in the end.
+    pub reserved: u64,
+    pub charged: u64,
 }
 
 /// When a request arrived, for its line: a TSC read, cheaper than the
@@ -502,6 +518,22 @@ fn render(cache: &mut Cache, out: &mut Vec<u8>, r: &Record<'_>, format: Format) 
             json_opt(out, r.referer);
             out.extend_from_slice(b",\"user_agent\":");
             json_opt(out, r.user_agent);
+            if let Some(l) = r.llm {
+                out.extend_from_slice(b",\"model\":");
+                json_opt(out, l.model.as_deref().map(str::as_bytes));
+                for (name, v) in [
+                    (&b",\"tokens_in\":"[..], l.tokens_in),
+                    (b",\"tokens_out\":", l.tokens_out),
+                    (b",\"reserved\":", Some(l.reserved)),
+                    (b",\"charged\":", Some(l.charged)),
+                ] {
+                    out.extend_from_slice(name);
+                    match v {
+                        Some(v) => out.extend_from_slice(n.format(v).as_bytes()),
+                        None => out.extend_from_slice(b"null"),
+                    }
+                }
+            }
             out.push(b'}');
         }
         Format::Combined => {

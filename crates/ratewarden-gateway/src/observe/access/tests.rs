@@ -21,6 +21,7 @@ fn record() -> Record<'static> {
         tier: None,
         referer: None,
         user_agent: Some(b"curl/8"),
+        llm: None,
     }
 }
 

@@ -10,6 +10,7 @@ use std::future::Future;
 
 use ratewarden_tower::admission::{AnswerCost, Held, Settlement};
 
+use super::tap::Metered;
 use super::{Counted, Flow, Line, Read, Tap};
 use crate::store::AnyStore;
 
@@ -108,10 +109,56 @@ impl End {
             Counted::Echo => flow.live.unrouted[0].response(status, from_upstream),
             Counted::None => flow.live.unrouted[1].response(status, false),
         }
+        // What the answer cost each rule charged by it: what its meter
+        // read; nothing when the upstream failed before any output (the
+        // gateway's own 5xx, or the upstream's with no body); unknown
+        // otherwise (the reservation stays: the safe side).
+        let reads = if self.tap.reads() {
+            self.tap.read()
+        } else {
+            Vec::new()
+        };
+        let nothing = outcome.status >= 500 && (!outcome.from_upstream || self.tap.bytes == 0);
+        let gone = outcome.status == super::CLIENT_GONE;
+        let cost_of = move |reads: &[Metered], rule: &str| match reads
+            .iter()
+            .find(|m| m.rule == rule)
+            .map(|m| m.read)
+        {
+            _ if nothing => AnswerCost::Nothing,
+            Some(Read::Cost(c)) => AnswerCost::Known(c),
+            Some(Read::Missing(_)) | None => AnswerCost::Unknown,
+        };
         if let Some(log) = &flow.gw.access {
             let line = line();
             let n = &flow.note;
             let (time, duration) = crate::observe::access::since(flow.arrival);
+            // An LLM call's account: its usage, what was reserved and what
+            // charged (the reservation, when nothing is settled).
+            let llm = reads
+                .iter()
+                .find(|m| m.tokens.is_some() || m.model.is_some())
+                .map(|m| {
+                    let reserved = self
+                        .settlement
+                        .as_ref()
+                        .and_then(|s| s.owed().iter().find(|o| o.rule.name() == m.rule))
+                        .and_then(|o| o.reserved)
+                        .unwrap_or(0);
+                    let charged = match cost_of(&reads, &m.rule) {
+                        _ if gone => reserved,
+                        AnswerCost::Known(c) => c,
+                        AnswerCost::Nothing => 0,
+                        AnswerCost::Unknown => reserved,
+                    };
+                    crate::observe::access::LlmLine {
+                        model: m.model.clone(),
+                        tokens_in: m.tokens.map(|t| t.input + t.cached),
+                        tokens_out: m.tokens.map(|t| t.output),
+                        reserved,
+                        charged,
+                    }
+                });
             log.log(&crate::observe::access::Record {
                 time,
                 peer: line.peer,
@@ -134,41 +181,28 @@ impl End {
                 }),
                 referer: line.referer,
                 user_agent: line.user_agent,
+                llm: llm.as_ref(),
             });
         }
         // A client that left before any answer settles nothing: there was
         // no answer to count as a failure or a success.
-        if outcome.status == super::CLIENT_GONE {
+        if gone {
             return None;
         }
         let settlement = self.settlement.take()?;
-        // What the answer cost each rule charged by it: what its meter
-        // read; nothing when the upstream failed before any output (the
-        // gateway's own 5xx, or the upstream's with no body); unknown
-        // otherwise (the reservation stays: the safe side).
-        let reads = self.tap.read();
-        let nothing = outcome.status >= 500 && (!outcome.from_upstream || self.tap.bytes == 0);
         let metrics = &flow.gw.metrics;
-        for (rule, read, tokens) in &reads {
-            if let Some(t) = tokens {
-                metrics.llm_tokens(rule, t.dialect, [t.input, t.cached, t.output]);
+        for m in &reads {
+            if let Some(t) = m.tokens {
+                metrics.llm_tokens(&m.rule, t.dialect, [t.input, t.cached, t.output]);
             }
-            if let (Read::Missing(reason), false) = (read, nothing) {
-                let n = metrics.cost_missing(rule, reason);
-                missing_logged(rule, reason, n);
+            if let (Read::Missing(reason), false) = (m.read, nothing) {
+                let n = metrics.cost_missing(&m.rule, reason);
+                missing_logged(&m.rule, reason, n);
             }
         }
         Some(
             settlement.on_end(outcome.status, outcome.grpc_status, move |o| {
-                let read = reads
-                    .iter()
-                    .find(|(r, _, _)| r == o.rule.name())
-                    .map(|(_, r, _)| *r);
-                match read {
-                    _ if nothing => AnswerCost::Nothing,
-                    Some(Read::Cost(c)) => AnswerCost::Known(c),
-                    Some(Read::Missing(_)) | None => AnswerCost::Unknown,
-                }
+                cost_of(&reads, o.rule.name())
             }),
         )
     }

@@ -299,6 +299,10 @@ impl Meter for LlmMeter {
         }
     }
 
+    fn model(&self) -> Option<&str> {
+        self.model.as_deref().or(self.asked_model.as_deref())
+    }
+
     fn tokens(&self) -> Option<Tokens> {
         let u = self.seen.usage()?;
         Some(Tokens {

@@ -21,6 +21,20 @@ pub(crate) trait Meter: Send + Sync {
     fn tokens(&self) -> Option<Tokens> {
         None
     }
+    /// The model an LLM's answer (else its request) named.
+    fn model(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// What one meter read of an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Metered {
+    /// The rule it reads for.
+    pub(crate) rule: String,
+    pub(crate) read: Read,
+    pub(crate) tokens: Option<Tokens>,
+    pub(crate) model: Option<String>,
 }
 
 /// Tokens an LLM's answer used, as its meter read them.
@@ -115,12 +129,17 @@ impl Tap {
     }
 
     /// What each meter read, by rule, and the tokens it saw.
-    pub(crate) fn read(&mut self) -> Vec<(String, Read, Option<Tokens>)> {
+    pub(crate) fn read(&mut self) -> Vec<Metered> {
         self.meters
             .iter_mut()
             .map(|(rule, m)| {
                 let read = m.read();
-                (std::mem::take(rule), read, m.tokens())
+                Metered {
+                    rule: std::mem::take(rule),
+                    read,
+                    tokens: m.tokens(),
+                    model: m.model().map(str::to_owned),
+                }
             })
             .collect()
     }
@@ -159,7 +178,15 @@ mod tests {
         metered.data(b"3");
         assert_eq!(
             (metered.bytes, metered.read()),
-            (5, vec![("r".to_owned(), Read::Cost(6), None)])
+            (
+                5,
+                vec![Metered {
+                    rule: "r".to_owned(),
+                    read: Read::Cost(6),
+                    tokens: None,
+                    model: None
+                }]
+            )
         );
     }
 }
