@@ -232,3 +232,50 @@ async fn over_admission_is_the_requests_in_flight_times_cost_over_reserve() {
     assert_eq!(seen.load(Ordering::SeqCst), 5);
     gw.shutdown().await;
 }
+
+/// An app that decides with `/v1/check` and learns the cost after:
+/// `/v1/report` with what it reserved and what the answer used corrects
+/// the charge, up or down, in one store call.
+#[tokio::test]
+async fn v1_report_corrects_a_checked_reservation_to_what_was_used() {
+    let yaml = "rules:\n  - name: tokens\n    limit: 1000\n    window: 1h\n";
+    let gw = support::gateway(yaml, "echo", None).await;
+    let admin = gw.admin.unwrap();
+    let json = [("content-type", "application/json")];
+    let check = send(
+        admin,
+        "POST",
+        "/v1/check",
+        &json,
+        r#"{"rule":"tokens","key":"127.0.0.1","cost":300}"#,
+    )
+    .await;
+    assert_eq!(check.status.as_u16(), 200, "{}", check.body);
+    assert_eq!(left(admin, "tokens").await, 1000 - 300 - 1);
+    let r = send(
+        admin,
+        "POST",
+        "/v1/report",
+        &json,
+        r#"{"rule":"tokens","key":"127.0.0.1","reserved":300,"used":120}"#,
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(
+        (v["charged"].as_u64(), v["refunded"].as_u64()),
+        (Some(0), Some(180))
+    );
+    assert_eq!(left(admin, "tokens").await, 1000 - 120 - 1);
+    let r = send(
+        admin,
+        "POST",
+        "/v1/report",
+        &json,
+        r#"{"rule":"tokens","key":"127.0.0.1","reserved":10,"used":60}"#,
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.body);
+    assert_eq!(left(admin, "tokens").await, 1000 - 170 - 1);
+    gw.shutdown().await;
+}

@@ -75,6 +75,11 @@ pub(super) struct ReportBody {
     lease: Option<u64>,
     #[serde(default = "one")]
     cost: u64,
+    /// What a `/v1/check` reserved (its `cost`), and what the answer then
+    /// used: the difference charged or given back (an LLM call's tokens,
+    /// for an app that checks before and reports after).
+    reserved: Option<u64>,
+    used: Option<u64>,
 }
 
 /// Header fields given as pairs, the invalid ones left out (as a proxied
@@ -378,9 +383,40 @@ pub(super) async fn report(live: &Live, body: ReportBody) -> Response<Body> {
                 Err(e) => unavailable(e),
             }
         }
+        (None, None) if body.reserved.is_some() && body.used.is_some() => {
+            let (reserved, used) = (body.reserved.unwrap_or(0), body.used.unwrap_or(0));
+            if op.rule.spec().algorithm.holds_leases() {
+                return problem_response(
+                    StatusCode::CONFLICT,
+                    &format!("rule `{}` counts requests in flight, not a cost", body.rule),
+                );
+            }
+            let how = if used >= reserved {
+                ratewarden::Settle::Charge(used - reserved)
+            } else {
+                ratewarden::Settle::Refund(reserved - used)
+            };
+            let settled = if used == reserved {
+                Ok(())
+            } else {
+                live.limiter.settle(&[op], how).await
+            };
+            match settled {
+                Ok(()) => json_response(
+                    StatusCode::OK,
+                    &json!({
+                        "rule": body.rule,
+                        "key": op.key,
+                        "charged": used.saturating_sub(reserved),
+                        "refunded": reserved.saturating_sub(used),
+                    }),
+                ),
+                Err(e) => unavailable(e),
+            }
+        }
         _ => problem_response(
             StatusCode::BAD_REQUEST,
-            "give either `outcome` (count: failures) or `lease` (concurrency)",
+            "give `outcome` (count: failures), `lease` (concurrency), or `reserved` and `used` (a cost known after the answer)",
         ),
     }
 }
