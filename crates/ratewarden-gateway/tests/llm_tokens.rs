@@ -387,7 +387,25 @@ async fn refusals_take_the_vendors_shapes() {
             .ends_with('Z')
     );
     assert!(h("retry-after").is_some());
-    // HTTP/1.0: hyper's path (no body read: the default maximum output
+    // An admitted answer carries them too: the tokens left after its
+    // reservation (its body's length plus 5).
+    let small = r#"{"max_tokens":5,"messages":[]}"#;
+    let r = send(gw.listen, "POST", "/v1/chat/completions", &json, small).await;
+    assert_eq!(r.status.as_u16(), 200);
+    let left = (100 - small.len() - 5).to_string();
+    assert_eq!(
+        r.headers
+            .get("x-ratelimit-remaining-tokens")
+            .map(|v| v.to_str().unwrap()),
+        Some(left.as_str())
+    );
+    assert_eq!(
+        r.headers
+            .get("x-ratelimit-limit-tokens")
+            .map(|v| v.to_str().unwrap()),
+        Some("100")
+    );
+    // HTTP/1.0: hyper's path (no body: the default maximum output
     // reserved, 1,024, over the budget), the same shape.
     let out = support::binary_free_http10(gw.listen, "/v1/chat/x").await;
     assert!(out.contains(" 429 "), "{out}");

@@ -469,6 +469,13 @@ impl Wire for Hyper {
             Answered::Tunnel(r, server) => (r, Some(server)),
         };
         add_rate_headers(decision.as_ref(), resp.headers_mut(), style);
+        if let Some(d) = &decision {
+            for (name, value) in super::flow::shaped::admitted_fields(d, &end.flow().live.config) {
+                if let Ok(v) = HeaderValue::from_str(&value) {
+                    resp.headers_mut().insert(name, v);
+                }
+            }
+        }
         let status = resp.status().as_u16();
         if let Some(server) = tunnel {
             // A tunnel is one request: it ends when the tunnel does.

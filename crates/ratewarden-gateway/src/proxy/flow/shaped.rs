@@ -93,6 +93,37 @@ pub(crate) fn shaped(
     r
 }
 
+/// The vendor's rate-limit headers an admitted answer carries for the
+/// first rule of `d` with a shape (the tokens left after the reservation);
+/// none when no rule of `d` has one.
+pub(crate) fn admitted_fields(d: &Decision, config: &Config) -> Vec<(&'static str, String)> {
+    if config.refusals.is_empty() {
+        return vec![];
+    }
+    let Some((shape, by)) = d.rules.iter().find_map(|r| {
+        config
+            .refusals
+            .iter()
+            .find(|(name, _)| name == r.rule.name())
+            .map(|(_, s)| (*s, r))
+    }) else {
+        return vec![];
+    };
+    let (limit, remaining) = (by.rule.limit().to_string(), by.remaining.to_string());
+    match shape {
+        RefusalShape::Anthropic => vec![
+            ("anthropic-ratelimit-tokens-limit", limit),
+            ("anthropic-ratelimit-tokens-remaining", remaining),
+            ("anthropic-ratelimit-tokens-reset", reset_at(by.reset_after)),
+        ],
+        _ => vec![
+            ("x-ratelimit-limit-tokens", limit),
+            ("x-ratelimit-remaining-tokens", remaining),
+            ("x-ratelimit-reset-tokens", openai_duration(by.reset_after)),
+        ],
+    }
+}
+
 fn unit_word(_: RefusalShape) -> &'static str {
     "tokens"
 }

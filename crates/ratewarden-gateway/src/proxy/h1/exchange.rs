@@ -592,9 +592,17 @@ impl Conn {
         let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);
         status_line(out, status, Some(&up[resp.reason.clone()]));
         rate.render(decision, flow.live.config.headers);
+        // A rule with an LLM's refusal shape: the vendor's headers too, in
+        // place of the upstream's.
+        let vendor = decision.map_or_else(Vec::new, |d| {
+            crate::proxy::flow::shaped::admitted_fields(d, &flow.live.config)
+        });
         for (name, value) in &self.up_fields {
             let name_bytes = &up[name.clone()];
             let dropped = is_hop_by_hop(name_bytes)
+                || vendor
+                    .iter()
+                    .any(|(v, _)| v.as_bytes().eq_ignore_ascii_case(name_bytes))
                 || resp
                     .listed
                     .iter()
@@ -617,6 +625,9 @@ impl Conn {
             push_field(out, b"connection", b"close");
         }
         push_field(out, b"x-request-id", flow.rid.as_bytes());
+        for (name, value) in &vendor {
+            push_field(out, name.as_bytes(), value.as_bytes());
+        }
         out.extend_from_slice(&rate.lines);
         out.extend_from_slice(b"\r\n");
     }
