@@ -31,6 +31,10 @@ pub struct Live {
     counts: Vec<(u64, Arc<RuleCounts>)>,
     /// A rule keys on a token's claims: requests' tokens are verified.
     reads_claims: bool,
+    /// A rule reads the request's body (a `json:` key part or tier, or a
+    /// cost reserved from it): each request's body is read whole before
+    /// its decision.
+    reads_body: bool,
     /// The answer counts of requests no route took (the echo upstream's,
     /// under the default route) and of those answered before any route
     /// was chosen: resolved here, so that counting takes no lock.
@@ -86,6 +90,16 @@ impl Live {
             .jwt
             .as_ref()
             .is_some_and(|j| j.required || keyed_by_claims);
+        let json = |k: &KeyPart| match k {
+            KeyPart::Json(_) => true,
+            KeyPart::Hashed(p, _) => matches!(**p, KeyPart::Json(_)),
+            _ => false,
+        };
+        let reads_body =
+            config.costs.iter().any(|c| c.reads_body())
+                || config.policy.rules.iter().any(|r| {
+                    r.key.iter().any(json) || r.tiers.as_ref().is_some_and(|t| json(&t.from))
+                });
         let unrouted = [
             metrics.route(crate::upstream::route::DEFAULT),
             metrics.route(crate::observe::metrics::NO_ROUTE),
@@ -96,8 +110,15 @@ impl Live {
             router,
             counts,
             reads_claims,
+            reads_body,
             unrouted,
         }
+    }
+
+    /// Whether a rule reads the request's body (see [`Live::reads_body`]'s
+    /// field): the flow reads it whole before deciding.
+    pub(crate) fn reads_body(&self) -> bool {
+        self.reads_body
     }
 
     /// The decision counts of `rule` (by its id; an override's by the

@@ -573,14 +573,31 @@ impl ratewarden_tower::view::Claims for Claims {
     /// A claim by its path (`sub`, `org.id`): a string, or a number as
     /// written; anything else is missing.
     fn claim(&self, path: &str) -> Option<Cow<'_, str>> {
-        let mut v = &self.0;
-        for step in path.split('.') {
-            v = v.get(step)?;
-        }
-        match v {
-            Value::String(s) => Some(Cow::Borrowed(s.as_str())),
-            Value::Number(n) => Some(Cow::Owned(n.to_string())),
-            _ => None,
-        }
+        field(&self.0, path)
+    }
+}
+
+/// The field of a JSON object at a dotted `path` (`org.id`) as text: a
+/// string, or a number as written; anything else is missing. (A token's
+/// claims, and a JSON request body's fields.)
+pub(crate) fn field<'v>(v: &'v Value, path: &str) -> Option<Cow<'v, str>> {
+    let mut v = v;
+    for step in path.split('.') {
+        v = v.get(step)?;
+    }
+    match v {
+        Value::String(s) => Some(Cow::Borrowed(s.as_str())),
+        Value::Number(n) => Some(Cow::Owned(n.to_string())),
+        _ => None,
+    }
+}
+
+/// A JSON request body's fields, for `json:FIELD` key parts.
+#[derive(Debug)]
+pub(crate) struct BodyFields<'v>(pub(crate) &'v Value);
+
+impl ratewarden_tower::view::Claims for BodyFields<'_> {
+    fn claim(&self, path: &str) -> Option<Cow<'_, str>> {
+        field(self.0, path)
     }
 }

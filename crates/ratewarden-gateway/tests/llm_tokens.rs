@@ -722,3 +722,33 @@ async fn the_access_log_says_what_an_llm_call_used_and_was_charged() {
     gw.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The JSON request body as a request fact: `json:FIELD` key parts (a
+/// user in the body, nested fields) and tiers chosen by one (per model),
+/// on both HTTP paths; a body that is not JSON is a missing part.
+#[tokio::test]
+async fn json_body_fields_key_rules_and_choose_tiers() {
+    let yaml = "rules:\n  - name: per-user\n    match: {path_prefix: /u/}\n    key: ['json:metadata.user_id']\n    missing: reject\n    limit: 1\n    window: 1h\n  - name: per-model\n    match: {path_prefix: /m/}\n    key: [identity]\n    window: 1h\n    tiers:\n      from: json:model\n      default: small\n      values:\n        big: {limit: 1}\n        small: {limit: 3}\n";
+    let gw = support::gateway(yaml, "echo", None).await;
+    let json = [("content-type", "application/json")];
+    let post = |path: &'static str, body: &'static str| async move {
+        send(gw.listen, "POST", path, &json, body)
+            .await
+            .status
+            .as_u16()
+    };
+    assert_eq!(post("/u/a", r#"{"metadata":{"user_id":"ann"}}"#).await, 200);
+    assert_eq!(post("/u/a", r#"{"metadata":{"user_id":"ann"}}"#).await, 429);
+    assert_eq!(post("/u/a", r#"{"metadata":{"user_id":"bob"}}"#).await, 200);
+    // A number is a field too; a body that is not JSON misses the part.
+    assert_eq!(post("/u/a", r#"{"metadata":{"user_id":7}}"#).await, 200);
+    assert_eq!(post("/u/a", "user_id=ann").await, 400);
+    // Tiers by model: `big` once, anything else three times.
+    assert_eq!(post("/m/x", r#"{"model":"big"}"#).await, 200);
+    assert_eq!(post("/m/x", r#"{"model":"big"}"#).await, 429);
+    for _ in 0..3 {
+        assert_eq!(post("/m/x", r#"{"model":"other"}"#).await, 200);
+    }
+    assert_eq!(post("/m/x", r#"{"model":"other"}"#).await, 429);
+    gw.shutdown().await;
+}

@@ -575,6 +575,10 @@ fn part_value<'a>(
             .claims
             .and_then(|claims| claims.claim(c))
             .filter(|v| !v.is_empty()),
+        KeyPart::Json(f) => request
+            .body
+            .and_then(|body| body.claim(f))
+            .filter(|v| !v.is_empty()),
     }
 }
 

@@ -566,6 +566,7 @@ where
                     peer: peer_ip(&parts),
                     sni: None,
                     claims: None,
+                    body: None,
                 },
                 route: None,
                 identity: Identity::Given(given.as_deref()),

@@ -135,6 +135,9 @@ pub enum KeyPart {
     /// A claim of the request's verified token (`jwt:CLAIM`, nested as
     /// `jwt:org.id`).
     Jwt(String),
+    /// A field of the request's JSON body (`json:model`, nested as
+    /// `json:metadata.user_id`; see [`RequestView::body`]).
+    Json(String),
     /// Another part (a credential: an API key in a header, a parameter, a
     /// cookie), kept only as a keyed hash of its value: the store, the logs,
     /// the metrics and the admin API never hold the secret.
@@ -400,6 +403,7 @@ impl std::fmt::Display for KeyPart {
             KeyPart::Cookie(n) => write!(f, "cookie:{n}"),
             KeyPart::Capture(n) => write!(f, "path:{n}"),
             KeyPart::Jwt(n) => write!(f, "jwt:{n}"),
+            KeyPart::Json(n) => write!(f, "json:{n}"),
             KeyPart::Hashed(p, _) => write!(f, "hash({p})"),
         }
     }
@@ -412,7 +416,7 @@ pub enum KeyPartError {
     /// `global`).
     Unknown(String),
     /// `KIND:NAME` with a kind that is none (`header`, `query`, `cookie`,
-    /// `path`, `jwt`).
+    /// `path`, `jwt`, `json`).
     UnknownKind(String, String),
     /// `KIND:` with nothing after it.
     Empty(String),
@@ -424,13 +428,14 @@ impl KeyPartError {
     /// The parts without a name.
     pub const PLAIN: [&'static str; 5] = ["identity", "method", "path", "global", "host"];
     /// The kinds of the parts with one.
-    pub const NAMED: [&'static str; 5] = ["header", "query", "cookie", "path", "jwt"];
+    pub const NAMED: [&'static str; 6] = ["header", "query", "cookie", "path", "jwt", "json"];
 }
 
 impl std::fmt::Display for KeyPartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let all = "key parts are identity, method, path, host, global, header:NAME, \
-                   query:NAME, cookie:NAME, path:NAME (a capture of the rule's path_regex) and jwt:CLAIM";
+                   query:NAME, cookie:NAME, path:NAME (a capture of the rule's path_regex), jwt:CLAIM \
+                   and json:FIELD (the JSON request body's)";
         match self {
             KeyPartError::Unknown(t) => write!(f, "`{t}`: {all}"),
             KeyPartError::UnknownKind(k, n) => write!(f, "`{k}:{n}`: {all}"),
@@ -479,6 +484,7 @@ impl std::str::FromStr for KeyPart {
             "cookie" => Ok(KeyPart::Cookie(name.to_owned())),
             "path" => Ok(KeyPart::Capture(name.to_owned())),
             "jwt" => Ok(KeyPart::Jwt(name.to_owned())),
+            "json" => Ok(KeyPart::Json(name.to_owned())),
             _ => Err(KeyPartError::UnknownKind(kind.to_owned(), name.to_owned())),
         }
     }

@@ -103,6 +103,9 @@ pub struct RequestView<'a> {
     /// The claims of the request's verified token, when the front end
     /// verified one.
     pub claims: Option<&'a dyn Claims>,
+    /// The fields of the request's JSON body (`json:FIELD` key parts), when
+    /// the front end read one: a body that is not a JSON object has none.
+    pub body: Option<&'a dyn Claims>,
 }
 
 impl<'a> RequestView<'a> {
@@ -117,12 +120,18 @@ impl<'a> RequestView<'a> {
             peer: None,
             sni: None,
             claims: None,
+            body: None,
         }
     }
 
     /// The same request with a verified token's claims (or none).
     pub fn with_claims(self, claims: Option<&'a dyn Claims>) -> Self {
         Self { claims, ..self }
+    }
+
+    /// The request with its JSON body's fields.
+    pub fn with_body(self, body: Option<&'a dyn Claims>) -> Self {
+        Self { body, ..self }
     }
 
     /// The first value of header `name` (ASCII case-insensitive).

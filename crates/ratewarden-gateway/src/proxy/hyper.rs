@@ -315,6 +315,7 @@ impl Wire for Hyper {
             peer: Some(self.client.peer.ip()),
             sni: self.client.sni(),
             claims: None,
+            body: None,
         }
     }
 

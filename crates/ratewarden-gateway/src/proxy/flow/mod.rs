@@ -203,14 +203,18 @@ impl Flow {
             Ok(c) => c,
             Err(r) => return Decided::Refused(r),
         };
-        let request = request.with_claims(claims.as_ref().map(|c| c as _));
-        // A rule charged by an LLM's usage reserves what the body asks.
+        // The body's JSON, when a rule reads it (`json:` key parts; a rule
+        // charged by an LLM's usage reserves what it asks).
         let costs = &live.config.costs;
         let by_llm = costs.iter().any(|c| matches!(c.source, CostSource::Llm(_)));
-        let json = body.filter(|_| by_llm).and_then(llm::body_json);
-        if let Some(v) = &json {
+        let json = body.filter(|_| live.reads_body()).and_then(llm::body_json);
+        if let (Some(v), true) = (&json, by_llm) {
             *llm_model = llm::model_of(v);
         }
+        let fields = json.as_ref().map(crate::jwt::BodyFields);
+        let request = request
+            .with_claims(claims.as_ref().map(|c| c as _))
+            .with_body(fields.as_ref().map(|f| f as _));
         let (path, len) = (request.path, body.map_or(0, <[u8]>::len));
         let reserve = |r: &PolicyRule| -> Option<u64> {
             let spec = costs.iter().find(|c| c.rule == r.rule.name())?;

@@ -155,8 +155,9 @@ pub(crate) async fn run<W: Wire + Send>(
     if let Some(e) = wire.edge() {
         return answered(wire, &mut end, Own::Edge(e)).await;
     }
-    // A rule charged by an LLM's usage reserves what the body asks.
-    if live.config.costs.iter().any(|c| c.reads_body())
+    // A rule that reads the body (a `json:` key part, a cost reserved from
+    // it) has it read whole first.
+    if live.reads_body()
         && let Err(e) = wire.read_body(&end.flow).await
     {
         return answered(wire, &mut end, Own::Edge(e)).await;

@@ -238,6 +238,7 @@ impl Wire for H1<'_> {
             peer: Some(self.client.peer.ip()),
             sni: self.client.sni(),
             claims: None,
+            body: None,
         }
     }
 
