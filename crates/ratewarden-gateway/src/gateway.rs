@@ -95,11 +95,12 @@ impl Live {
             KeyPart::Hashed(p, _) => matches!(**p, KeyPart::Json(_)),
             _ => false,
         };
-        let reads_body =
-            config.costs.iter().any(|c| c.reads_body())
-                || config.policy.rules.iter().any(|r| {
-                    r.key.iter().any(json) || r.tiers.as_ref().is_some_and(|t| json(&t.from))
-                });
+        let reads_body = config.costs.iter().any(|c| c.reads_body())
+            || config.policy.rules.iter().any(|r| {
+                r.key.iter().any(json)
+                    || r.tiers.as_ref().is_some_and(|t| json(&t.from))
+                    || !r.matcher.json.is_empty()
+            });
         let unrouted = [
             metrics.route(crate::upstream::route::DEFAULT),
             metrics.route(crate::observe::metrics::NO_ROUTE),

@@ -724,11 +724,12 @@ async fn the_access_log_says_what_an_llm_call_used_and_was_charged() {
 }
 
 /// The JSON request body as a request fact: `json:FIELD` key parts (a
-/// user in the body, nested fields) and tiers chosen by one (per model),
-/// on both HTTP paths; a body that is not JSON is a missing part.
+/// user in the body, nested fields), tiers chosen by one (per model), and
+/// `json:` match conditions; a body that is not JSON is a missing part and
+/// matches no condition on a field.
 #[tokio::test]
 async fn json_body_fields_key_rules_and_choose_tiers() {
-    let yaml = "rules:\n  - name: per-user\n    match: {path_prefix: /u/}\n    key: ['json:metadata.user_id']\n    missing: reject\n    limit: 1\n    window: 1h\n  - name: per-model\n    match: {path_prefix: /m/}\n    key: [identity]\n    window: 1h\n    tiers:\n      from: json:model\n      default: small\n      values:\n        big: {limit: 1}\n        small: {limit: 3}\n";
+    let yaml = "rules:\n  - name: per-user\n    match: {path_prefix: /u/}\n    key: ['json:metadata.user_id']\n    missing: reject\n    limit: 1\n    window: 1h\n  - name: per-model\n    match: {path_prefix: /m/}\n    key: [identity]\n    window: 1h\n    tiers:\n      from: json:model\n      default: small\n      values:\n        big: {limit: 1}\n        small: {limit: 3}\n  - name: gpt4-only\n    match:\n      path_prefix: /g/\n      json: [{name: model, prefix: gpt-4}]\n    limit: 1\n    window: 1h\n";
     let gw = support::gateway(yaml, "echo", None).await;
     let json = [("content-type", "application/json")];
     let post = |path: &'static str, body: &'static str| async move {
@@ -750,5 +751,11 @@ async fn json_body_fields_key_rules_and_choose_tiers() {
         assert_eq!(post("/m/x", r#"{"model":"other"}"#).await, 200);
     }
     assert_eq!(post("/m/x", r#"{"model":"other"}"#).await, 429);
+    // A `json:` match condition: only gpt-4 requests are limited.
+    assert_eq!(post("/g/x", r#"{"model":"gpt-4o"}"#).await, 200);
+    assert_eq!(post("/g/x", r#"{"model":"gpt-4.1"}"#).await, 429);
+    assert_eq!(post("/g/x", r#"{"model":"claude-x"}"#).await, 200);
+    assert_eq!(post("/g/x", r#"{"model":"claude-x"}"#).await, 200);
+    assert_eq!(post("/g/x", "not json").await, 200);
     gw.shutdown().await;
 }

@@ -681,6 +681,8 @@ pub struct MatchFile {
     pub hosts: Option<Vec<Sp<String>>>,
     pub headers: Option<Vec<Sp<ConditionFile>>>,
     pub query: Option<Vec<Sp<ConditionFile>>>,
+    /// Conditions on the JSON request body's fields (dotted names).
+    pub json: Option<Vec<Sp<ConditionFile>>>,
 }
 
 /// A `headers:` or `query:` condition: a name and one test.

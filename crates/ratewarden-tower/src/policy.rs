@@ -227,6 +227,9 @@ pub struct Matcher {
     pub headers: Vec<Condition>,
     /// Query parameter conditions, all of which must hold.
     pub query: Vec<Condition>,
+    /// Conditions on the JSON request body's fields (dotted names), all of
+    /// which must hold (see [`RequestView::body`]).
+    pub json: Vec<Condition>,
 }
 
 /// A `hosts:` entry, lower case, without a trailing dot.
@@ -307,6 +310,13 @@ impl Condition {
     pub fn holds_for_query(&self, request: &RequestView<'_>) -> bool {
         self.test.passes(request.query_values(&self.name)) != self.invert
     }
+
+    /// Whether the condition on a JSON body field holds for `request` (a
+    /// body that is not JSON has no fields: `present: false` holds).
+    pub fn holds_for_json(&self, request: &RequestView<'_>) -> bool {
+        let value = request.body.and_then(|b| b.claim(&self.name));
+        self.test.passes(value.into_iter()) != self.invert
+    }
 }
 
 /// A path condition.
@@ -333,6 +343,7 @@ impl Matcher {
             hosts: vec![],
             headers: vec![],
             query: vec![],
+            json: vec![],
         }
     }
 
@@ -369,6 +380,7 @@ impl Matcher {
         }
         if !self.headers.iter().all(|c| c.holds_for_header(request))
             || !self.query.iter().all(|c| c.holds_for_query(request))
+            || !self.json.iter().all(|c| c.holds_for_json(request))
         {
             return false;
         }
@@ -524,7 +536,8 @@ impl std::fmt::Display for Matcher {
             .headers
             .iter()
             .map(|c| ("header", c))
-            .chain(self.query.iter().map(|c| ("query", c)));
+            .chain(self.query.iter().map(|c| ("query", c)))
+            .chain(self.json.iter().map(|c| ("json", c)));
         for (i, (kind, c)) in conditions.enumerate() {
             f.write_str(if i == 0 { " if " } else { " and " })?;
             if c.invert {

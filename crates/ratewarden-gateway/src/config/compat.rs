@@ -166,6 +166,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
             hosts: None,
             headers: None,
             query: None,
+            json: None,
         };
         match window(
             d,

@@ -423,6 +423,7 @@ fn the_reference_config_shows_every_key() {
         "rules: [{name: r, limit: 1, window: 1s, zzzzqq: 1}]",
         "rules: [{name: r, limit: 1, window: 1s, match: {zzzzqq: 1}}]",
         "rules: [{name: r, limit: 1, window: 1s, match: {headers: [{name: a, zzzzqq: 1}]}}]",
+        "rules: [{name: r, limit: 1, window: 1s, cost: {from: header, header: x, zzzzqq: 1}}]",
         "jwt: {zzzzqq: 1}",
         "jwt: {from: {zzzzqq: 1}}",
         "rules: [{name: r, limit: 1, window: 1s, distribution: {zzzzqq: 1}}]",

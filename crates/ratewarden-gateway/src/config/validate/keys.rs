@@ -175,6 +175,7 @@ pub(super) fn matcher(d: &Diag<'_>, m: &Sp<MatchFile>, routes: &[String]) -> Opt
         .map_or(Some(vec![]), |h| host_patterns(d, h));
     let headers = conditions(d, "headers", m.headers.as_deref());
     let query = conditions(d, "query", m.query.as_deref());
+    let json = conditions(d, "json", m.json.as_deref());
     Some(Matcher {
         methods: methods?,
         path,
@@ -183,6 +184,7 @@ pub(super) fn matcher(d: &Diag<'_>, m: &Sp<MatchFile>, routes: &[String]) -> Opt
         hosts: hosts?,
         headers: headers?,
         query: query?,
+        json: json?,
     })
 }
 
@@ -315,7 +317,11 @@ pub(super) fn conditions(
             d.error(
                 key,
                 Some(&c.name.referenced),
-                "a query condition needs the parameter's `name`",
+                if key == "json" {
+                    "a json condition needs the field's `name` (`model`, `metadata.user_id`)"
+                } else {
+                    "a query condition needs the parameter's `name`"
+                },
             );
             None
         } else {
