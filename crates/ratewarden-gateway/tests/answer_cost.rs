@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use support::send;
+use support::{left, send, wait_left};
 
 /// An upstream that answers `/cost/N` with `x-cost: N` (in the head),
 /// `/trailer/N` with it in a chunked answer's trailer, `/json/N` with
@@ -67,18 +67,6 @@ async fn costly() -> SocketAddr {
     addr
 }
 
-/// What `/v1/keys` says is left of `rule` for the test's client after a
-/// request of one unit (its `remaining`: one less than what is unused).
-async fn left(admin: SocketAddr, rule: &str) -> u64 {
-    let body = send(admin, "GET", &format!("/v1/keys/{rule}/127.0.0.1"), &[], "")
-        .await
-        .body;
-    let v: Value = serde_json::from_str(&body).unwrap();
-    v["remaining"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no remaining: {v}"))
-}
-
 /// Sends `path` (on HTTP/1.0 too: hyper's path) and waits until the end
 /// phase has settled (what is left moved, or stayed at `want`).
 async fn costs(gw: &ratewarden_gateway::server::Running, path: &str, http10: bool) -> u16 {
@@ -87,23 +75,6 @@ async fn costs(gw: &ratewarden_gateway::server::Running, path: &str, http10: boo
         out.split(' ').nth(1).unwrap().parse().unwrap()
     } else {
         send(gw.listen, "GET", path, &[], "").await.status.as_u16()
-    }
-}
-
-/// Polls `left` until it is `want` (the end phase's store call may follow
-/// the answer by a moment on hyper's path).
-async fn wait_left(admin: SocketAddr, rule: &str, want: u64) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let got = left(admin, rule).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "left {got}, not {want}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
 

@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use common::RedisServer;
-use support::send;
+use support::{send, wait_left};
 
 /// The fake upstream: reads a request with its body, counts it in `seen`,
 /// waits until `go` is true, and answers in the dialect its path names,
@@ -125,31 +125,6 @@ fn answer(anthropic: bool, stream: bool, max: u64) -> (&'static str, String) {
                 .collect();
             ("text/event-stream", body)
         }
-    }
-}
-
-/// What `/v1/keys` says is left of `rule` for the test's client (one less
-/// than what is unused: it is a request's `remaining`).
-async fn left(admin: SocketAddr, rule: &str) -> u64 {
-    let body = send(admin, "GET", &format!("/v1/keys/{rule}/127.0.0.1"), &[], "")
-        .await
-        .body;
-    let v: Value = serde_json::from_str(&body).unwrap();
-    v["remaining"].as_u64().unwrap_or_else(|| panic!("{v}"))
-}
-
-async fn wait_left(admin: SocketAddr, rule: &str, want: u64) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let got = left(admin, rule).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "left {got}, not {want}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
 
@@ -628,22 +603,14 @@ async fn hypers_path_reads_the_body_to_reserve() {
     let yaml = "rules:\n  - name: tokens\n    limit: 200\n    window: 1h\n    cost: {from: llm, default_max_output: 5000}\n";
     let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
     let body = r#"{"model":"m","max_tokens":50}"#;
-    let mut c = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
-    c.write_all(
-        format!(
+    let out = support::raw(
+        gw.listen,
+        &format!(
             "POST /v1/chat/completions HTTP/1.0\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
-        )
-        .as_bytes(),
+        ),
     )
-    .await
-    .unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(std::time::Duration::from_secs(10), c.read_to_end(&mut out))
-        .await
-        .expect("an answer")
-        .unwrap();
-    let out = String::from_utf8_lossy(&out);
+    .await;
     assert!(out.starts_with("HTTP/1.0 200"), "{out}");
     // The upstream read max_tokens from the body it was sent: 20 + 50.
     assert!(out.contains(r#""completion_tokens":50"#), "{out}");
@@ -652,23 +619,15 @@ async fn hypers_path_reads_the_body_to_reserve() {
     // The HTTP/1.1 path, a chunked body in two pieces: joined for the
     // reservation (the default, 5,000, would not fit).
     let (a, b) = body.split_at(10);
-    let mut c = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
-    c.write_all(
-        format!(
+    let out = support::raw(
+        gw.listen,
+        &format!(
             "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
             a.len(),
             b.len()
-        )
-        .as_bytes(),
+        ),
     )
-    .await
-    .unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(std::time::Duration::from_secs(10), c.read_to_end(&mut out))
-        .await
-        .expect("an answer")
-        .unwrap();
-    let out = String::from_utf8_lossy(&out);
+    .await;
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     assert_eq!(seen.load(Ordering::SeqCst), 2);
     gw.shutdown().await;
@@ -680,15 +639,7 @@ async fn hypers_path_reads_the_body_to_reserve() {
 async fn the_access_log_says_what_an_llm_call_used_and_was_charged() {
     let (seen, _tx, rx) = released();
     let up = fake_llm(seen, rx).await;
-    let dir = std::env::temp_dir().join(format!(
-        "rw-llm-log-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::scratch_dir("rw-llm-log");
     let log = dir.join("access.log");
     let yaml = format!(
         "access_log: {{path: {}, format: json}}\nrules:\n  - name: tokens\n    limit: 100000\n    window: 1h\n    cost: {{from: llm}}\n",
@@ -720,7 +671,6 @@ async fn the_access_log_says_what_an_llm_call_used_and_was_charged() {
     assert_eq!(line["reserved"], body.len() as u64 + 30);
     assert_eq!(line["charged"], 50);
     gw.shutdown().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The JSON request body as a request fact: `json:FIELD` key parts (a

@@ -563,17 +563,55 @@ pub fn spawn_command(mut cmd: std::process::Command, dir: Option<Scratch>) -> Bi
 /// An HTTP/1.0 request (which the gateway's own HTTP/1.1 path hands to
 /// hyper) over a raw socket: the whole answer, read to the close.
 pub async fn binary_free_http10(addr: SocketAddr, path: &str) -> String {
+    raw(
+        addr,
+        &format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n"),
+    )
+    .await
+}
+
+/// `request`'s bytes, as written, over a raw socket: the whole answer,
+/// read to the close (the request must end the connection).
+pub async fn raw(addr: SocketAddr, request: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
     let mut out = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
         .await
         .expect("an answer within 10 s")
         .unwrap();
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What `/v1/keys` on `admin` says is left of `rule` for a client on
+/// 127.0.0.1 (its `remaining`: one less than what is unused, as a
+/// request's would be).
+pub async fn left(admin: SocketAddr, rule: &str) -> u64 {
+    let body = send(admin, "GET", &format!("/v1/keys/{rule}/127.0.0.1"), &[], "")
+        .await
+        .body;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["remaining"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no remaining: {v}"))
+}
+
+/// Polls [`left`] until it is `want`, for 10 s (an end phase's store call
+/// may follow the answer by a moment).
+pub async fn wait_left(admin: SocketAddr, rule: &str, want: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = left(admin, rule).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left {got}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// One test body per function named, run on both HTTP paths: each test
