@@ -13,6 +13,15 @@ use crate::answer::{Body, respond};
 use crate::config::Config;
 use crate::config::cost::RefusalShape;
 
+/// The shape `config` gives rule `name`'s refusals, when not a problem.
+fn shape_for(config: &Config, name: &str) -> Option<RefusalShape> {
+    config
+        .refusals
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, s)| *s)
+}
+
 /// The shape `config` gives the refusal `d` (its refusing rule's), and
 /// that rule's part of it; `None`: a problem body.
 pub(crate) fn shape_of<'d>(
@@ -23,11 +32,25 @@ pub(crate) fn shape_of<'d>(
         return None;
     }
     let by = d.rules.iter().find(|r| !r.allowed())?;
-    config
-        .refusals
-        .iter()
-        .find(|(name, _)| name == by.rule.name())
-        .map(|(_, s)| (*s, by))
+    shape_for(config, by.rule.name()).map(|s| (s, by))
+}
+
+/// The vendor's token headers for `by` in `shape`: its limit, what is left
+/// of it, and when it resets.
+fn vendor_fields(shape: RefusalShape, by: &RuleDecision) -> [(&'static str, String); 3] {
+    let (limit, remaining) = (by.rule.limit().to_string(), by.remaining.to_string());
+    match shape {
+        RefusalShape::Anthropic => [
+            ("anthropic-ratelimit-tokens-limit", limit),
+            ("anthropic-ratelimit-tokens-remaining", remaining),
+            ("anthropic-ratelimit-tokens-reset", reset_at(by.reset_after)),
+        ],
+        _ => [
+            ("x-ratelimit-limit-tokens", limit),
+            ("x-ratelimit-remaining-tokens", remaining),
+            ("x-ratelimit-reset-tokens", openai_duration(by.reset_after)),
+        ],
+    }
 }
 
 /// The refusal `d` in `shape`, refused by `by`, answered with `status`.
@@ -40,8 +63,7 @@ pub(crate) fn shaped(
 ) -> Response<Body> {
     let wait = by.retry_after.unwrap_or(by.reset_after);
     let message = format!(
-        "Rate limit reached for {} under rule `{}`: limit {}, remaining {}. Please try again in {}.",
-        unit_word(shape),
+        "Rate limit reached for tokens under rule `{}`: limit {}, remaining {}. Please try again in {}.",
         by.rule.name(),
         by.rule.limit(),
         by.remaining,
@@ -64,30 +86,15 @@ pub(crate) fn shaped(
     let mut r = respond(status, "application/json", body.to_string());
     ratewarden_tower::insert_headers(r.headers_mut(), d.header_fields(style));
     let secs = ratewarden::decision::whole_secs(wait).max(1);
-    let h = r.headers_mut();
-    let mut set = |name: &'static str, value: String| {
+    let retry_ms = (shape != RefusalShape::Anthropic)
+        .then(|| ("retry-after-ms", wait.as_millis().max(1).to_string()));
+    let fields = [("retry-after", secs.to_string())]
+        .into_iter()
+        .chain(retry_ms)
+        .chain(vendor_fields(shape, by));
+    for (name, value) in fields {
         if let Ok(v) = HeaderValue::from_str(&value) {
-            h.insert(name, v);
-        }
-    };
-    set("retry-after", secs.to_string());
-    match shape {
-        RefusalShape::Anthropic => {
-            set(
-                "anthropic-ratelimit-tokens-limit",
-                by.rule.limit().to_string(),
-            );
-            set(
-                "anthropic-ratelimit-tokens-remaining",
-                by.remaining.to_string(),
-            );
-            set("anthropic-ratelimit-tokens-reset", reset_at(by.reset_after));
-        }
-        _ => {
-            set("retry-after-ms", wait.as_millis().max(1).to_string());
-            set("x-ratelimit-limit-tokens", by.rule.limit().to_string());
-            set("x-ratelimit-remaining-tokens", by.remaining.to_string());
-            set("x-ratelimit-reset-tokens", openai_duration(by.reset_after));
+            r.headers_mut().insert(name, v);
         }
     }
     r
@@ -100,32 +107,10 @@ pub(crate) fn admitted_fields(d: &Decision, config: &Config) -> Vec<(&'static st
     if config.refusals.is_empty() {
         return vec![];
     }
-    let Some((shape, by)) = d.rules.iter().find_map(|r| {
-        config
-            .refusals
-            .iter()
-            .find(|(name, _)| name == r.rule.name())
-            .map(|(_, s)| (*s, r))
-    }) else {
-        return vec![];
-    };
-    let (limit, remaining) = (by.rule.limit().to_string(), by.remaining.to_string());
-    match shape {
-        RefusalShape::Anthropic => vec![
-            ("anthropic-ratelimit-tokens-limit", limit),
-            ("anthropic-ratelimit-tokens-remaining", remaining),
-            ("anthropic-ratelimit-tokens-reset", reset_at(by.reset_after)),
-        ],
-        _ => vec![
-            ("x-ratelimit-limit-tokens", limit),
-            ("x-ratelimit-remaining-tokens", remaining),
-            ("x-ratelimit-reset-tokens", openai_duration(by.reset_after)),
-        ],
-    }
-}
-
-fn unit_word(_: RefusalShape) -> &'static str {
-    "tokens"
+    d.rules
+        .iter()
+        .find_map(|r| shape_for(config, r.rule.name()).map(|s| vendor_fields(s, r).to_vec()))
+        .unwrap_or_default()
 }
 
 /// OpenAI's form of a duration: `20ms` under a second, else `1h2m3s`,
