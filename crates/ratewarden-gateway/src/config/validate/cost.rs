@@ -111,16 +111,7 @@ pub(super) fn from_answer(
         ("include_usage", f.include_usage.is_some()),
         ("price", f.price.is_some()),
     ];
-    let misplaced = |from: &str, keys: &[(&str, bool)]| {
-        let mut ok = true;
-        for (k, given) in keys {
-            if *given {
-                d.error(k, at, format!("`{k}` is for another `from:` than `{from}`"));
-                ok = false;
-            }
-        }
-        ok
-    };
+    let misplaced = |from: &str, keys: &[(&str, bool)]| misplaced(d, at, from, keys);
     let reserved = |d: &Diag<'_>| match f.reserve.as_ref().map(|r| (r.value, r)) {
         None => Some(1),
         Some((ReserveFile::Units(n), _)) if n >= 1 => Some(n as u64),
@@ -203,22 +194,39 @@ pub(super) fn from_answer(
     )))
 }
 
+/// Says which of `keys` (each: whether it was given) belong to another
+/// `from:` than `from`; whether none was given.
+fn misplaced(
+    d: &Diag<'_>,
+    at: Option<&serde_saphyr::Location>,
+    from: &str,
+    keys: &[(&str, bool)],
+) -> bool {
+    let mut ok = true;
+    for (k, given) in keys {
+        if *given {
+            d.error(k, at, format!("`{k}` is for another `from:` than `{from}`"));
+            ok = false;
+        }
+    }
+    ok
+}
+
 /// `from: llm`, and what it reserves without an estimate.
 fn llm(
     d: &Diag<'_>,
     f: &CostFromFile,
     at: Option<&serde_saphyr::Location>,
 ) -> Option<(CostSource, u64)> {
-    let mut ok = true;
-    for (k, given) in [
-        ("header", f.header.is_some()),
-        ("pointer", f.pointer.is_some()),
-    ] {
-        if given {
-            d.error(k, at, format!("`{k}` is for another `from:` than `llm`"));
-            ok = false;
-        }
-    }
+    let mut ok = misplaced(
+        d,
+        at,
+        "llm",
+        &[
+            ("header", f.header.is_some()),
+            ("pointer", f.pointer.is_some()),
+        ],
+    );
     let dialect = match &f.dialect {
         None => Some(Dialect::Auto),
         Some(v) => d.choice("dialect", v, &Dialect::NAMES),
