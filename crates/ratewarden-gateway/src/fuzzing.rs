@@ -696,8 +696,8 @@ pub fn llm_usage(data: &[u8]) {
         },
         reserve: true,
         default_max_output: 1024,
-        cap_max_output: false,
-        include_usage: false,
+        cap_max_output: true,
+        include_usage: true,
     };
     let spec = std::sync::Arc::new(CostSpec {
         rule: "f".into(),
@@ -725,6 +725,22 @@ pub fn llm_usage(data: &[u8]) {
             let a = llm::asked(dialect, &v, body.len());
             let r = llm::reservation(&cost, Some(&a));
             assert!(r >= 1 && r >= a.input_bound, "reserved {r} of {a:?}");
+            // `cap_max_output`: what is lowered fits what was left, and the
+            // body edited says it.
+            let left = u64::from(step) * 16;
+            if let Some(per) = llm::capped(&cost, &a, left, dialect, &v) {
+                let mut lowered = a.clone();
+                lowered.capped_to(Some(per));
+                let fits = llm::reservation(&cost, Some(&lowered));
+                assert!(fits <= left, "capped to {per}, reserved {fits} of {left}");
+                let mut edited = v.clone();
+                llm::edit(&mut edited, dialect, Some(per), true);
+                let again = llm::asked(dialect, &edited, body.len());
+                assert!(
+                    again.max_output.is_some_and(|m| m <= per * a.choices),
+                    "edited {edited}: {again:?}"
+                );
+            }
         }
     }
 }

@@ -35,6 +35,10 @@ pub struct Live {
     /// cost reserved from it): each request's body is read whole before
     /// its decision.
     reads_body: bool,
+    /// A rule lowers LLM requests' maximum output to what is left
+    /// (`cap_max_output`): such requests are peeked before they are
+    /// decided.
+    caps_max_output: bool,
     /// The answer counts of requests no route took (the echo upstream's,
     /// under the default route) and of those answered before any route
     /// was chosen: resolved here, so that counting takes no lock.
@@ -101,6 +105,9 @@ impl Live {
                     || r.tiers.as_ref().is_some_and(|t| json(&t.from))
                     || !r.matcher.json.is_empty()
             });
+        let caps_max_output = config.costs.iter().any(
+            |c| matches!(&c.source, crate::config::cost::CostSource::Llm(l) if l.cap_max_output),
+        );
         let unrouted = [
             metrics.route(crate::upstream::route::DEFAULT),
             metrics.route(crate::observe::metrics::NO_ROUTE),
@@ -112,6 +119,7 @@ impl Live {
             counts,
             reads_claims,
             reads_body,
+            caps_max_output,
             unrouted,
         }
     }
@@ -120,6 +128,11 @@ impl Live {
     /// field): the flow reads it whole before deciding.
     pub(crate) fn reads_body(&self) -> bool {
         self.reads_body
+    }
+
+    /// Whether a rule caps LLM requests' maximum output (see the field).
+    pub(crate) fn caps_max_output(&self) -> bool {
+        self.caps_max_output
     }
 
     /// The decision counts of `rule` (by its id; an override's by the

@@ -1,5 +1,5 @@
 //! Rules charged by an LLM's usage (`cost: {from: llm}`), against a fake
-//! OpenAI- and Anthropic-compatible upstream written here: the usage is
+//! OpenAI- and Anthropic-compatible upstream (`support::llm`): the usage is
 //! read from the answer, JSON or streamed, the reservation made at
 //! admission (the body's length as the input bound, plus the maximum
 //! output) is replaced by it, and concurrent requests never take more than
@@ -9,133 +9,15 @@
 mod common;
 mod support;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use common::RedisServer;
+use support::llm::{fake_llm, released};
 use support::{send, wait_left};
-
-/// The fake upstream: reads a request with its body, counts it in `seen`,
-/// waits until `go` is true, and answers in the dialect its path names,
-/// streamed when the body says `"stream": true`, with a usage of 20 input
-/// tokens (5 of them cached) and the request's maximum output.
-async fn fake_llm(seen: Arc<AtomicUsize>, go: tokio::sync::watch::Receiver<bool>) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            let (seen, mut go) = (seen.clone(), go.clone());
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let (head, body) = loop {
-                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .map_or(0, |v| v.trim().parse().unwrap());
-                        if buf.len() >= i + 4 + len {
-                            break (head, buf[i + 4..i + 4 + len].to_vec());
-                        }
-                    }
-                    let mut chunk = [0u8; 4096];
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                };
-                seen.fetch_add(1, Ordering::SeqCst);
-                let _ = go.wait_for(|g| *g).await;
-                let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                let max = req["max_tokens"].as_u64().unwrap_or(10);
-                let stream = req["stream"].as_bool().unwrap_or(false);
-                let anthropic = head.starts_with("post /v1/messages");
-                let (ctype, out) = if head.starts_with("post /v1/plain") {
-                    ("text/plain", "no usage here".to_owned())
-                } else {
-                    answer(anthropic, stream, max)
-                };
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{out}",
-                    out.len()
-                );
-                let _ = s.write_all(answer.as_bytes()).await;
-            });
-        }
-    });
-    addr
-}
-
-/// The fake's answer, complete enough for the vendors' SDKs to parse: 20
-/// input tokens (5 of them cached) and `max` output tokens.
-fn answer(anthropic: bool, stream: bool, max: u64) -> (&'static str, String) {
-    let usage = format!(
-        r#"{{"prompt_tokens":20,"completion_tokens":{max},"total_tokens":{},"prompt_tokens_details":{{"cached_tokens":5}}}}"#,
-        20 + max
-    );
-    let chunk = |choices: &str, usage: &str| {
-        format!(
-            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o-mini\",\"choices\":{choices},\"usage\":{usage}}}\n\n"
-        )
-    };
-    let message = |content: &str, stop: &str, out: u64| {
-        format!(
-            r#"{{"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":{content},"stop_reason":{stop},"stop_sequence":null,"usage":{{"input_tokens":15,"cache_read_input_tokens":5,"cache_creation_input_tokens":0,"output_tokens":{out}}}}}"#
-        )
-    };
-    match (anthropic, stream) {
-        (false, false) => (
-            "application/json",
-            format!(
-                r#"{{"id":"c1","object":"chat.completion","created":1,"model":"gpt-4o-mini","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok"}},"finish_reason":"stop"}}],"usage":{usage}}}"#
-            ),
-        ),
-        (false, true) => (
-            "text/event-stream",
-            chunk(
-                r#"[{"index":0,"delta":{"role":"assistant","content":"ok"},"finish_reason":null}]"#,
-                "null",
-            ) + &chunk(r#"[{"index":0,"delta":{},"finish_reason":"stop"}]"#, "null")
-                + &chunk("[]", &usage)
-                + "data: [DONE]\n\n",
-        ),
-        (true, false) => (
-            "application/json",
-            message(r#"[{"type":"text","text":"ok"}]"#, r#""end_turn""#, max),
-        ),
-        (true, true) => {
-            let events = [
-                ("message_start", format!(r#"{{"type":"message_start","message":{}}}"#, message("[]", "null", 1))),
-                ("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#.to_owned()),
-                ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ok"}}"#.to_owned()),
-                ("content_block_stop", r#"{"type":"content_block_stop","index":0}"#.to_owned()),
-                ("message_delta", format!(r#"{{"type":"message_delta","delta":{{"stop_reason":"end_turn","stop_sequence":null}},"usage":{{"output_tokens":{max}}}}}"#)),
-                ("message_stop", r#"{"type":"message_stop"}"#.to_owned()),
-            ];
-            let body = events
-                .iter()
-                .map(|(e, d)| format!("event: {e}\ndata: {d}\n\n"))
-                .collect();
-            ("text/event-stream", body)
-        }
-    }
-}
-
-fn released() -> (
-    Arc<AtomicUsize>,
-    tokio::sync::watch::Sender<bool>,
-    tokio::sync::watch::Receiver<bool>,
-) {
-    let (tx, rx) = tokio::sync::watch::channel(true);
-    (Arc::new(AtomicUsize::new(0)), tx, rx)
-}
 
 /// Each dialect, JSON and streamed: the answer's usage is what is charged
 /// (20 input + the maximum output), whatever was reserved.
@@ -402,14 +284,16 @@ fn sdk_python() -> String {
 }
 
 /// The real SDKs from PyPI, pointed at the gateway: a call and a streamed
-/// call in each, each charged exactly its usage; past the budget, each
-/// SDK's `RateLimitError`, carrying our message.
+/// call in each, each charged exactly its usage (the OpenAI stream asked
+/// for its usage by the gateway: `include_usage`); past the budget, each
+/// SDK's `RateLimitError`, carrying our message; and each SDK's own retry
+/// waiting what `retry-after` said, then admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_and_anthropic_sdks_are_charged_their_usage() {
     let python = sdk_python();
     let (seen, _tx, rx) = released();
     let up = fake_llm(seen, rx).await;
-    let yaml = "rules:\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n    limit: 1000\n    window: 1h\n    cost: {from: llm}\n    refusal: openai\n  - name: msgs\n    match: {path_prefix: /v1/messages}\n    limit: 1000\n    window: 1h\n    cost: {from: llm}\n    refusal: anthropic\n";
+    let yaml = "rules:\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n    limit: 1000\n    window: 1h\n    cost: {from: llm}\n    refusal: openai\n  - name: msgs\n    match: {path_prefix: /v1/messages}\n    limit: 1000\n    window: 1h\n    cost: {from: llm}\n    refusal: anthropic\n  - name: retried-chat\n    match: {path_prefix: /r/v1/chat/}\n    algorithm: token_bucket\n    limit: 400\n    window: 2s\n    cost: {from: llm}\n    refusal: openai\n  - name: retried-msgs\n    match: {path_prefix: /r/v1/messages}\n    algorithm: token_bucket\n    limit: 400\n    window: 2s\n    cost: {from: llm}\n    refusal: anthropic\n";
     let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/llm_sdks.py");
     let base = format!("http://{}", gw.listen);
@@ -448,6 +332,12 @@ async fn the_openai_and_anthropic_sdks_are_charged_their_usage() {
     let refused = line("anthropic-refused");
     assert_eq!(refused[..2], ["429", "rate_limit_error"], "{stdout}");
     assert!(stdout.contains("under rule `msgs`"), "{stdout}");
+    // Each SDK's one retry, after the wait `retry-after-ms` said (about
+    // 1.5 s), was admitted: its second call took at least that long.
+    for sdk in ["openai", "anthropic"] {
+        let took: f64 = line(&format!("{sdk}-retried"))[0].parse().unwrap();
+        assert!((1.2..6.0).contains(&took), "{sdk}: {took} s\n{stdout}");
+    }
     gw.shutdown().await;
 }
 

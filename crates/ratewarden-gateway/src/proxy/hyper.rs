@@ -305,6 +305,15 @@ impl Wire for Hyper {
         self.buffered.as_ref().map(|(b, _)| &b[..])
     }
 
+    fn replace_body(&mut self, body: Vec<u8>) {
+        if let Some((data, _)) = &mut self.buffered {
+            self.parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+            *data = body.into();
+        }
+    }
+
     fn view<'a>(&'a self, path: &'a str, target: &'a str) -> RequestView<'a> {
         RequestView {
             method: &self.parts.method,

@@ -4,6 +4,7 @@ Argument: the gateway's base URL. Prints one line per call, `name value`,
 which the Rust test checks against what the gateway charged.
 """
 import sys
+import time
 
 import anthropic
 import openai
@@ -19,8 +20,7 @@ for chunk in o.chat.completions.create(
     model="gpt-4o-mini",
     messages=messages,
     max_tokens=40,
-    stream=True,
-    stream_options={"include_usage": True},
+    stream=True,  # no stream_options: the gateway asks for the usage
 ):
     last = chunk
 print("openai-stream", last.usage.total_tokens)
@@ -45,3 +45,18 @@ try:
     print("anthropic-refused none")
 except anthropic.RateLimitError as e:
     print("anthropic-refused", e.status_code, e.body["error"]["type"], "|", e.message)
+
+# The SDKs' own retry waits what the refusal's retry-after says: under a
+# token bucket refilling 200 a second, the second call's reservation fits
+# again only about 1.5 s later; the SDKs' own first backoff, without the
+# header, would be at most 0.5 s, and their one retry would be refused.
+o = openai.OpenAI(base_url=base + "/r/v1", api_key="test", max_retries=1)
+a = anthropic.Anthropic(base_url=base + "/r", api_key="test", max_retries=1)
+for name, call in [
+    ("openai", lambda: o.chat.completions.create(model="gpt-4o-mini", messages=messages, max_tokens=300)),
+    ("anthropic", lambda: a.messages.create(model="claude-x", max_tokens=300, messages=messages)),
+]:
+    call()
+    started = time.monotonic()
+    call()
+    print(name + "-retried", round(time.monotonic() - started, 3))

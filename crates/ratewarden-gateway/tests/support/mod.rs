@@ -26,6 +26,8 @@ use ratewarden::clock::{Clock, ManualClock};
 use ratewarden_gateway::config::{self, Overrides};
 use ratewarden_gateway::server::{self, Running, Source};
 
+pub mod llm;
+
 /// A test upstream: `/status/N` answers N; `POST /coupons` answers 200 for
 /// the body `RIGHT` and 400 otherwise; `/slow` answers after 3 s; anything
 /// else 200 with the X-Forwarded-For and Host it received.

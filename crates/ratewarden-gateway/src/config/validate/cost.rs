@@ -218,7 +218,7 @@ fn llm(
     f: &CostFromFile,
     at: Option<&serde_saphyr::Location>,
 ) -> Option<(CostSource, u64)> {
-    let mut ok = misplaced(
+    let ok = misplaced(
         d,
         at,
         "llm",
@@ -342,27 +342,13 @@ fn llm(
             good.then_some(Count::Price(prices))
         }
     };
-    // Rewriting the request's body is not served yet: said, not ignored.
-    for (k, v) in [
-        ("cap_max_output", &f.cap_max_output),
-        ("include_usage", &f.include_usage),
-    ] {
-        if let Some(v) = v.as_ref().filter(|v| v.value) {
-            d.error(
-                k,
-                Some(&v.referenced),
-                format!("`{k}: true` rewrites the request's body, which is not served yet"),
-            );
-            ok = false;
-        }
-    }
     let cost = LlmCost {
         dialect: dialect?,
         count: count?,
         reserve: reserve?,
         default_max_output: default_max_output?,
         cap_max_output: f.cap_max_output.as_ref().is_some_and(|c| c.value),
-        include_usage: f.include_usage.as_ref().is_some_and(|c| c.value),
+        include_usage: f.include_usage.as_ref().is_none_or(|c| c.value),
     };
     if !ok {
         return None;

@@ -423,10 +423,23 @@ pub(crate) struct Asked {
     /// The maximum output, times the choices asked for; `None` when the
     /// request names no maximum.
     pub(crate) max_output: Option<u64>,
+    /// The choices asked for (`n`, Gemini's `candidateCount`), 1 to 128.
+    pub(crate) choices: u64,
     /// The bound on its input tokens: the body's length in bytes (a text
     /// token is at least one byte of the text, and the JSON around the
     /// text outweighs the few tokens a chat template adds per message).
     pub(crate) input_bound: u64,
+}
+
+impl Asked {
+    /// Lowered by `cap_max_output` to `per_choice` output tokens a choice
+    /// (never raised).
+    pub(crate) fn capped_to(&mut self, per_choice: Option<u64>) {
+        if let Some(per) = per_choice {
+            let total = per.saturating_mul(self.choices);
+            self.max_output = Some(self.max_output.map_or(total, |m| m.min(total)));
+        }
+    }
 }
 
 /// A request body's JSON, when it is a JSON object.
@@ -439,7 +452,8 @@ pub(crate) fn body_json(body: &[u8]) -> Option<Value> {
 /// Reads a request body `v` (`len` bytes, a JSON object) in `dialect`
 /// (`None`: any).
 pub(crate) fn asked(dialect: Option<Dialect>, v: &Value, len: usize) -> Asked {
-    let n = |p: &str| v.pointer(p).and_then(Value::as_u64);
+    // A number an API may read as a whole one (`500.0`) counts, rounded up.
+    let n = |p: &str| v.pointer(p).and_then(whole_number);
     let choices = match dialect {
         Some(Dialect::Gemini) => n("/generationConfig/candidateCount"),
         _ => n("/n"),
@@ -459,6 +473,7 @@ pub(crate) fn asked(dialect: Option<Dialect>, v: &Value, len: usize) -> Asked {
     Asked {
         model: model_of(v),
         max_output: max.map(|m| m.saturating_mul(choices)),
+        choices,
         input_bound: len as u64,
     }
 }
@@ -478,7 +493,16 @@ pub(crate) fn reservation(cost: &LlmCost, asked: Option<&Asked>) -> u64 {
         return cost.fallback();
     };
     let output = a.max_output.unwrap_or(cost.default_max_output);
-    let (w_in, w_out) = match &cost.count {
+    let (w_in, w_out) = reserved_weights(cost, a);
+    let x = a.input_bound as f64 * w_in + output as f64 * w_out;
+    (x.ceil().clamp(1.0, u64::MAX as f64)) as u64
+}
+
+/// What a reserved input token and output token weigh: the input the
+/// dearer of cached and not; under a price table, the request's model's
+/// prices, else the dearest.
+fn reserved_weights(cost: &LlmCost, a: &Asked) -> (f64, f64) {
+    match &cost.count {
         Count::Weights {
             input,
             cached_input,
@@ -488,9 +512,144 @@ pub(crate) fn reservation(cost: &LlmCost, asked: Option<&Asked>) -> u64 {
             Some(p) => (p.input.max(p.cached_input), p.output),
             None => dearest(prices),
         },
+    }
+}
+
+/// `cap_max_output`: the most output tokens a choice may ask for so that
+/// the request's reservation fits the `left` units its budget has; `None`
+/// when what it asks already fits, when not one output token a choice
+/// fits (it is refused as it is), or when its body cannot say a maximum.
+pub(crate) fn capped(
+    cost: &LlmCost,
+    a: &Asked,
+    left: u64,
+    dialect: Option<Dialect>,
+    v: &Value,
+) -> Option<u64> {
+    if !cost.reserve || !cost.cap_max_output || max_fields(dialect, v).is_none() {
+        return None;
+    }
+    let (w_in, w_out) = reserved_weights(cost, a);
+    let asked = a.max_output.unwrap_or(cost.default_max_output);
+    let room = left as f64 - (a.input_bound as f64 * w_in).ceil();
+    if w_out <= 0.0 || room < w_out {
+        return None;
+    }
+    // Whole output tokens whose weight fits the room: the reservation
+    // rounds up only its input part's fraction, which the room left out.
+    let total = ((room / w_out).floor() as u64).min(asked);
+    let per = total / a.choices.max(1);
+    (total < asked && per > 0).then_some(per)
+}
+
+/// Where a body in `dialect` says its maximum output: the fields present
+/// (as pointers' segments), and the one written when none is; `None` when
+/// it cannot be said (no dialect, no field present).
+fn max_fields(
+    dialect: Option<Dialect>,
+    v: &Value,
+) -> Option<(Vec<&'static [&'static str]>, &'static [&'static str])> {
+    const COMPLETION: &[&str] = &["max_completion_tokens"];
+    const TOKENS: &[&str] = &["max_tokens"];
+    const OUTPUT: &[&str] = &["max_output_tokens"];
+    const GEMINI: &[&str] = &["generationConfig", "maxOutputTokens"];
+    let (candidates, default): (&[&[&str]], Option<&[&str]>) = match dialect {
+        Some(Dialect::OpenAi) => (&[COMPLETION, TOKENS], Some(COMPLETION)),
+        Some(Dialect::OpenAiResponses) => (&[OUTPUT], Some(OUTPUT)),
+        Some(Dialect::Anthropic) => (&[TOKENS], Some(TOKENS)),
+        Some(Dialect::Gemini) => (&[GEMINI], Some(GEMINI)),
+        _ => (&[COMPLETION, OUTPUT, TOKENS, GEMINI], None),
     };
-    let x = a.input_bound as f64 * w_in + output as f64 * w_out;
-    (x.ceil().clamp(1.0, u64::MAX as f64)) as u64
+    let present: Vec<_> = candidates
+        .iter()
+        .copied()
+        .filter(|path| lookup(v, path).and_then(whole_number).is_some())
+        .collect();
+    match (present.first().copied(), default) {
+        (Some(first), _) => Some((present, first)),
+        (None, Some(d)) => {
+            // Its parent must be an object, or absent.
+            let parent_ok = d.len() == 1 || lookup(v, &d[..1]).is_none_or(Value::is_object);
+            parent_ok.then_some((present, d))
+        }
+        (None, None) => None,
+    }
+}
+
+/// A non-negative number, rounded up.
+fn whole_number(v: &Value) -> Option<u64> {
+    v.as_u64().or_else(|| {
+        v.as_f64()
+            .filter(|f| f.is_finite() && *f >= 0.0)
+            .map(|f| f.ceil().min(u64::MAX as f64) as u64)
+    })
+}
+
+fn lookup<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
+    path.iter().try_fold(v, |v, k| v.get(*k))
+}
+
+/// The edits a request's body gets before it goes upstream: its maximum
+/// output lowered to `max_per_choice` (`cap_max_output`), and an OpenAI
+/// Chat Completions stream asked for its usage (`include_usage`). Whether
+/// anything changed.
+pub(crate) fn edit(
+    v: &mut Value,
+    dialect: Option<Dialect>,
+    max_per_choice: Option<u64>,
+    include_usage: bool,
+) -> bool {
+    let mut changed = false;
+    if let Some(m) = max_per_choice
+        && let Some((present, default)) = max_fields(dialect, v)
+    {
+        let targets = if present.is_empty() {
+            vec![default]
+        } else {
+            present
+        };
+        for path in targets {
+            let Some((last, parents)) = path.split_last() else {
+                continue;
+            };
+            let mut at = &mut *v;
+            for p in parents {
+                at = match at {
+                    Value::Object(o) => o
+                        .entry(*p)
+                        .or_insert_with(|| Value::Object(Default::default())),
+                    other => other,
+                };
+            }
+            if let Some(o) = at.as_object_mut()
+                && o.get(*last).and_then(Value::as_u64).is_none_or(|n| n > m)
+            {
+                o.insert((*last).to_owned(), Value::from(m));
+                changed = true;
+            }
+        }
+    }
+    if include_usage && dialect == Some(Dialect::OpenAi) && streams(v) {
+        let o = v.as_object_mut().expect("streams() read an object");
+        let options = o
+            .entry("stream_options")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(opts) = options.as_object_mut()
+            && opts.get("include_usage") != Some(&Value::Bool(true))
+        {
+            opts.insert("include_usage".to_owned(), Value::Bool(true));
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// Whether an OpenAI Chat Completions body asks for a stream whose usage
+/// `include_usage` would add.
+pub(crate) fn streams(v: &Value) -> bool {
+    v.get("stream") == Some(&Value::Bool(true))
+        && v.get("stream_options")
+            .is_none_or(|o| o.is_object() && o.get("include_usage") != Some(&Value::Bool(true)))
 }
 
 fn dearest(prices: &[(String, crate::config::cost::Price)]) -> (f64, f64) {

@@ -43,7 +43,12 @@ use ratewarden_tower::admission::{Facts, Held, Identity, Refusal, Reserve, Settl
 use ratewarden_tower::policy::PolicyRule;
 use ratewarden_tower::view::RequestView;
 
-use crate::config::cost::CostSource;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ratewarden::store::Mode;
+
+use crate::config::cost::{CostSource, CostSpec, Dialect, LlmCost};
 use crate::gateway::{Gateway, Live};
 use crate::observe::metrics::RouteCounts;
 use crate::observe::request_id::RequestId;
@@ -132,6 +137,9 @@ pub(crate) struct Pass {
     pub(crate) settlement: Option<Settlement<AnyStore>>,
     /// Its `concurrency` leases, given back when it ends (or is dropped).
     pub(crate) held: Option<Held>,
+    /// The request's body as it goes upstream, when an LLM rule edited it
+    /// (`cap_max_output`, `include_usage`).
+    pub(crate) body: Option<Vec<u8>>,
 }
 
 impl Flow {
@@ -216,14 +224,21 @@ impl Flow {
             .with_claims(claims.as_ref().map(|c| c as _))
             .with_body(fields.as_ref().map(|f| f as _));
         let (path, len) = (request.path, body.map_or(0, <[u8]>::len));
+        // What a rule charged by an LLM's usage reserves; `cap_max_output`
+        // lowers the output part (per choice) to what a peek found left.
+        let cap = AtomicU64::new(u64::MAX);
+        let edits = OnceLock::<Option<(Dialect, bool)>>::new();
         let reserve = |r: &PolicyRule| -> Option<u64> {
-            let spec = costs.iter().find(|c| c.rule == r.rule.name())?;
-            let CostSource::Llm(cost) = &spec.source else {
-                return None;
-            };
-            let asked = json
-                .as_ref()
-                .map(|v| llm::asked(llm::dialect_of(cost.dialect, path), v, len));
+            let cost = llm_cost(costs, r)?;
+            let dialect = llm::dialect_of(cost.dialect, path);
+            // The body's edits follow the first such rule matched.
+            let _ = edits.get_or_init(|| dialect.map(|d| (d, cost.include_usage)));
+            let asked = json.as_ref().map(|v| {
+                let mut a = llm::asked(dialect, v, len);
+                let per = cap.load(Ordering::Relaxed);
+                a.capped_to((per != u64::MAX).then_some(per));
+                a
+            });
             Some(llm::reservation(cost, asked.as_ref()))
         };
         let facts = Facts {
@@ -232,12 +247,32 @@ impl Flow {
             route: Some(route.unwrap_or(crate::upstream::route::DEFAULT)),
             reserve: by_llm.then_some(&reserve as &Reserve<'_>),
         };
+        if let Some(v) = json.as_ref().filter(|_| live.caps_max_output()) {
+            // A peek (nothing charged): a refusal by a capping rule says
+            // what is left, and the reservation is made to fit it.
+            let peeked = live
+                .config
+                .policy
+                .admit(&live.limiter, &facts, 1, Mode::Peek)
+                .await;
+            if let Err(Refusal::Limited(d)) = peeked
+                && let Some(per) = fitted(live, &d, v, path, len)
+            {
+                cap.store(per, Ordering::Relaxed);
+            }
+        }
         match gw.admit(live, &facts, rid).await {
             Ok(mut admitted) => {
                 if logged && admitted.who().limited {
                     note.identity = Some(admitted.who().identity.clone());
                 }
                 let held = admitted.hold(&live.limiter);
+                let per = cap.load(Ordering::Relaxed);
+                let body = edited(
+                    json.as_ref(),
+                    edits.get().copied().flatten(),
+                    (per != u64::MAX).then_some(per),
+                );
                 let settlement = admitted.settlement(&live.limiter);
                 let decision = admitted.decision.take();
                 let identity = admitted.into_who().identity;
@@ -246,6 +281,7 @@ impl Flow {
                     identity,
                     settlement,
                     held,
+                    body,
                 })
             }
             Err(refusal) => {
@@ -265,6 +301,54 @@ impl Flow {
             }
         }
     }
+}
+
+/// A rule's `from: llm` cost, if it has one.
+fn llm_cost<'c>(costs: &'c [Arc<CostSpec>], r: &PolicyRule) -> Option<&'c LlmCost> {
+    match &costs.iter().find(|c| c.rule == r.rule.name())?.source {
+        CostSource::Llm(cost) => Some(cost),
+        _ => None,
+    }
+}
+
+/// `cap_max_output`: the output a choice may ask for so that the request
+/// fits every capping rule that refused it in the peek `d`; `None` when a
+/// rule that does not cap refused it, or when no output fits.
+fn fitted(live: &Live, d: &Decision, v: &serde_json::Value, path: &str, len: usize) -> Option<u64> {
+    let mut per = None::<u64>;
+    for r in d.rules.iter().filter(|r| !r.allowed()) {
+        let cost = live
+            .config
+            .costs
+            .iter()
+            .find(|c| c.rule == r.rule.name())
+            .and_then(|c| match &c.source {
+                CostSource::Llm(cost) if cost.cap_max_output => Some(cost),
+                _ => None,
+            })?;
+        let dialect = llm::dialect_of(cost.dialect, path);
+        let asked = llm::asked(dialect, v, len);
+        let this = llm::capped(cost, &asked, r.remaining, dialect, v)?;
+        per = Some(per.map_or(this, |p| p.min(this)));
+    }
+    per
+}
+
+/// The body as it goes upstream, when the LLM rules' edits change it.
+fn edited(
+    json: Option<&serde_json::Value>,
+    edits: Option<(Dialect, bool)>,
+    per_choice: Option<u64>,
+) -> Option<Vec<u8>> {
+    let (v, (dialect, include_usage)) = (json?, edits?);
+    let usage = include_usage && dialect == Dialect::OpenAi && llm::streams(v);
+    if per_choice.is_none() && !usage {
+        return None;
+    }
+    let mut v = v.clone();
+    llm::edit(&mut v, Some(dialect), per_choice, include_usage)
+        .then(|| serde_json::to_vec(&v).ok())
+        .flatten()
 }
 
 impl Note {

@@ -93,6 +93,10 @@ pub(crate) trait Wire {
     fn body(&self) -> Option<&[u8]> {
         None
     }
+    /// Sends `body` upstream in place of the request's own (which the wire
+    /// read whole: [`Wire::body`]), with its length; a wire that sends no
+    /// body upstream has nothing to replace.
+    fn replace_body(&mut self, _body: Vec<u8>) {}
     /// The one view of the request, with `path` as a rule sees it and
     /// `target` as [`Wire::target`] gave it (asked once).
     fn view<'a>(&'a self, path: &'a str, target: &'a str) -> RequestView<'a>;
@@ -179,6 +183,9 @@ pub(crate) async fn run<W: Wire + Send>(
         Decided::Refused(r) => return answered(wire, &mut end, Own::Refused(&r)).await,
         Decided::Admitted(pass) => pass,
     };
+    if let Some(body) = pass.body.take() {
+        wire.replace_body(body);
+    }
     end.settlement = pass.settlement.take();
     end.held = pass.held.take();
     if let Some(s) = &end.settlement {

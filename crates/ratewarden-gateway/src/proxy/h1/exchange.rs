@@ -153,6 +153,9 @@ pub(crate) struct H1<'c> {
     rewritten: Option<String>,
     /// A chunked body's pieces joined, when a rule reads the body.
     joined: Option<Vec<u8>>,
+    /// The body sent upstream in place of the client's, when a rule edited
+    /// it ([`Wire::replace_body`]).
+    replaced: Option<Vec<u8>>,
 }
 
 impl<'c> H1<'c> {
@@ -173,6 +176,7 @@ impl<'c> H1<'c> {
             answering,
             rewritten: None,
             joined: None,
+            replaced: None,
         }
     }
 
@@ -222,6 +226,10 @@ impl Wire for H1<'_> {
             (None, [one]) => self.conn.input.get(one.clone()),
             _ => None,
         }
+    }
+
+    fn replace_body(&mut self, body: Vec<u8>) {
+        self.replaced = Some(body);
     }
 
     fn view<'a>(&'a self, path: &'a str, target: &'a str) -> RequestView<'a> {
@@ -309,7 +317,7 @@ impl Wire for H1<'_> {
             server,
             self.client,
             self.head,
-            self.rewritten.as_deref(),
+            (self.rewritten.as_deref(), self.replaced.as_deref()),
         );
         let c = &mut *self.conn;
         let timer = c.timer.as_mut().expect("armed by prepare");
@@ -466,7 +474,7 @@ impl Conn {
         server: &crate::upstream::route::Server,
         client: &crate::proxy::forward::Client,
         head: &Head,
-        rewritten: Option<&str>,
+        (rewritten, replaced): (Option<&str>, Option<&[u8]>),
     ) {
         let (input, out) = (&self.input, &mut self.out);
         let live = &flow.live;
@@ -500,6 +508,8 @@ impl Conn {
         let mut chain: SmallVec<[&[u8]; 2]> = SmallVec::new();
         let forwarded = live.config.forwarded;
         let mut forwarded_chain: SmallVec<[&[u8]; 2]> = SmallVec::new();
+        // An edited body goes with its own length.
+        let replaced_body = replaced.is_some();
         for (name, value) in &self.fields {
             let (name, value) = (&input[name.clone()], &input[value.clone()]);
             if name.eq_ignore_ascii_case(b"x-forwarded-for") {
@@ -525,7 +535,9 @@ impl Conn {
                 if asked.is_none() && is_host {
                     asked = Some(value);
                 }
-                let replaced = (host.is_some() && is_host) || (edits && extra.replaces(name));
+                let replaced = (host.is_some() && is_host)
+                    || (edits && extra.replaces(name))
+                    || (replaced_body && name.eq_ignore_ascii_case(b"content-length"));
                 if !dropped_request_field(name, keep_underscores) && !replaced {
                     push_field(out, name, value);
                 }
@@ -545,7 +557,13 @@ impl Conn {
                 kept[i] = true;
             }
         }
-        if head.body == BodyLen::Chunked {
+        if let Some(b) = replaced {
+            push_field(
+                out,
+                b"content-length",
+                itoa::Buffer::new().format(b.len()).as_bytes(),
+            );
+        } else if head.body == BodyLen::Chunked {
             let n: usize = self.body.iter().map(ExactSizeIterator::len).sum();
             push_field(
                 out,
@@ -573,8 +591,13 @@ impl Conn {
         out.extend_from_slice(b"x-forwarded-for: ");
         push_forwarded_for(out, chain, client.peer.ip());
         out.extend_from_slice(b"\r\n\r\n");
-        for span in &self.body {
-            out.extend_from_slice(&input[span.clone()]);
+        match replaced {
+            Some(b) => out.extend_from_slice(b),
+            None => {
+                for span in &self.body {
+                    out.extend_from_slice(&input[span.clone()]);
+                }
+            }
         }
     }
 
