@@ -24,6 +24,11 @@ rules:
     algorithm: gcra
     limit: 100
     window: 1m
+  - name: tokens
+    match: {path_prefix: /v1/}
+    limit: 1000
+    window: 1m
+    cost: {from: llm}
 ";
 
 /// The browser. Missing, the test fails and says how to get it: a test
@@ -126,8 +131,23 @@ async fn the_page_shows_what_the_json_api_returns_in_a_real_browser() {
         )
         .await;
     }
+    // dave's LLM calls: the test upstream's answers carry no usage, so the
+    // first call's reservation (the body's length plus 800) stays charged,
+    // and the rest are refused near the limit.
+    let llm = r#"{"model":"m","max_tokens":800}"#;
+    for _ in 0..24 {
+        send(
+            gw.listen,
+            "POST",
+            "/v1/chat/completions",
+            &[("x-user-id", "dave"), ("content-type", "application/json")],
+            llm,
+        )
+        .await;
+    }
     let rules = json(admin, "/v1/rules").await;
     let keys = json(admin, "/v1/keys?rule=per-client&limit=10").await;
+    let tokens = json(admin, "/v1/keys?rule=tokens&limit=10").await;
     let bans = json(admin, "/v1/bans?limit=50").await;
 
     let dom = browse(&format!("http://{admin}/ui"), &["--dump-dom"]).await;
@@ -153,7 +173,9 @@ async fn the_page_shows_what_the_json_api_returns_in_a_real_browser() {
         );
     }
     let per_client = &rules["rules"][0]["decisions"];
-    assert_eq!(per_client["allowed"], 3 + 2 + 3 + 2);
+    // (dave's calls refused by `tokens` charged `per-client` nothing: the
+    // decision is all-or-nothing, and its part in each said yes.)
+    assert_eq!(per_client["allowed"], 3 + 2 + 3 + 2 + 24);
     assert_eq!(per_client["rejected"], 37 + 37);
 
     // The top keys: each one the API lists, with its share and limit.
@@ -174,10 +196,17 @@ async fn the_page_shows_what_the_json_api_returns_in_a_real_browser() {
         );
         let used = (k["used"].as_f64().unwrap() * 100.0).round();
         assert_eq!(row[2], format!("{used}%"), "{row:?}");
-        assert_eq!(row[3], k["remaining"].to_string());
-        assert_eq!(row[4], k["limit"].to_string());
-        assert!(row[7].contains("<button>clear</button>"), "{row:?}");
+        assert_eq!(row[3], format!("{} requests", k["charged"]), "{row:?}");
+        assert_eq!(row[4], k["remaining"].to_string());
+        assert_eq!(row[5], k["limit"].to_string());
+        assert!(row[8].contains("<button>clear</button>"), "{row:?}");
     }
+    // A rule charged by an LLM's usage: the tokens charged per key.
+    let dave = &tokens["keys"][0];
+    assert_eq!(dave["key"], "dave", "{tokens}");
+    assert_eq!(dave["charged"], llm.len() + 800, "{tokens}");
+    let row = cells(&dom, "keys", "data-rule=\"tokens\" data-key=\"dave\"");
+    assert_eq!(row[3], format!("{} tokens", llm.len() + 800), "{row:?}");
 
     // The bans: alice's and mallory's, with the time left the API gave
     // (counting down: the page's value, to a tenth, is at most the API's,

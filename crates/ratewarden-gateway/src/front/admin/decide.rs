@@ -4,11 +4,13 @@
 use super::{json_response, named_error, param, secs, unavailable};
 use crate::answer::{Body, problem_response};
 use crate::gateway::{Gateway, Live};
+use crate::proxy::flow::Reservations;
 use crate::proxy::forward::rule_path;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
 use ratewarden::{Decision, Mode, Op, Store};
 use ratewarden_tower::admission::{Facts, Identity, Matched, Refusal};
+use ratewarden_tower::policy::PolicyRule;
 use ratewarden_tower::view::{Fields, RequestView};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -51,6 +53,46 @@ pub(super) struct RequestFacts {
     cookies: HashMap<String, String>,
     /// A token, verified as the proxy verifies a request's (`jwt:`).
     jwt: Option<String>,
+    /// The request's body: JSON, or its text as a string (`json:` key
+    /// parts read it; a rule charged by an LLM's usage reserves from it).
+    body: Option<Value>,
+}
+
+/// A request body an admin caller describes: its JSON, when it is an
+/// object, and its length in bytes, as the proxy reads a body.
+#[derive(Default)]
+pub(super) struct GivenBody {
+    json: Option<Value>,
+    len: usize,
+}
+
+impl GivenBody {
+    pub(super) fn of_bytes(b: &[u8]) -> Self {
+        Self {
+            json: crate::proxy::flow::llm::body_json(b),
+            len: b.len(),
+        }
+    }
+
+    /// A body given inside JSON: a string is its text; anything else is
+    /// JSON, as serialized.
+    fn of_value(v: &Value) -> Self {
+        match v {
+            Value::String(text) => Self::of_bytes(text.as_bytes()),
+            v => Self::of_bytes(&serde_json::to_vec(v).unwrap_or_default()),
+        }
+    }
+}
+
+/// What the matched rules charged by an LLM's usage reserve (by rule), for
+/// the answer.
+fn reserved_of(policy: &ratewarden_tower::policy::Policy, matched: &Matched<'_>) -> Value {
+    let by_rule: serde_json::Map<String, Value> = policy
+        .rules
+        .iter()
+        .filter_map(|r| Some((r.rule.name().to_owned(), json!(matched.reserved(r)?))))
+        .collect();
+    Value::Object(by_rule)
 }
 
 pub(super) fn one() -> u64 {
@@ -220,6 +262,7 @@ pub(super) async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Respons
     let policy = &live.config.policy;
     let matched: Matched<'_>;
     let described;
+    let mut reserved = Value::Null;
     match (&body.request, &body.rule, &body.key) {
         (Some(r), None, None) => {
             let headers = r.headers.iter().map(|(k, v)| (k.as_str(), v.as_str()));
@@ -237,9 +280,19 @@ pub(super) async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Respons
                 Err(answer) => return *answer,
             };
             let claims = r.jwt.as_deref().and_then(|t| gw.verify_token(live, t));
+            let given = r.body.as_ref().map(GivenBody::of_value).unwrap_or_default();
+            let fields = given.json.as_ref().map(crate::jwt::BodyFields);
             let request = described
                 .view()
-                .with_claims(claims.as_ref().map(|c| c as _));
+                .with_claims(claims.as_ref().map(|c| c as _))
+                .with_body(fields.as_ref().map(|f| f as _));
+            let reservations = Reservations::new(
+                &live.config.costs,
+                given.json.as_ref(),
+                &described.path,
+                given.len,
+            );
+            let reserve = |r: &PolicyRule| reservations.of(r);
             let facts = Facts {
                 request,
                 identity: match &r.identity {
@@ -247,7 +300,7 @@ pub(super) async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Respons
                     None => Identity::Resolve,
                 },
                 route: Some(live.router.route_name(&request)),
-                reserve: None,
+                reserve: Some(&reserve),
             };
             let who = match policy.identify(&facts) {
                 Ok(w) => w,
@@ -257,6 +310,7 @@ pub(super) async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Respons
                 Ok(m) => m,
                 Err(refusal) => return refused(gw, live, refusal),
             };
+            reserved = reserved_of(policy, &matched);
         }
         (None, Some(rule), Some(key)) => {
             matched = match policy.named(rule, key, body.identity.as_deref()) {
@@ -271,20 +325,25 @@ pub(super) async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Respons
             );
         }
     }
+    let answer = |mut v: Value| {
+        // What each rule charged by an LLM's usage reserved: what
+        // `/v1/report`'s `reserved` then says.
+        if reserved.as_object().is_some_and(|r| !r.is_empty()) {
+            v["reserved"] = reserved.clone();
+        }
+        json_response(StatusCode::OK, &v)
+    };
     match matched.decide(&live.limiter, body.cost, Mode::Apply).await {
         Ok(a) => match &a.decision {
             Some(d) => {
                 gw.record(live, d, None);
-                json_response(StatusCode::OK, &check_json(d, live, body.rule.is_some()))
+                answer(check_json(d, live, body.rule.is_some()))
             }
-            None => json_response(
-                StatusCode::OK,
-                &json!({"allowed": true, "rules": [], "headers": {}}),
-            ),
+            None => answer(json!({"allowed": true, "rules": [], "headers": {}})),
         },
         Err(Refusal::Limited(d)) => {
             gw.record(live, &d, None);
-            json_response(StatusCode::OK, &check_json(&d, live, body.rule.is_some()))
+            answer(check_json(&d, live, body.rule.is_some()))
         }
         Err(refusal) => refused(gw, live, refusal),
     }
@@ -421,7 +480,14 @@ pub(super) async fn report(live: &Live, body: ReportBody) -> Response<Body> {
     }
 }
 
-pub(super) async fn explain(gw: &Gateway, live: &Live, q: &[(String, String)]) -> Response<Body> {
+/// `/v1/explain`: what the proxy would decide of the request the query
+/// describes, nothing recorded; `given` is its body (`POST`).
+pub(super) async fn explain(
+    gw: &Gateway,
+    live: &Live,
+    q: &[(String, String)],
+    given: GivenBody,
+) -> Response<Body> {
     let policy = &live.config.policy;
     let headers = q
         .iter()
@@ -447,10 +513,14 @@ pub(super) async fn explain(gw: &Gateway, live: &Live, q: &[(String, String)]) -
     };
     // `jwt=TOKEN`: verified as the proxy verifies a request's token.
     let claims = param(q, "jwt").and_then(|t| gw.verify_token(live, t));
+    let fields = given.json.as_ref().map(crate::jwt::BodyFields);
     let request = described
         .view()
-        .with_claims(claims.as_ref().map(|c| c as _));
+        .with_claims(claims.as_ref().map(|c| c as _))
+        .with_body(fields.as_ref().map(|f| f as _));
     let (method, path) = (&described.method, &described.path);
+    let reservations = Reservations::new(&live.config.costs, given.json.as_ref(), path, given.len);
+    let reserve = |r: &PolicyRule| reservations.of(r);
     let given = param(q, "identity");
     let facts = Facts {
         request,
@@ -459,7 +529,7 @@ pub(super) async fn explain(gw: &Gateway, live: &Live, q: &[(String, String)]) -
             None => Identity::Resolve,
         },
         route: Some(live.router.route_name(&request)),
-        reserve: None,
+        reserve: Some(&reserve),
     };
     let head = |identity: &str, would: bool| json!({"method": method.as_str(), "path": path, "identity": identity, "would_allow": would});
     // Refused before any rule decides: why, and with which status.
@@ -497,9 +567,9 @@ pub(super) async fn explain(gw: &Gateway, live: &Live, q: &[(String, String)]) -
             Err(e) => return unavailable(e),
         }
     }
-    let described: Vec<(ratewarden::Rule, String)> = matched
+    let described: Vec<(ratewarden::Rule, String, Option<u64>)> = matched
         .keys()
-        .map(|(_, rule, k)| (rule.clone(), k.to_owned()))
+        .map(|(r, rule, k)| (rule.clone(), k.to_owned(), matched.reserved(r)))
         .collect();
     let decision = match matched.decide(&live.limiter, 1, Mode::Peek).await {
         Ok(a) => a.decision,
@@ -508,7 +578,7 @@ pub(super) async fn explain(gw: &Gateway, live: &Live, q: &[(String, String)]) -
         Err(_) => None,
     };
     let mut rules = vec![];
-    for (i, (rule, key)) in described.into_iter().enumerate() {
+    for (i, (rule, key, reserved)) in described.into_iter().enumerate() {
         let r = decision.as_ref().map(|d| &d.rules[i]);
         // Which parameters applied: an override, a tier, or the rule's.
         let applied = if rule.is_override() {
@@ -532,6 +602,7 @@ pub(super) async fn explain(gw: &Gateway, live: &Live, q: &[(String, String)]) -
             "would_allow": r.is_none_or(|r| r.allowed()),
             "reason": r.and_then(|r| r.reason.map(|x| x.as_str())),
             "shadow": r.is_some_and(|r| r.rule.is_shadow()),
+            "reserved": reserved,
         }));
     }
     let mut v = head(&identity, decision.as_ref().is_none_or(|d| d.allowed));

@@ -95,10 +95,32 @@ pub(super) fn rules(gw: &Gateway, live: &Live) -> Response<Body> {
                     })).collect::<Vec<_>>(),
                 })),
                 "decisions": gw.metrics.decisions(&s.name),
+                "charged_by": charged_by(live, &s.name),
             })
         })
         .collect();
     json_response(StatusCode::OK, &json!({ "rules": rules }))
+}
+
+/// Where a rule charged by its answer reads the cost, and in which units
+/// it counts (`tokens`; `money`, in millionths of the currency, under a
+/// price table; `units`); `null` for a rule charged at admission.
+fn charged_by(live: &Live, rule: &str) -> Value {
+    use crate::config::cost::{CostSource, Count};
+    let Some(spec) = live.config.costs.iter().find(|c| c.rule == rule) else {
+        return Value::Null;
+    };
+    match &spec.source {
+        CostSource::Llm(l) => json!({
+            "from": "llm",
+            "dialect": l.dialect.name(),
+            "units": if matches!(l.count, Count::Price(_)) { "money" } else { "tokens" },
+            "cap_max_output": l.cap_max_output,
+            "include_usage": l.include_usage,
+        }),
+        CostSource::Header(h) => json!({"from": "header", "header": h, "units": "units"}),
+        CostSource::Json(p) => json!({"from": "json", "pointer": p, "units": "units"}),
+    }
 }
 
 /// Names one listing's `SCAN` examines on each Redis server, at most.
@@ -334,7 +356,7 @@ pub(super) async fn top_keys(gw: &Gateway, live: &Live, q: &[(String, String)]) 
         Ok(f) => f,
         Err(e) => return unavailable(e),
     };
-    let mut rows: Vec<(f64, Found)> = found
+    let mut rows: Vec<(f64, u64, Found)> = found
         .into_iter()
         .map(|f| {
             // `remaining` is what the next request would leave: one more
@@ -342,16 +364,16 @@ pub(super) async fn top_keys(gw: &Gateway, live: &Live, q: &[(String, String)]) 
             let limit_of = f.rule.limit();
             let left = f.info.remaining + u64::from(f.info.admits);
             let used = limit_of.saturating_sub(left);
-            (used as f64 / limit_of as f64, f)
+            (used as f64 / limit_of as f64, used, f)
         })
         .collect();
     rows.sort_by(|a, b| b.0.total_cmp(&a.0));
     rows.truncate(limit);
     let keys: Vec<Value> = rows
         .into_iter()
-        .map(|(share, f)| {
+        .map(|(share, charged, f)| {
             json!({
-                "key": f.key, "used": (share * 1000.0).round() / 1000.0,
+                "key": f.key, "used": (share * 1000.0).round() / 1000.0, "charged": charged,
                 "remaining": f.info.remaining, "limit": f.rule.limit(),
                 "tier": applied(&f.rule),
                 "reset_after": secs(f.info.reset_after), "ban_left": f.info.ban_left.map(secs),
@@ -447,6 +469,10 @@ pub(super) async fn keys(
             &json!({
                 "rule": rule, "key": op.key, "exists": i.exists,
                 "limit": op.rule.limit(), "remaining": i.remaining,
+                // The units charged in the window so far (the tokens of a
+                // rule charged by an LLM's usage): `remaining` is what a
+                // request of weight 1 would leave.
+                "charged": op.rule.limit().saturating_sub(i.remaining + u64::from(i.admits)),
                 "reset_after": secs(i.reset_after), "ban_left": i.ban_left.map(secs), "ban_level": i.ban_level,
             }),
         ),

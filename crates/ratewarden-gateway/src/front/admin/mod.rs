@@ -20,7 +20,7 @@ mod decide;
 mod guard;
 mod keys;
 
-use decide::{CheckBody, ReportBody, check, explain, report};
+use decide::{CheckBody, GivenBody, ReportBody, check, explain, report};
 use guard::{cross_site, misdirected, same_secret};
 use keys::{BanBody, ban, bans, change_error, keys, lift, list_overrides, rules, top_keys};
 
@@ -38,7 +38,14 @@ fn secs(d: std::time::Duration) -> f64 {
 async fn read_json<T: for<'de> Deserialize<'de>>(
     req: Request<Incoming>,
 ) -> Result<T, Response<Body>> {
-    let bytes = Limited::new(req.into_body(), MAX_BODY)
+    let bytes = read_bytes(req).await?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| problem_response(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}")))
+}
+
+/// A request's body, up to [`MAX_BODY`].
+async fn read_bytes(req: Request<Incoming>) -> Result<bytes::Bytes, Response<Body>> {
+    Ok(Limited::new(req.into_body(), MAX_BODY)
         .collect()
         .await
         .map_err(|_| {
@@ -47,9 +54,7 @@ async fn read_json<T: for<'de> Deserialize<'de>>(
                 "body larger than 64 KiB or unreadable",
             )
         })?
-        .to_bytes();
-    serde_json::from_slice(&bytes)
-        .map_err(|e| problem_response(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}")))
+        .to_bytes())
 }
 
 /// The query's parameters, percent-decoded.
@@ -243,7 +248,16 @@ pub(crate) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Bod
             Ok(body) => report(&live, body).await,
             Err(r) => r,
         },
-        (Method::GET, "/v1/explain") => explain(gw, &live, &query(&req)).await,
+        (Method::GET, "/v1/explain") => {
+            explain(gw, &live, &query(&req), GivenBody::default()).await
+        }
+        (Method::POST, "/v1/explain") => {
+            let q = query(&req);
+            match read_bytes(req).await {
+                Ok(body) => explain(gw, &live, &q, GivenBody::of_bytes(&body)).await,
+                Err(r) => r,
+            }
+        }
         (Method::GET, "/v1/rules") => rules(gw, &live),
         (Method::GET, "/ui") => page(crate::front::ui::page(&live), "text/html; charset=utf-8"),
         (Method::GET, "/ui/app.js") => page(
@@ -353,8 +367,10 @@ pub(crate) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Bod
 /// The methods an admin path takes (its `Allow`), if it is one.
 fn allowed_methods(path: &str) -> Option<&'static str> {
     Some(match path {
-        "/healthz" | "/readyz" | "/metrics" | "/v1/explain" | "/v1/rules" | "/ui"
-        | "/ui/app.js" | "/v1/keys" => "GET",
+        "/healthz" | "/readyz" | "/metrics" | "/v1/rules" | "/ui" | "/ui/app.js" | "/v1/keys" => {
+            "GET"
+        }
+        "/v1/explain" => "GET, POST",
         "/v1/bans" => "GET, POST",
         "/v1/overrides" => "GET",
         p if p.starts_with("/v1/overrides/") => "GET, PUT, DELETE",

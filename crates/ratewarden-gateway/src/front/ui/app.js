@@ -132,7 +132,7 @@ async function refresh() {
       for (const key of k.keys) {
         const b = el("button", "clear");
         b.addEventListener("click", () => clearKey(rule.name, key.key));
-        rows.push(row([rule.name, key.key, `${Math.round(key.used * 100)}%`, key.remaining,
+        rows.push(row([rule.name, key.key, `${Math.round(key.used * 100)}%`, charged(rule, key.charged), key.remaining,
           key.limit, secs(key.reset_after), key.ban_left === null ? "" : secs(key.ban_left), b],
           { "data-rule": rule.name, "data-key": key.key }));
       }
@@ -153,6 +153,15 @@ async function refresh() {
   } catch (e) {
     status.textContent = "cannot read the admin API: " + e.message;
   }
+}
+
+// What a key was charged in its window, in its rule's units: tokens for a
+// rule charged by an LLM's usage, money (millionths counted) under a price
+// table, else the count.
+function charged(rule, n) {
+  const units = rule.charged_by ? rule.charged_by.units : "requests";
+  if (units === "money") return (n / 1e6).toFixed(2);
+  return `${n} ${units}`;
 }
 
 refresh();

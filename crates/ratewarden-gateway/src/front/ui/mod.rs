@@ -45,7 +45,7 @@ pub(crate) fn page(live: &Live) -> String {
         "<h1>ratewarden</h1><p id=\"status\">loading…</p>",
     ));
     h.push_str("<h2>Decisions per second</h2><table><thead><tr><th>rule</th><th>admitted/s</th><th>rejected/s</th><th>admitted</th><th>rejected</th><th>last 5 minutes (<span style=\"color:#1f77b4\">admitted</span>, <span style=\"color:#d62728\">rejected</span>)</th></tr></thead><tbody id=\"rates\"></tbody></table>");
-    h.push_str("<h2>Top limited keys</h2><table><thead><tr><th>rule</th><th>key</th><th>used</th><th>remaining</th><th>limit</th><th>reset (s)</th><th>ban left (s)</th><th></th></tr></thead><tbody id=\"keys\"></tbody></table>");
+    h.push_str("<h2>Top limited keys</h2><table><thead><tr><th>rule</th><th>key</th><th>used</th><th>charged</th><th>remaining</th><th>limit</th><th>reset (s)</th><th>ban left (s)</th><th></th></tr></thead><tbody id=\"keys\"></tbody></table>");
     h.push_str("<h2>Active bans</h2><table><thead><tr><th>rule</th><th>key</th><th>time left (s)</th></tr></thead><tbody id=\"bans\"></tbody></table>");
     h.push_str("<h2>Overrides</h2><table><thead><tr><th>rule</th><th>key</th><th>limit</th><th>window (s)</th><th>expires in (s)</th><th>note</th><th></th></tr></thead><tbody id=\"overrides\"></tbody></table>");
     h.push_str("<h2>Loaded configuration</h2><table id=\"config\"><tbody>");

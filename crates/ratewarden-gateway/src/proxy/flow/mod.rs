@@ -30,6 +30,7 @@ pub(crate) mod answers;
 mod cost;
 mod end;
 pub(crate) mod llm;
+mod reserve;
 mod run;
 pub(crate) mod shaped;
 pub(crate) mod tap;
@@ -43,12 +44,9 @@ use ratewarden_tower::admission::{Facts, Held, Identity, Refusal, Reserve, Settl
 use ratewarden_tower::policy::PolicyRule;
 use ratewarden_tower::view::RequestView;
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use ratewarden::store::Mode;
 
-use crate::config::cost::{CostSource, CostSpec, Dialect, LlmCost};
+use crate::config::cost::CostSource;
 use crate::gateway::{Gateway, Live};
 use crate::observe::metrics::RouteCounts;
 use crate::observe::request_id::RequestId;
@@ -58,6 +56,7 @@ use crate::upstream::route::Group;
 
 pub(crate) use answers::{Grpc, add_rate_headers, edge_answer, grpc_kind, refusal_answer};
 pub(crate) use end::{End, Outcome};
+pub(crate) use reserve::Reservations;
 pub(crate) use run::{Own, Target, Tried, Wire, run};
 pub(crate) use tap::{Read, Tap};
 
@@ -226,28 +225,15 @@ impl Flow {
         let (path, len) = (request.path, body.map_or(0, <[u8]>::len));
         // What a rule charged by an LLM's usage reserves; `cap_max_output`
         // lowers the output part (per choice) to what a peek found left.
-        let cap = AtomicU64::new(u64::MAX);
-        let edits = OnceLock::<Option<(Dialect, bool)>>::new();
-        let reserve = |r: &PolicyRule| -> Option<u64> {
-            let cost = llm_cost(costs, r)?;
-            let dialect = llm::dialect_of(cost.dialect, path);
-            // The body's edits follow the first such rule matched.
-            let _ = edits.get_or_init(|| dialect.map(|d| (d, cost.include_usage)));
-            let asked = json.as_ref().map(|v| {
-                let mut a = llm::asked(dialect, v, len);
-                let per = cap.load(Ordering::Relaxed);
-                a.capped_to((per != u64::MAX).then_some(per));
-                a
-            });
-            Some(llm::reservation(cost, asked.as_ref()))
-        };
+        let reservations = Reservations::new(costs, json.as_ref(), path, len);
+        let reserve = |r: &PolicyRule| reservations.of(r);
         let facts = Facts {
             request,
             identity: Identity::Resolve,
             route: Some(route.unwrap_or(crate::upstream::route::DEFAULT)),
             reserve: by_llm.then_some(&reserve as &Reserve<'_>),
         };
-        if let Some(v) = json.as_ref().filter(|_| live.caps_max_output()) {
+        if json.is_some() && live.caps_max_output() {
             // A peek (nothing charged): a refusal by a capping rule says
             // what is left, and the reservation is made to fit it.
             let peeked = live
@@ -255,10 +241,8 @@ impl Flow {
                 .policy
                 .admit(&live.limiter, &facts, 1, Mode::Peek)
                 .await;
-            if let Err(Refusal::Limited(d)) = peeked
-                && let Some(per) = fitted(live, &d, v, path, len)
-            {
-                cap.store(per, Ordering::Relaxed);
+            if let Err(Refusal::Limited(d)) = peeked {
+                reservations.fit(&d);
             }
         }
         match gw.admit(live, &facts, rid).await {
@@ -267,12 +251,7 @@ impl Flow {
                     note.identity = Some(admitted.who().identity.clone());
                 }
                 let held = admitted.hold(&live.limiter);
-                let per = cap.load(Ordering::Relaxed);
-                let body = edited(
-                    json.as_ref(),
-                    edits.get().copied().flatten(),
-                    (per != u64::MAX).then_some(per),
-                );
+                let body = reservations.edited();
                 let settlement = admitted.settlement(&live.limiter);
                 let decision = admitted.decision.take();
                 let identity = admitted.into_who().identity;
@@ -301,54 +280,6 @@ impl Flow {
             }
         }
     }
-}
-
-/// A rule's `from: llm` cost, if it has one.
-fn llm_cost<'c>(costs: &'c [Arc<CostSpec>], r: &PolicyRule) -> Option<&'c LlmCost> {
-    match &costs.iter().find(|c| c.rule == r.rule.name())?.source {
-        CostSource::Llm(cost) => Some(cost),
-        _ => None,
-    }
-}
-
-/// `cap_max_output`: the output a choice may ask for so that the request
-/// fits every capping rule that refused it in the peek `d`; `None` when a
-/// rule that does not cap refused it, or when no output fits.
-fn fitted(live: &Live, d: &Decision, v: &serde_json::Value, path: &str, len: usize) -> Option<u64> {
-    let mut per = None::<u64>;
-    for r in d.rules.iter().filter(|r| !r.allowed()) {
-        let cost = live
-            .config
-            .costs
-            .iter()
-            .find(|c| c.rule == r.rule.name())
-            .and_then(|c| match &c.source {
-                CostSource::Llm(cost) if cost.cap_max_output => Some(cost),
-                _ => None,
-            })?;
-        let dialect = llm::dialect_of(cost.dialect, path);
-        let asked = llm::asked(dialect, v, len);
-        let this = llm::capped(cost, &asked, r.remaining, dialect, v)?;
-        per = Some(per.map_or(this, |p| p.min(this)));
-    }
-    per
-}
-
-/// The body as it goes upstream, when the LLM rules' edits change it.
-fn edited(
-    json: Option<&serde_json::Value>,
-    edits: Option<(Dialect, bool)>,
-    per_choice: Option<u64>,
-) -> Option<Vec<u8>> {
-    let (v, (dialect, include_usage)) = (json?, edits?);
-    let usage = include_usage && dialect == Dialect::OpenAi && llm::streams(v);
-    if per_choice.is_none() && !usage {
-        return None;
-    }
-    let mut v = v.clone();
-    llm::edit(&mut v, Some(dialect), per_choice, include_usage)
-        .then(|| serde_json::to_vec(&v).ok())
-        .flatten()
 }
 
 impl Note {
