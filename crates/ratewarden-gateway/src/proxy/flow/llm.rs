@@ -173,6 +173,42 @@ fn read_object(v: &Value, seen: &mut Seen, model: &mut Option<String>) {
     }
 }
 
+/// The start of a usage key, `"usage"` or `"usageMetadata"`: one search
+/// for both, built once (building a searcher costs more than a search).
+static USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage"));
+
+/// Whether the usage key found at `at` in `text` may open a usage object:
+/// `"usage"` or `"usageMetadata"`, then `:` and `{`, spaces between; a
+/// text that ends before it can tell says yes (it is parsed and read).
+fn opens_usage(text: &[u8], at: usize) -> bool {
+    let rest = &text[at + 6..];
+    let rest = match rest.strip_prefix(b"\"") {
+        Some(r) => r,
+        None => match rest.strip_prefix(b"Metadata\"") {
+            Some(r) => r,
+            // Cut short inside `Metadata"`: cannot tell.
+            None => return b"Metadata\"".starts_with(rest),
+        },
+    };
+    let mut bytes = rest.iter().filter(|b| !b.is_ascii_whitespace());
+    match bytes.next() {
+        None => true,
+        Some(b':') => bytes.next().is_none_or(|b| *b == b'{'),
+        Some(_) => false,
+    }
+}
+
+/// Whether a JSON text may hold a usage object: a key `"usage"` or
+/// `"usageMetadata"` whose value is an object. A JSON text that holds one
+/// written plainly has these bytes (a string's quotes are escaped inside
+/// it, so text alone never passes for one); a key spelled with escapes is
+/// not seen, and its usage is missing (the reservation stays, the safe
+/// side).
+pub(crate) fn carries_usage(json: &[u8]) -> bool {
+    USAGE_KEY.find_iter(json).any(|at| opens_usage(json, at))
+}
+
 /// Anthropic's answers and events say `"type": "message"` or
 /// `message_start` / `message_delta`: their `input_tokens` leaves the
 /// cache out.
@@ -198,6 +234,8 @@ pub(crate) struct LlmMeter {
     /// The SSE line being read, and the current event's data.
     line: Vec<u8>,
     data: Vec<u8>,
+    /// A data line of the current event may hold a usage object.
+    usage: bool,
     seen: Seen,
     model: Option<String>,
 }
@@ -216,6 +254,7 @@ impl LlmMeter {
             over: false,
             line: Vec::new(),
             data: Vec::new(),
+            usage: false,
             seen: Seen::default(),
             model: None,
         })
@@ -233,15 +272,23 @@ impl LlmMeter {
         }
     }
 
+    /// The line held back (cut by a piece's end), read at the stream's end.
     fn event_line(&mut self) {
-        let mut line = std::mem::take(&mut self.line);
-        if line.last() == Some(&b'\r') {
-            line.pop();
-        }
+        let line = std::mem::take(&mut self.line);
+        self.line_of(&line, carries_usage(&line));
+        self.line = line;
+        self.line.clear();
+    }
+
+    /// One line of the stream, without its `\n`; `usage`: it may hold a
+    /// usage object.
+    fn line_of(&mut self, line: &[u8], usage: bool) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
             self.dispatch();
         } else if let Some(d) = line.strip_prefix(b"data:") {
             let d = d.strip_prefix(b" ").unwrap_or(d);
+            self.usage |= usage;
             if self.data.len() + d.len() < MAX_JSON {
                 if !self.data.is_empty() {
                     self.data.push(b'\n');
@@ -249,18 +296,21 @@ impl LlmMeter {
                 self.data.extend_from_slice(d);
             }
         }
-        line.clear();
-        self.line = line;
     }
 
     fn dispatch(&mut self) {
+        // Only an event that may carry a usage object is parsed (and the
+        // first ones, until one names the model): a stream's other events,
+        // nearly all of it, are passed over by a byte search.
         if !self.data.is_empty()
             && self.data != b"[DONE]"
+            && (self.model.is_none() || self.usage)
             && let Ok(v) = serde_json::from_slice::<Value>(&self.data)
         {
             read_object(&v, &mut self.seen, &mut self.model);
         }
         self.data.clear();
+        self.usage = false;
     }
 }
 
@@ -283,19 +333,36 @@ impl Meter for LlmMeter {
             }
             return;
         }
-        for piece in bytes.split_inclusive(|b| *b == b'\n') {
-            match piece.strip_suffix(b"\n") {
-                Some(rest) => {
-                    if self.line.len() + rest.len() <= MAX_JSON {
-                        self.line.extend_from_slice(rest);
-                    }
-                    self.event_line();
-                }
-                None if self.line.len() + piece.len() <= MAX_JSON => {
-                    self.line.extend_from_slice(piece)
-                }
-                None => {}
+        // Lines found by a vectorised search, and usage keys by one search
+        // of the whole piece (one per event would cost more than the
+        // relay): the relay's hot loop.
+        let mut keys = USAGE_KEY.find_iter(bytes).peekable();
+        let mut from = 0;
+        for end in memchr::memchr_iter(b'\n', bytes) {
+            let rest = &bytes[from..end];
+            let mut usage = false;
+            while let Some(&at) = keys.peek().filter(|at| **at < end) {
+                usage |= at >= from && opens_usage(rest, at - from);
+                keys.next();
             }
+            from = end + 1;
+            if self.line.is_empty() {
+                // A whole line in this piece: read where it lies.
+                self.line_of(rest, usage);
+            } else {
+                // A line cut by the piece's end, whole now: searched whole.
+                if self.line.len() + rest.len() <= MAX_JSON {
+                    self.line.extend_from_slice(rest);
+                }
+                let line = std::mem::take(&mut self.line);
+                self.line_of(&line, carries_usage(&line));
+                self.line = line;
+                self.line.clear();
+            }
+        }
+        let piece = &bytes[from..];
+        if self.line.len() + piece.len() <= MAX_JSON {
+            self.line.extend_from_slice(piece);
         }
     }
 

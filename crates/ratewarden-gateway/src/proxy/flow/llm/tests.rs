@@ -233,3 +233,46 @@ fn a_request_is_reserved_its_input_bound_and_maximum_output() {
     assert!(body_json(b"not json").is_none());
     assert_eq!(reservation(cost, None), 1024);
 }
+
+#[test]
+fn usage_objects_are_found_by_their_bytes() {
+    for (text, may) in [
+        (&br#"{"usage":{"prompt_tokens":1}}"#[..], true),
+        (br#"{"usage" :  {"a":1}}"#, true),
+        (br#"{"usageMetadata":{"promptTokenCount":1}}"#, true),
+        (br#"{"choices":[],"usage":null}"#, false),
+        (br#"{"usage":3}"#, false),
+        (br#"{"usages":{}}"#, false),
+        (br#"{"content":"no key here"}"#, false),
+        // A text that ends before it can tell is read.
+        (br#"{"usage":"#, true),
+        (br#"{"usage""#, true),
+    ] {
+        assert_eq!(
+            carries_usage(text),
+            may,
+            "{}",
+            String::from_utf8_lossy(text)
+        );
+    }
+}
+
+/// OpenAI's chunks with `include_usage` each say `"usage":null`; only the
+/// last, with the usage, is read, however the stream is cut.
+#[test]
+fn a_stream_of_null_usages_is_read_at_its_usage() {
+    let chunk = |u: &str| format!("data: {{\"model\":\"m\",\"choices\":[],\"usage\":{u}}}\n\n");
+    let mut stream = String::new();
+    for _ in 0..50 {
+        stream += &chunk("null");
+    }
+    stream += &chunk(r#"{"prompt_tokens":7,"completion_tokens":9}"#);
+    stream += "data: [DONE]\n\n";
+    for cut in [1, 7, 64, stream.len()] {
+        assert_eq!(
+            read("text/event-stream", &stream, cut, total()),
+            Read::Cost(16),
+            "pieces of {cut}"
+        );
+    }
+}
