@@ -226,7 +226,13 @@ pub fn main() -> ExitCode {
         } => {
             let default = PathBuf::from("ratewarden.yaml");
             let path = config.or_else(|| default.exists().then_some(default));
-            let (cfg, _, _) = match load(path.as_ref(), &Overrides::default()) {
+            // Nothing is proxied: the upstream a file names (or not) is
+            // not asked for.
+            let replay = Overrides {
+                upstream: Some("echo".into()),
+                ..Overrides::default()
+            };
+            let (cfg, _, _) = match load(path.as_ref(), &replay) {
                 Ok(x) => x,
                 Err(code) => return code,
             };

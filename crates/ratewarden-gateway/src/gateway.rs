@@ -391,7 +391,13 @@ impl Gateway {
     ) {
         for r in &d.rules {
             if let Some(c) = live.counts(&r.rule) {
-                c.add(r.label());
+                // A yes that another rule's no left uncharged is not an
+                // admission (the decision is all-or-nothing).
+                c.add(if !d.allowed && r.allowed() {
+                    "not_charged"
+                } else {
+                    r.label()
+                });
             }
             // Keys at or near their limit are `/v1/keys`'s candidates: one
             // in eight sightings (per thread) is enough to catch the hot

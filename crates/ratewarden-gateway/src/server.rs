@@ -519,6 +519,8 @@ async fn housekeeping(
         (None, Some(p)) => std::fs::read_to_string(p).ok(),
         (None, None) => None,
     };
+    // A change seen at the last tick, not yet reloaded.
+    let mut changed: Option<String> = None;
     let mut files = tls_fingerprint(&gw.live().config);
     let mut poll = tokio::time::interval(Duration::from_millis(500));
     let mut purge = tokio::time::interval(Duration::from_secs(10));
@@ -560,8 +562,16 @@ async fn housekeeping(
                 // request thread twice a second.
                 let now = tokio::fs::read_to_string(path).await.ok();
                 if now.is_some() && now != last {
+                    // Read again at the next tick, and reloaded only when
+                    // it reads the same: a file being written (`cat >`, an
+                    // editor that writes in place) is never validated half
+                    // done.
+                    if now != changed {
+                        changed = now;
+                        continue;
+                    }
                     tracing::info!(file = %path.display(), "config file changed: reloading");
-                    last = now;
+                    last = changed.take();
                     reload(&gw, &source, last.as_deref()).await;
                     files = tls_fingerprint(&gw.live().config);
                     continue;

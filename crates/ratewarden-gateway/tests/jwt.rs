@@ -591,7 +591,8 @@ async fn loading_names_a_jwks_url_and_starting_fetches_it() {
     });
     let yaml = |url: &str| {
         format!(
-            "jwt: {{jwks_url: '{url}', issuer: https://issuer.example, audiences: [api], required: true}}\n\
+            "upstream: echo\n\
+             jwt: {{jwks_url: '{url}', issuer: https://issuer.example, audiences: [api], required: true}}\n\
              rules:\n  - {{name: per-user, limit: 5, window: 1h, key: ['jwt:sub']}}\n"
         )
     };

@@ -13,8 +13,14 @@ use ratewarden_gateway::config::{self, Config, Overrides};
 use ratewarden_gateway::simulate::run::EPOCH;
 use ratewarden_gateway::simulate::{self, Counts, Options, plot, traffic};
 
+/// A config as `ratewarden simulate` loads it (nothing is proxied: no
+/// upstream is asked for).
 fn config(rule: &str) -> Config {
-    config::load(&format!("rules:\n{rule}"), "test", &Overrides::default()).unwrap()
+    let replay = Overrides {
+        upstream: Some("echo".into()),
+        ..Overrides::default()
+    };
+    config::load(&format!("rules:\n{rule}"), "test", &replay).unwrap()
 }
 
 fn options(traffic: &str, out: Option<std::path::PathBuf>) -> Options {

@@ -173,9 +173,10 @@ async fn the_page_shows_what_the_json_api_returns_in_a_real_browser() {
         );
     }
     let per_client = &rules["rules"][0]["decisions"];
-    // (dave's calls refused by `tokens` charged `per-client` nothing: the
-    // decision is all-or-nothing, and its part in each said yes.)
-    assert_eq!(per_client["allowed"], 3 + 2 + 3 + 2 + 24);
+    // dave's calls refused by `tokens` charged `per-client` nothing (the
+    // decision is all-or-nothing): its yeses in them are not admissions.
+    assert_eq!(per_client["allowed"], 3 + 2 + 3 + 2 + 1);
+    assert_eq!(per_client["not_charged"], 23);
     assert_eq!(per_client["rejected"], 37 + 37);
 
     // The top keys: each one the API lists, with its share and limit.

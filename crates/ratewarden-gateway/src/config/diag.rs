@@ -114,6 +114,11 @@ impl<'a> Diag<'a> {
         });
     }
 
+    /// Whether no error has been recorded so far.
+    pub(crate) fn is_clean(&self) -> bool {
+        self.errors.borrow().is_empty()
+    }
+
     /// Records an error found in another file (one `rls.config` names).
     pub(crate) fn push(&self, e: ConfigError) {
         self.errors.borrow_mut().push(e);

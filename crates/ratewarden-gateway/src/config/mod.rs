@@ -47,6 +47,20 @@ pub fn load(text: &str, file: &str, overrides: &Overrides) -> Result<Config, Con
     let text = &env::interpolate(text, file, |name| std::env::var(name).ok())
         .map_err(ConfigErrors::from)?;
     let d = Diag::new(file);
+    // A file with nothing in it (`: > ratewarden.yaml`, a write caught
+    // before its first line) is no configuration: nginx refuses an empty
+    // nginx.conf too.
+    if text
+        .lines()
+        .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+    {
+        d.error(
+            "(document)",
+            None,
+            "the file is empty: a gateway needs at least its `upstream` (nothing is served, and a reload keeps the running config)",
+        );
+        return d.finish(None::<Config>);
+    }
     let is_compat = text
         .lines()
         .any(|l| l.trim_end().starts_with("rateLimiter:"));

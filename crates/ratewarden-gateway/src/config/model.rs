@@ -298,6 +298,7 @@ pub struct Overrides {
 pub const EMBEDDED: &str = "\
 # ratewarden's built-in example (used when no config file is given)
 listen: 127.0.0.1:8080
+upstream: echo
 admin:
   listen: 127.0.0.1:9090
 rules:

@@ -15,7 +15,10 @@ const BUCKETS: [f64; 12] = [
 ];
 
 /// The `decision` label values of `ratewarden_requests_total`.
-const DECISIONS: [&str; 3] = ["allowed", "rejected", "shadow_rejected"];
+///
+/// `not_charged`: the rule said yes, but another rule refused the request,
+/// so nothing was charged to this one (decisions are all-or-nothing).
+const DECISIONS: [&str; 4] = ["allowed", "rejected", "shadow_rejected", "not_charged"];
 
 /// Bound on distinct banned keys tracked for the gauge.
 const MAX_BANS_TRACKED: usize = 100_000;
@@ -88,14 +91,14 @@ impl Histogram {
     }
 }
 
-/// One rule's decisions: allowed, rejected, shadow_rejected.
+/// One rule's decisions: allowed, rejected, shadow_rejected, not_charged.
 #[derive(Default, Debug)]
-pub struct RuleCounts([AtomicU64; 3]);
+pub struct RuleCounts([AtomicU64; 4]);
 
 impl RuleCounts {
-    /// allowed, rejected, shadow_rejected so far.
-    pub fn get(&self) -> [u64; 3] {
-        [0, 1, 2].map(|i| self.0[i].load(Ordering::Relaxed))
+    /// allowed, rejected, shadow_rejected, not_charged so far.
+    pub fn get(&self) -> [u64; 4] {
+        [0, 1, 2, 3].map(|i| self.0[i].load(Ordering::Relaxed))
     }
 
     /// Counts one `allowed`, `rejected` or `shadow_rejected` decision.
@@ -231,7 +234,8 @@ impl Metrics {
     }
 
     /// `rule`'s decisions so far as JSON (`/v1/rules`, and the live page's
-    /// rates): `{"allowed": n, "rejected": n, "shadow_rejected": n}`.
+    /// rates): `{"allowed": n, "rejected": n, "shadow_rejected": n,
+    /// "not_charged": n}`.
     pub fn decisions(&self, rule: &str) -> serde_json::Value {
         let counts = self
             .requests
@@ -416,7 +420,7 @@ impl Metrics {
     /// own count by kind, `access_dropped` the access log's dropped lines.
     pub fn render(&self, store_errors: &[(&str, u64)], access_dropped: u64) -> String {
         let mut out = String::new();
-        out.push_str("# HELP ratewarden_requests_total Decisions per rule.\n# TYPE ratewarden_requests_total counter\n");
+        out.push_str("# HELP ratewarden_requests_total Decisions per rule: allowed (charged), rejected, shadow_rejected, not_charged (the rule said yes, another refused the request: nothing charged).\n# TYPE ratewarden_requests_total counter\n");
         let mut rows: Vec<_> = self
             .requests
             .lock()

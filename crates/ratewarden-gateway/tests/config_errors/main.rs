@@ -211,7 +211,9 @@ fn allow_and_deny_entries_are_addresses_unless_identities_come_from_a_header() {
     assert!(e.message.contains("addresses or CIDRs"), "{e}");
     let by_header = "identity: {from: header, header: X-User}\n";
     let c = config::load(
-        &format!("{by_header}deny: [user-42, 10.0.0.0/8]\nallow: [2001:db8::/32]\n"),
+        &format!(
+            "upstream: echo\n{by_header}deny: [user-42, 10.0.0.0/8]\nallow: [2001:db8::/32]\n"
+        ),
         "ok.yaml",
         &Overrides::default(),
     )

@@ -34,7 +34,7 @@ fn tls_files_must_exist_parse_and_belong_together_each_error_at_its_key() {
     let missing = dir.join("missing.pem").display().to_string();
     // A good pair loads; the files are watched.
     let ok = config::load(
-        &format!("tls: {{cert: {c}, key: {k}}}\nrules: []\n"),
+        &format!("upstream: echo\ntls: {{cert: {c}, key: {k}}}\nrules: []\n"),
         "ok.yaml",
         &Overrides::default(),
     )
@@ -60,7 +60,7 @@ fn tls_files_must_exist_parse_and_belong_together_each_error_at_its_key() {
     assert!(e.message.contains("`cert` and `key` go together"), "{e}");
     // Relative paths are the config file's directory's.
     let rel = config::load(
-        "tls: {cert: c.pem, key: c.key}\n",
+        "upstream: echo\ntls: {cert: c.pem, key: c.key}\n",
         &dir.join("gw.yaml").display().to_string(),
         &Overrides::default(),
     );
@@ -160,7 +160,7 @@ fn a_sentinel_section_is_checked_at_its_lines() {
     assert_eq!(e.line, 4);
     // A good one loads.
     config::load(
-        "store:\n  type: redis\n  sentinel:\n    master: mymaster\n    nodes: [redis://127.0.0.1:26379]\n    password: p\n",
+        "upstream: echo\nstore:\n  type: redis\n  sentinel:\n    master: mymaster\n    nodes: [redis://127.0.0.1:26379]\n    password: p\n",
         "good.yaml",
         &Overrides::default(),
     )

@@ -67,18 +67,63 @@ pub async fn fake_llm(
                     .insert(addr, body.clone());
                 let _ = go.wait_for(|g| *g).await;
                 let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                // (The head was lowercased: so is the path.)
+                let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+                let choices = req["n"]
+                    .as_u64()
+                    .or(req["generationConfig"]["candidateCount"].as_u64())
+                    .unwrap_or(1);
                 let max = req["max_completion_tokens"]
                     .as_u64()
                     .or(req["max_tokens"].as_u64())
-                    .unwrap_or(10);
+                    .or(req["max_output_tokens"].as_u64())
+                    .or(req["generationConfig"]["maxOutputTokens"].as_u64())
+                    .unwrap_or(10)
+                    * choices;
                 let usage = req["stream_options"]["include_usage"] == Value::Bool(true);
-                let stream = req["stream"].as_bool().unwrap_or(false);
-                let anthropic = head.starts_with("post /v1/messages");
-                let (ctype, out) = if head.starts_with("post /v1/plain") {
+                let stream = req["stream"].as_bool().unwrap_or(false)
+                    || path.contains(":streamgeneratecontent");
+                let anthropic = path.starts_with("/v1/messages");
+                // Faults: a 503 before any output; a stream cut after its
+                // first event; a stream that repeats its first event, never ending.
+                if path.starts_with("/fail/") {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                        .await;
+                    return;
+                }
+                let (ctype, out) = if path.starts_with("/v1/plain") {
                     ("text/plain", "no usage here".to_owned())
+                } else if path.ends_with("/responses") {
+                    responses_answer(stream, max)
+                } else if path.contains(":generatecontent")
+                    || path.contains(":streamgeneratecontent")
+                {
+                    gemini_answer(stream, max)
                 } else {
                     answer(anthropic, stream, max, usage)
                 };
+                if path.starts_with("/cut/") || path.starts_with("/hold/") {
+                    let first = out.find("\n\n").map_or(out.len(), |i| i + 2);
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{}\r\n",
+                        first,
+                        &out[..first]
+                    );
+                    let _ = s.write_all(head.as_bytes()).await;
+                    if path.starts_with("/hold/") {
+                        // The same event again every 50 ms, never the usage
+                        // (a stream the client leaves meanwhile).
+                        let again = format!("{:x}\r\n{}\r\n", first, &out[..first]);
+                        for _ in 0..200 {
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                            if s.write_all(again.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    return;
+                }
                 let answer = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{out}",
                     out.len()
@@ -161,4 +206,65 @@ pub fn released() -> (
 ) {
     let (tx, rx) = tokio::sync::watch::channel(true);
     (Arc::new(AtomicUsize::new(0)), tx, rx)
+}
+
+/// OpenAI Responses: 20 input tokens (5 cached), `max` output.
+pub fn responses_answer(stream: bool, max: u64) -> (&'static str, String) {
+    let usage = format!(
+        r#"{{"input_tokens":20,"input_tokens_details":{{"cached_tokens":5}},"output_tokens":{max},"total_tokens":{}}}"#,
+        20 + max
+    );
+    if stream {
+        let events = [
+            (
+                "response.created",
+                r#"{"type":"response.created","response":{"id":"r1","usage":null}}"#.to_owned(),
+            ),
+            (
+                "response.output_text.delta",
+                r#"{"type":"response.output_text.delta","delta":"ok"}"#.to_owned(),
+            ),
+            (
+                "response.completed",
+                format!(
+                    r#"{{"type":"response.completed","response":{{"id":"r1","model":"gpt-4o-mini","usage":{usage}}}}}"#
+                ),
+            ),
+        ];
+        let body = events
+            .iter()
+            .map(|(e, d)| format!("event: {e}\ndata: {d}\n\n"))
+            .collect();
+        ("text/event-stream", body)
+    } else {
+        (
+            "application/json",
+            format!(
+                r#"{{"id":"r1","object":"response","model":"gpt-4o-mini","output":[],"usage":{usage}}}"#
+            ),
+        )
+    }
+}
+
+/// Gemini: 20 prompt tokens (5 cached), `max` candidates' tokens; a stream
+/// (`alt=sse`) says a running usage in each chunk, the last the whole.
+pub fn gemini_answer(stream: bool, max: u64) -> (&'static str, String) {
+    let usage = |out: u64| {
+        format!(
+            r#"{{"promptTokenCount":20,"cachedContentTokenCount":5,"candidatesTokenCount":{out},"totalTokenCount":{}}}"#,
+            20 + out
+        )
+    };
+    let chunk = |out: u64| {
+        format!(
+            r#"{{"candidates":[{{"content":{{"parts":[{{"text":"ok"}}]}}}}],"usageMetadata":{},"modelVersion":"gemini-x"}}"#,
+            usage(out)
+        )
+    };
+    if stream {
+        let body = format!("data: {}\r\n\r\ndata: {}\r\n\r\n", chunk(1), chunk(max));
+        ("text/event-stream", body)
+    } else {
+        ("application/json", chunk(max))
+    }
 }

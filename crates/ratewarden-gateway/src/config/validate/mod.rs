@@ -155,6 +155,18 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
             Some(&u.referenced),
             routes::parse_upstream(&u.value),
         ),
+        // The echo upstream only when written: a file that names no
+        // server (an emptied file, one half written) would otherwise serve
+        // every request from the echo. Said last, when nothing else is
+        // wrong (see the end). (A gateway for the proxies' hooks, `authz:`
+        // or `rls:`, answers them without an upstream.)
+        (None, None)
+            if f.routes.is_empty()
+                && f.authz.is_none()
+                && rls.as_ref().is_some_and(Option::is_none) =>
+        {
+            None
+        }
         (None, None) => Some(Upstream::Echo),
     };
     let upstream_timeout = d.positive_duration(
@@ -386,6 +398,13 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         && tls_files.is_empty()
     {
         tls_files.extend(t.files.iter().cloned());
+    }
+    if upstream.is_none() && o.upstream.is_none() && f.upstream.is_none() && d.is_clean() {
+        d.error(
+            "upstream",
+            None,
+            "no `upstream`: name the server requests go to (`upstream: http://127.0.0.1:9000`), or write `upstream: echo` for the built-in echo upstream",
+        );
     }
     Some(Config {
         listen: listen?,

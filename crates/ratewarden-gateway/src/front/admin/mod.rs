@@ -133,11 +133,10 @@ async fn readyz(store: &crate::store::AnyStore) -> Response<Body> {
     )
 }
 
+/// A store error as the admin API answers it: 503, the error saying
+/// itself what it is ("store unavailable: ...", "store answer late: ...").
 fn unavailable(e: impl std::fmt::Display) -> Response<Body> {
-    problem_response(
-        StatusCode::SERVICE_UNAVAILABLE,
-        &format!("store unavailable: {e}"),
-    )
+    problem_response(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
 }
 
 fn named_error(e: NamedError) -> Response<Body> {

@@ -1,0 +1,132 @@
+//! What a new user tripped on (issue 49): an emptied or half-written
+//! config never turns the limits off, a config names its upstream, and a
+//! rule's decisions count what it charged.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{Upstream, gateway, gateway_file, send};
+
+fn validate(text: &str) -> (i32, String) {
+    let dir = std::env::temp_dir().join(format!("rw-newcomer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("c{}.yaml", text.len()));
+    std::fs::write(&file, text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
+        .arg("validate")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// An empty file (or only comments), and one that names no upstream, are
+/// errors: the echo upstream is served only when written.
+#[test]
+fn an_empty_config_or_one_without_an_upstream_is_an_error() {
+    for empty in ["", "\n\n", "# nothing yet\n"] {
+        let (code, out) = validate(empty);
+        assert_eq!(code, 2, "{empty:?}: {out}");
+        assert!(out.contains("the file is empty"), "{out}");
+    }
+    let (code, out) = validate("rules:\n  - name: r\n    limit: 10\n    window: 1m\n");
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("no `upstream`"), "{out}");
+    assert!(out.contains("upstream: echo"), "{out}");
+    // Written, it is served.
+    let (code, out) =
+        validate("upstream: echo\nrules:\n  - name: r\n    limit: 10\n    window: 1m\n");
+    assert_eq!(code, 0, "{out}");
+}
+
+/// The file emptied while serving (`: > ratewarden.yaml`) is a failed
+/// reload: the running limits stay. A file written in two steps is read
+/// only once it has stopped changing: its first half is never validated.
+#[tokio::test]
+async fn an_emptied_or_half_written_file_never_turns_the_limits_off() {
+    let up = Upstream::start().await;
+    let dir = std::env::temp_dir().join(format!("rw-emptied-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ratewarden.yaml");
+    let v1 = "rules:\n  - name: r\n    algorithm: fixed_window\n    limit: 2\n    window: 1h\n";
+    std::fs::write(&file, v1).unwrap();
+    let gw = gateway_file(v1, &up.url(), None, Some(file.clone())).await;
+    let admin = gw.admin.unwrap();
+    for _ in 0..2 {
+        assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    }
+    std::fs::write(&file, "").unwrap();
+    support::wait_for_metric(
+        admin,
+        "ratewarden_config_reloads_total{result=\"failure\"} 1",
+    )
+    .await;
+    assert_eq!(
+        send(gw.listen, "GET", "/", &[], "").await.status,
+        429,
+        "the limit still holds"
+    );
+    // Half a file, then the rest 50 ms later (less than the 500 ms between
+    // reads): the half alone (a rule without its limit) is never read.
+    let v2 = v1.replace("limit: 2", "limit: 5");
+    let (half, _) = v2.split_at(v2.find("limit").unwrap());
+    std::fs::write(&file, half).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    std::fs::write(&file, &v2).unwrap();
+    support::wait_for_metric(
+        admin,
+        "ratewarden_config_reloads_total{result=\"success\"} 1",
+    )
+    .await;
+    let metrics = send(admin, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        metrics.contains("ratewarden_config_reloads_total{result=\"failure\"} 1"),
+        "the half was validated:\n{metrics}"
+    );
+    let r = send(gw.listen, "GET", "/", &[], "").await;
+    assert_eq!(r.header("x-ratelimit-limit"), Some("5"));
+    gw.shutdown().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Two rules, limits 1 and 100, five requests: one admitted, four refused
+/// by the first. The second rule charged one, and says so; its four other
+/// yeses charged nothing, and are counted apart.
+#[tokio::test]
+async fn a_rule_counts_what_it_charged_not_what_another_refused() {
+    let up = Upstream::start().await;
+    let yaml = "rules:\n  - name: a\n    algorithm: fixed_window\n    limit: 1\n    window: 1h\n  - name: b\n    algorithm: fixed_window\n    limit: 100\n    window: 1h\n";
+    let gw = gateway(yaml, &up.url(), None).await;
+    let admin = gw.admin.unwrap();
+    let mut statuses = vec![];
+    for _ in 0..5 {
+        statuses.push(send(gw.listen, "GET", "/", &[], "").await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 429, 429, 429, 429]);
+    let rules: serde_json::Value =
+        serde_json::from_str(&send(admin, "GET", "/v1/rules", &[], "").await.body).unwrap();
+    let b = &rules["rules"][1]["decisions"];
+    assert_eq!(b["allowed"], 1, "{b}");
+    assert_eq!(b["not_charged"], 4, "{b}");
+    assert_eq!(b["rejected"], 0, "{b}");
+    let a = &rules["rules"][0]["decisions"];
+    assert_eq!(
+        (a["allowed"].as_u64(), a["rejected"].as_u64()),
+        (Some(1), Some(4))
+    );
+    let metrics = send(admin, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        metrics.contains("ratewarden_requests_total{rule=\"b\",decision=\"not_charged\"} 4"),
+        "{metrics}"
+    );
+    // The remaining b reports is what was charged: 99 left.
+    let r = send(admin, "GET", "/v1/keys/b/127.0.0.1", &[], "").await;
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["charged"], 1, "{v}");
+    gw.shutdown().await;
+}
