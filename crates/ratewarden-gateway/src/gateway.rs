@@ -247,9 +247,10 @@ impl Gateway {
         &self,
         live: &Live,
         request: &ratewarden_tower::view::RequestView<'_>,
+        route: Option<&str>,
     ) -> Result<Option<crate::jwt::Claims>, ratewarden_tower::admission::Refusal> {
         let claims = self.claims(live, request);
-        if claims.is_none() && live.config.jwt.as_ref().is_some_and(|j| j.required) {
+        if claims.is_none() && requires_token(live, request, route) {
             return Err(ratewarden_tower::admission::Refusal::Unauthenticated);
         }
         Ok(claims)
@@ -440,6 +441,25 @@ impl Gateway {
             }
         }
     }
+}
+
+/// Whether `request` (on `route`) needs a trusted token: every request
+/// under `jwt.required: true`, else one a `jwt_required` rule matches.
+fn requires_token(
+    live: &Live,
+    request: &ratewarden_tower::view::RequestView<'_>,
+    route: Option<&str>,
+) -> bool {
+    let config = &live.config;
+    if config.jwt.as_ref().is_some_and(|j| j.required) {
+        return true;
+    }
+    let route = Some(route.unwrap_or(crate::upstream::route::DEFAULT));
+    !config.token_rules.is_empty()
+        && config.policy.rules.iter().any(|r| {
+            config.token_rules.iter().any(|n| n == r.rule.name())
+                && r.matcher.matches(request, route)
+        })
 }
 
 /// The refusal log: a key's first refusal under a rule in each

@@ -480,6 +480,45 @@ async fn a_required_token_is_a_401_when_missing_or_bad() {
     gw.shutdown().await;
 }
 
+/// `jwt_required` on a rule: a request it matches needs a trusted token
+/// (401 without one); a path no such rule matches (a health check) works
+/// without one. A rule that asks for it without a `jwt:` section is a
+/// config error.
+#[tokio::test]
+async fn a_rule_can_require_a_token_for_what_it_matches() {
+    let k = keys();
+    let (up, gw, _dir) = gateway_with(
+        &k,
+        "",
+        "rules:\n  - {name: api, match: {path_prefix: /api/}, limit: 5, window: 1h, key: ['jwt:sub'], jwt_required: true}\n  - {name: all, limit: 100, window: 1h}\n",
+    )
+    .await;
+    let r = support::send(gw.listen, "GET", "/health", &[], "").await;
+    assert_eq!(r.status, 200, "no rule requires one here");
+    let r = support::send(gw.listen, "GET", "/api/orders", &[], "").await;
+    assert_eq!(r.status, 401);
+    let good = bearer(&k, json!({"alg": "RS256", "kid": "rsa"}), "ann");
+    let r = support::send(
+        gw.listen,
+        "GET",
+        "/api/orders",
+        &[("authorization", good.as_str())],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(up.hits.load(std::sync::atomic::Ordering::Relaxed), 2);
+    gw.shutdown().await;
+    let e = ratewarden_gateway::config::load(
+        "upstream: echo\nrules:\n  - {name: api, limit: 5, window: 1h, jwt_required: true}\n",
+        "t.yaml",
+        &ratewarden_gateway::config::Overrides::default(),
+    )
+    .unwrap_err();
+    assert!(e.first().message.contains("needs a `jwt:` section"), "{e}");
+    assert_eq!(e.first().line, 3);
+}
+
 /// A JWKS served over HTTP by the test, then rotated: `jwks_url` is fetched
 /// when the config loads; a token signed by a key not yet published is not
 /// trusted (and asks for a refresh); once the server publishes it, a

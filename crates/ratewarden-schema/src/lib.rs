@@ -393,6 +393,9 @@ pub struct RuleFile {
     /// The shape of a refusal: `problem` (RFC 9457, the default),
     /// `openai` or `anthropic` (what their SDKs read).
     pub refusal: Option<Sp<String>>,
+    /// A request the rule matches needs a trusted token (`jwt:`): 401
+    /// without one.
+    pub jwt_required: Option<Sp<bool>>,
     pub shadow: Option<Sp<bool>>,
     pub max_hold: Option<Sp<String>>,
     pub distribution: Option<Sp<DistributionFile>>,

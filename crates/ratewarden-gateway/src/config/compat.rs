@@ -107,6 +107,7 @@ fn compat_rule(
         count_rejected: None,
         cost: None,
         refusal: None,
+        jwt_required: None,
         shadow: None,
         max_hold: None,
         distribution: None,

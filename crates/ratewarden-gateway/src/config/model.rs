@@ -142,6 +142,9 @@ pub struct Config {
     pub costs: Vec<std::sync::Arc<super::cost::CostSpec>>,
     /// Rules whose refusals take another shape than a problem body.
     pub refusals: Vec<(String, super::cost::RefusalShape)>,
+    /// Rules whose requests need a trusted token (`jwt_required: true`),
+    /// by name.
+    pub token_rules: Vec<String>,
     /// Token verification for `jwt:CLAIM` key parts (`jwt:`).
     pub jwt: Option<crate::jwt::Verifier>,
     /// The most runtime overrides (`overrides.max`, default

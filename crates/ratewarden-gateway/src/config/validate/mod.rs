@@ -360,6 +360,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         Some(None) => None,
     };
     let has_jwt = f.jwt.is_some();
+    let mut token_rules = vec![];
     for r in f.rules {
         if names.contains(&r.name.value) {
             d.error(
@@ -377,6 +378,9 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
                 }
                 if c.refusal != super::cost::RefusalShape::Problem {
                     refusals.push((c.rule.rule.name().to_owned(), c.refusal));
+                }
+                if c.jwt_required {
+                    token_rules.push(c.rule.rule.name().to_owned());
                 }
                 rules.push(c.rule);
             }
@@ -444,6 +448,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         rls: rls?,
         costs,
         refusals,
+        token_rules,
         jwt: jwt?,
         overrides_max: overrides_max?,
         authz: authz?,

@@ -59,6 +59,8 @@ pub(super) struct Compiled {
     pub(super) rule: PolicyRule,
     pub(super) cost: Option<super::super::cost::CostSpec>,
     pub(super) refusal: super::super::cost::RefusalShape,
+    /// `jwt_required: true`.
+    pub(super) jwt_required: bool,
 }
 
 pub(super) fn rule(
@@ -214,6 +216,17 @@ pub(super) fn rule(
         Some(rule.spec().algorithm),
     );
     let refusal = super::cost::refusal(d, r.refusal.as_ref());
+    let jwt_required = match &r.jwt_required {
+        Some(j) if j.value && !has_jwt => {
+            d.error(
+                "jwt_required",
+                Some(&j.referenced),
+                "`jwt_required` needs a `jwt:` section: the tokens are verified with its keys",
+            );
+            None
+        }
+        j => Some(j.as_ref().is_some_and(|j| j.value)),
+    };
     let (cost, by_answer) = match from_answer? {
         Some((spec, reserve)) => (
             Some(spec),
@@ -234,6 +247,7 @@ pub(super) fn rule(
         },
         cost,
         refusal: refusal?,
+        jwt_required: jwt_required?,
     })
 }
 

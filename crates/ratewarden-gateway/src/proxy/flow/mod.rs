@@ -206,7 +206,7 @@ impl Flow {
             ..
         } = self;
         let logged = gw.access.is_some();
-        let claims = match gw.required_claims(live, &request) {
+        let claims = match gw.required_claims(live, &request, route) {
             Ok(c) => c,
             Err(r) => return Decided::Refused(r),
         };
