@@ -416,7 +416,7 @@ impl Gateway {
                 }
                 // A flood of refusals is not a flood of lines: a key's first
                 // refusal in each period is logged, the rest summarised.
-                if !refusals::first(r.rule.id(), r.rule.name(), &r.key) {
+                if !crate::observe::refusals::first(r.rule.id(), r.rule.name(), &r.key) {
                     continue;
                 }
                 match request {
@@ -460,134 +460,6 @@ fn requires_token(
             config.token_rules.iter().any(|n| n == r.rule.name())
                 && r.matcher.matches(request, route)
         })
-}
-
-/// The refusal log: a key's first refusal under a rule in each
-/// [`PERIOD`](refusals::PERIOD) is logged whole (on each worker thread that
-/// sees it); later ones are counted, and each rule's count is logged once
-/// per period as one summary line, with the next refusal after the period
-/// ends. Exact counts stay in the metrics. Every refusal written as a line
-/// was CPU on the refusing path and disk an attacker could fill (issue 38:
-/// 80,345 lines in 4 s at a 100/s limit).
-mod refusals {
-    use std::cell::RefCell;
-    use std::hash::{BuildHasher, Hash, Hasher};
-    use std::time::Duration;
-
-    /// How long a key's first refusal stands for the rest.
-    pub(super) const PERIOD: Duration = Duration::from_secs(10);
-
-    /// Keys remembered per thread and period; past it, a new key's
-    /// refusals are only counted (memory an attacker spraying keys cannot
-    /// grow).
-    const MAX_KEYS: usize = 10_000;
-
-    struct Seen {
-        since: quanta::Instant,
-        /// (rule, key) hashes logged this period.
-        keys: foldhash::HashSet<u64>,
-        /// Per rule: its name and the refusals not logged this period.
-        quiet: Vec<(u64, String, u64)>,
-        hasher: foldhash::fast::RandomState,
-    }
-
-    thread_local! {
-        static SEEN: RefCell<Option<Seen>> = const { RefCell::new(None) };
-    }
-
-    /// Whether this refusal of `key` under rule `id` is to be logged;
-    /// counts it otherwise. Ends the period (logging its summary) when it
-    /// is over.
-    pub(super) fn first(id: u64, rule: &str, key: &str) -> bool {
-        first_at(quanta::Instant::now(), id, rule, key).0
-    }
-
-    /// [`first`] at `now`; also the summaries of a period it ended (rule,
-    /// refusals not logged), which it logged.
-    fn first_at(
-        now: quanta::Instant,
-        id: u64,
-        rule: &str,
-        key: &str,
-    ) -> (bool, Vec<(String, u64)>) {
-        SEEN.with_borrow_mut(|seen| {
-            let s = seen.get_or_insert_with(|| Seen {
-                since: now,
-                keys: foldhash::HashSet::default(),
-                quiet: vec![],
-                hasher: foldhash::fast::RandomState::default(),
-            });
-            let mut summaries = vec![];
-            if now.saturating_duration_since(s.since) >= PERIOD {
-                for (_, name, n) in s.quiet.drain(..) {
-                    tracing::info!(
-                        rule = name,
-                        refusals = n,
-                        "{n} more refusals under rule {name} in the last {:?} \
-                         (each key's first was logged)",
-                        PERIOD
-                    );
-                    summaries.push((name, n));
-                }
-                s.keys.clear();
-                s.since = now;
-            }
-            (first_in(s, id, rule, key), summaries)
-        })
-    }
-
-    /// Within a period: whether `key` under rule `id` is new to it (a
-    /// hash of both: a collision only merges two keys' log lines).
-    fn first_in(s: &mut Seen, id: u64, rule: &str, key: &str) -> bool {
-        let mut h = s.hasher.build_hasher();
-        id.hash(&mut h);
-        key.hash(&mut h);
-        let h = h.finish();
-        if s.keys.len() < MAX_KEYS && s.keys.insert(h) {
-            return true;
-        }
-        match s.quiet.iter_mut().find(|(r, _, _)| *r == id) {
-            Some((_, _, n)) => *n += 1,
-            None => s.quiet.push((id, rule.to_owned(), 1)),
-        }
-        false
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn a_keys_first_refusal_is_logged_the_rest_counted() {
-            assert!(first(1, "r", "a"));
-            assert!(!first(1, "r", "a"));
-            assert!(!first(1, "r", "a"));
-            assert!(first(1, "r", "b"), "another key");
-            assert!(first(2, "s", "a"), "another rule");
-            SEEN.with_borrow(|s| {
-                let s = s.as_ref().unwrap();
-                assert_eq!(s.quiet, vec![(1, "r".to_owned(), 2)]);
-            });
-        }
-
-        /// A period's end logs its summary, once, and a key's next refusal
-        /// is logged whole again.
-        #[test]
-        fn a_period_ends_with_its_summary() {
-            let t0 = quanta::Instant::now();
-            assert!(first_at(t0, 1, "r", "a").0);
-            for _ in 0..5 {
-                assert!(!first_at(t0, 1, "r", "a").0);
-            }
-            let (logged, summaries) = first_at(t0 + PERIOD / 2, 1, "r", "a");
-            assert!(!logged && summaries.is_empty(), "within the period");
-            let (logged, summaries) = first_at(t0 + PERIOD, 1, "r", "a");
-            assert_eq!(summaries, vec![("r".to_owned(), 6)]);
-            assert!(logged, "a new period: the key's first again");
-            let (_, summaries) = first_at(t0 + PERIOD, 1, "r", "a");
-            assert!(summaries.is_empty(), "once");
-        }
-    }
 }
 
 /// True once in eight calls on each thread.

@@ -78,6 +78,8 @@ impl Running {
         for t in self.tasks {
             let _ = t.await;
         }
+        // The refusals counted since the last summary, not lost at exit.
+        crate::observe::refusals::flush();
         if let Some(log) = self.gateway.access.clone() {
             // The writer's last round and the sink's flush: a blocking
             // thread's work, bounded (a stuck disk must not hold the exit).
@@ -524,6 +526,10 @@ async fn housekeeping(
     let mut files = tls_fingerprint(&gw.live().config);
     let mut poll = tokio::time::interval(Duration::from_millis(500));
     let mut purge = tokio::time::interval(Duration::from_secs(10));
+    // The refusal log's period: its summaries are written when it ends,
+    // traffic or not.
+    let mut refusals = tokio::time::interval(crate::observe::refusals::PERIOD);
+    refusals.tick().await;
     loop {
         let hup_signal = async {
             match hup.as_mut() {
@@ -591,6 +597,7 @@ async fn housekeeping(
                     reload(&gw, &source, last.as_deref()).await;
                 }
             }
+            _ = refusals.tick() => crate::observe::refusals::flush(),
             _ = purge.tick() => {
                 // A scan of every shard: 10-15 ms for a million keys, which
                 // on the request thread (`--workers 1`) would stall every

@@ -758,3 +758,59 @@ async fn a_manual_ban_is_kept_in_the_store_listed_and_lifted() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// The refusal log's summary is written when its period ends, not by the
+/// next refusal: here at SIGTERM, with no traffic after the flood. One
+/// key's first refusal is one line; its three others are one summary line,
+/// written once.
+#[test]
+fn the_refusal_summary_is_written_at_exit_without_more_traffic() {
+    use std::io::BufRead;
+    let dir = std::env::temp_dir().join(format!("rw-refusals-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ratewarden.yaml");
+    std::fs::write(
+        &file,
+        "upstream: echo\nadmin: null\nrules:\n  - name: r\n    algorithm: fixed_window\n    limit: 1\n    window: 1h\n",
+    )
+    .unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
+        .args(["serve", "--listen", "127.0.0.1:0", "-c"])
+        .arg(&file)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut proc = Proc(child);
+    let mut out = std::io::BufReader::new(proc.0.stdout.take().unwrap());
+    let listen = loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "exited before serving"
+        );
+        if let Some(i) = line.find("listen=") {
+            let rest = &line[i + 7..];
+            let end = rest.find([' ', ')']).unwrap_or(rest.len());
+            break rest[..end].parse::<std::net::SocketAddr>().unwrap();
+        }
+    };
+    let mut conn = std::net::TcpStream::connect(listen).unwrap();
+    let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
+    let mut statuses = vec![];
+    for _ in 0..5 {
+        let (head, _) = exchange(&mut conn, &mut reader, "/");
+        statuses.push(head[9..12].to_owned());
+    }
+    assert_eq!(statuses, ["200", "429", "429", "429", "429"]);
+    drop((conn, reader));
+    signal(&proc.0, "TERM");
+    let lines: Vec<String> = out.lines().map_while(Result::ok).collect();
+    let _ = proc.0.wait();
+    let count = |want: &str| lines.iter().filter(|l| l.contains(want)).count();
+    assert_eq!(count("rejected"), 1, "{lines:#?}");
+    assert_eq!(count("3 more refusals under rule r"), 1, "{lines:#?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -4,4 +4,5 @@
 
 pub(crate) mod access;
 pub(crate) mod metrics;
+pub(crate) mod refusals;
 pub(crate) mod request_id;
