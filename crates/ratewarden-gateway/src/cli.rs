@@ -363,6 +363,7 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
         tls = banner.tls,
         admin = %running.admin.map_or("off".to_owned(), |a| a.to_string()),
         rls = %running.rls.map_or("off".to_owned(), |a| a.to_string()),
+        authz = %running.authz.map_or("off".to_owned(), |a| a.to_string()),
         upstream = %banner.upstream,
         store = %banner.store,
         rules = banner.rules.len(),
@@ -374,7 +375,14 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
     for l in &banner.rls {
         tracing::info!("rls limit {l}");
     }
-    if echo {
+    if let (Some(authz), true) = (running.authz, echo) {
+        // A gateway for a proxy's hook: the try-line asks the hook.
+        println!(
+            "ratewarden: the authorisation listener on http://{authz} (the proxy listener on {} answers from the built-in echo upstream).\n\
+             try: for i in $(seq 105); do curl -s -o /dev/null -w '%{{http_code}}\\n' -H 'X-Original-Method: GET' -H 'X-Original-URI: /' -H 'X-Forwarded-For: 192.0.2.1' http://{authz}/authz/nginx; done",
+            running.listen
+        );
+    } else if echo {
         let rules = if banner.rules.is_empty() {
             "no rules".to_owned()
         } else {

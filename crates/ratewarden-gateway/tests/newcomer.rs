@@ -11,7 +11,10 @@ use support::{Upstream, gateway, gateway_file, send};
 fn validate(text: &str) -> (i32, String) {
     let dir = std::env::temp_dir().join(format!("rw-newcomer-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!("c{}.yaml", text.len()));
+    // A file of its own per call (tests run in parallel).
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = dir.join(format!("c{n}.yaml"));
     std::fs::write(&file, text).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
         .arg("validate")
@@ -129,4 +132,16 @@ async fn a_rule_counts_what_it_charged_not_what_another_refused() {
     let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(v["charged"], 1, "{v}");
     gw.shutdown().await;
+}
+
+/// A duration with a decimal fraction is read exactly.
+#[test]
+fn a_decimal_duration_is_accepted() {
+    let (code, out) = validate(
+        "upstream: echo\nrules:\n  - {name: r, algorithm: gcra, limit: 10, window: 1.5s}\n",
+    );
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = validate("upstream: echo\nrules:\n  - {name: r, limit: 10, window: 1.s}\n");
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("is not a duration"), "{out}");
 }

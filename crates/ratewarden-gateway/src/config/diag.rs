@@ -168,38 +168,61 @@ impl<'a> Diag<'a> {
     }
 }
 
-/// Parses a duration with a unit: `500ms`, `3s`, `5m`, `1h`, `1d`.
+/// Parses a duration with a unit: `500ms`, `3s`, `1.5s`, `5m`, `1h`, `1d`
+/// (a decimal fraction is exact, to the nanosecond).
 ///
 /// ```
 /// use std::time::Duration;
 /// use ratewarden_gateway::config::parse_duration;
 /// assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+/// assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+/// assert_eq!(parse_duration("0.25m"), Ok(Duration::from_secs(15)));
 /// assert!(parse_duration("5").unwrap_err().contains("no unit"));
+/// assert!(parse_duration("1.s").is_err());
 /// ```
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
-        .find(|c: char| !c.is_ascii_digit())
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
         .ok_or_else(|| format!("`{s}` has no unit: write e.g. `{s}s` (units: ms, s, m, h, d)"))?;
     let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration like `500ms`, `3s`, `5m`, `1h`, `1d`"))?;
-    let secs = |per: u64| {
-        n.checked_mul(per)
-            .map(Duration::from_secs)
-            .ok_or_else(|| format!("`{s}` is too long"))
+    let bad = || format!("`{s}` is not a duration like `500ms`, `1.5s`, `5m`, `1h`, `1d`");
+    let (whole, fraction) = match n.split_once('.') {
+        Some((w, f)) if !f.is_empty() && f.len() <= 9 => (w, f),
+        Some(_) => return Err(bad()),
+        None => (n, ""),
     };
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => secs(1),
-        "m" => secs(60),
-        "h" => secs(3600),
-        "d" => secs(86_400),
-        _ => Err(format!(
-            "`{s}`: unknown unit `{unit}` (units: ms, s, m, h, d)"
-        )),
+    if whole.is_empty() {
+        return Err(bad());
     }
+    let whole: u128 = whole.parse().map_err(|_| bad())?;
+    let frac: u128 = if fraction.is_empty() {
+        0
+    } else {
+        fraction.parse().map_err(|_| bad())?
+    };
+    let unit_ns: u128 = match unit {
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        "d" => 86_400_000_000_000,
+        _ => {
+            return Err(format!(
+                "`{s}`: unknown unit `{unit}` (units: ms, s, m, h, d)"
+            ));
+        }
+    };
+    let scale = 10u128.pow(fraction.len() as u32);
+    let ns = whole
+        .checked_mul(unit_ns)
+        .and_then(|w| w.checked_add(frac * unit_ns / scale))
+        .filter(|ns| *ns <= u128::from(u64::MAX) * 1_000_000_000)
+        .ok_or_else(|| format!("`{s}` is too long"))?;
+    Ok(Duration::new(
+        (ns / 1_000_000_000) as u64,
+        (ns % 1_000_000_000) as u32,
+    ))
 }
 
 /// The closest of `candidates` to `word`, if reasonably close.
