@@ -145,3 +145,51 @@ fn a_decimal_duration_is_accepted() {
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("is not a duration"), "{out}");
 }
+
+/// Flow style, as the README writes rules, reports each error at its key,
+/// line and column, as block style does, and all of them.
+#[test]
+fn flow_style_errors_are_each_reported_at_their_key() {
+    let (code, out) = validate(
+        "upstream: echo\nrules:\n  - {name: g, limit: 10/min, window: 1m}\n  - {name: h, limit: 5, window: 1q}\n  - {name: i, limt: 5, window: 1m}\n  - {name: j, limit: 5, window: 1m, algorithm: gcraa}\n  - name: k\n    limit: -1\n    window: 1m\n",
+    );
+    assert_eq!(code, 2, "{out}");
+    for want in [
+        ":3:22: `limit`: expected a whole number, got `10/min`",
+        ":4:33: `window`: `1q`: unknown unit `q`",
+        ":5:15: `limt`: unknown key `limt`; did you mean `limit`?",
+        ":6:48: `algorithm`: unknown algorithm `gcraa`",
+        ":8:12: `limit`: must be a whole number >= 1",
+    ] {
+        assert!(out.contains(want), "no {want:?} in:\n{out}");
+    }
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("error:")).count(),
+        5,
+        "{out}"
+    );
+    assert!(!out.contains("only valid inside a block"), "{out}");
+}
+
+/// One mistake, one error: a `key_secret` too short is not also "needs
+/// key_secret" at each hashed part; a `tiers` block without `default` does
+/// not hide the other errors of its rule.
+#[test]
+fn one_mistake_is_one_error_and_hides_no_other() {
+    let (code, out) = validate(
+        "upstream: echo\nkey_secret: short\nrules:\n  - {name: g, limit: 10, window: 1m, key: [{hash: \"header:X-Api-Key\"}]}\n",
+    );
+    assert_eq!(code, 2, "{out}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("error:")).count(),
+        1,
+        "{out}"
+    );
+    assert!(out.contains("`key_secret`: at least 16 bytes"), "{out}");
+    let (code, out) = validate(
+        "upstream: echo\nrules:\n  - name: g\n    limit: 10\n    window: 1m\n    tiers:\n      from: jwt:plan\n      values: {free: {limit: 5}}\n",
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("`tiers` needs a `default`"), "{out}");
+    assert!(out.contains("needs a top-level `jwt:` section"), "{out}");
+}

@@ -425,7 +425,9 @@ pub struct CalendarFile {
 #[serde(deny_unknown_fields)]
 pub struct TiersFile {
     pub from: Sp<String>,
-    pub default: Sp<String>,
+    /// Required; checked with the rest (a parser's "required" would hide
+    /// every other error of the file).
+    pub default: Option<Sp<String>>,
     pub values: std::collections::BTreeMap<String, Sp<TierFile>>,
 }
 

@@ -280,9 +280,63 @@ fn value_at(text: &str, line: u64, column: u64) -> String {
         return String::new();
     };
     let from = usize::try_from(column).map_or(0, |c| c.saturating_sub(1));
-    let v = l.get(from..).unwrap_or(l);
+    let v = l.get(from..scalar_end(l, from)).unwrap_or(l);
     let v = v.split(" #").next().unwrap_or(v).trim();
     v.chars().take(80).collect()
+}
+
+/// Where the value that starts at byte `from` of `line` ends: inside a
+/// flow collection (`{a: 1, b: 2}`, `[x, y]`), at the `,`, `}` or `]`
+/// that closes it (brackets and quotes inside it skipped); else at the
+/// line's end.
+pub(crate) fn scalar_end(line: &str, from: usize) -> usize {
+    // Whether an opened `{` or `[` before `from` is still open.
+    let mut depth = 0i32;
+    let mut quote = None::<u8>;
+    let bytes = line.as_bytes();
+    for &b in bytes.get(..from).unwrap_or(bytes) {
+        match (quote, b) {
+            (Some(q), b) if b == q => quote = None,
+            (Some(_), _) => {}
+            (None, b'"' | b'\'') => quote = Some(b),
+            (None, b'{' | b'[') => depth += 1,
+            (None, b'}' | b']') => depth -= 1,
+            _ => {}
+        }
+    }
+    if depth <= 0 {
+        return line.len();
+    }
+    let (mut inner, mut quote) = (0i32, None::<u8>);
+    for (i, &b) in bytes.iter().enumerate().skip(from) {
+        match (quote, b) {
+            (Some(q), b) if b == q => quote = None,
+            (Some(_), _) => {}
+            (None, b'"' | b'\'') => quote = Some(b),
+            (None, b'{' | b'[') => inner += 1,
+            (None, b'}' | b']') if inner == 0 => return i,
+            (None, b'}' | b']') => inner -= 1,
+            (None, b',') if inner == 0 => return i,
+            _ => {}
+        }
+    }
+    line.len()
+}
+
+/// The key written at `line`:`column` (1-based), when the text there is
+/// `key:` (a key inside a flow mapping, which [`key_on_line`] does not
+/// see).
+fn key_at_column(text: &str, line: u64, column: u64) -> Option<&str> {
+    let l = text
+        .lines()
+        .nth(usize::try_from(line).ok()?.checked_sub(1)?)?;
+    let rest = l.get(usize::try_from(column).ok()?.checked_sub(1)?..)?;
+    let (key, _) = rest.split_once(':')?;
+    let ok = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
+    ok.then_some(key)
 }
 
 /// What `penalty:` takes, and the nearest key where a mapping misspelt one.
@@ -312,6 +366,14 @@ fn penalty_hint(written: &str) -> String {
 /// keys, and the key at fault read from the line for type errors.
 pub(crate) fn parse_error(file: &str, text: &str, e: &serde_saphyr::Error) -> ConfigError {
     let mut err = parse_error_at(file, text, e);
+    // Inside a flow mapping the line's first key is not the one at fault:
+    // the one written where the parser stopped is.
+    if err.line > 0
+        && err.message.starts_with("expected ")
+        && let Some(k) = key_at_column(text, err.line, err.column)
+    {
+        err.key = k.to_owned();
+    }
     // An error our own visitors raise is placed at the key: where its
     // value starts is what is written, and what a mend replaces.
     if err.line > 0

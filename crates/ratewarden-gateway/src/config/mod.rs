@@ -256,6 +256,15 @@ fn replace_value(text: &str, line: u64, column: u64, value: &str) -> Option<Stri
     let from = usize::try_from(column).ok()?.checked_sub(1)?;
     let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
     let l = lines.get_mut(at)?;
+    let end = diag::scalar_end(l, from);
+    if end < l.len() {
+        // A value inside a flow collection: only it, the rest of the line
+        // kept (its other keys are read, and their errors reported).
+        l.replace_range(from..end, value);
+        let mut t = lines.join("\n");
+        t.push('\n');
+        return Some(t);
+    }
     let rest = l.get(from..)?;
     // A flow value (`{...}`, `[...]`) or a scalar: to the end of the line.
     let comment = rest

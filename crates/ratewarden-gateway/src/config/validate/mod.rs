@@ -344,13 +344,15 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
                 Some(&k.referenced),
                 "at least 16 bytes (32 random hex digits are a good secret: `openssl rand -hex 32`)",
             );
-            Err(())
+            // The rules are checked as with a good one: a secret too short
+            // is one error, not one more per hashed key part.
+            Err(crate::tls::key_hasher(k.value.as_bytes()))
         }
         Some(k) => Ok(Some(crate::tls::key_hasher(k.value.as_bytes()))),
     };
     let (hasher, secret_ok) = match hasher {
         Ok(h) => (h, true),
-        Err(()) => (None, false),
+        Err(h) => (Some(h), false),
     };
     rules_ok &= secret_ok;
     // `Some(None)`: no `jwt:`; `None`: a bad one (its errors recorded).

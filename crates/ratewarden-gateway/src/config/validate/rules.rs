@@ -369,19 +369,32 @@ pub(super) fn tiers(
             _ => {}
         }
     }
-    let default = f.values.keys().position(|n| *n == f.default.value);
-    if default.is_none() {
-        let names: Vec<&str> = f.values.keys().map(String::as_str).collect();
-        d.error(
-            "tiers.default",
-            Some(&f.default.referenced),
-            format!(
-                "`{}` is not one of the tiers ({})",
-                f.default.value,
-                names.join(", ")
-            ),
-        );
-    }
+    let default = match &f.default {
+        None => {
+            d.error(
+                "tiers.default",
+                Some(&t.referenced),
+                "`tiers` needs a `default`: the tier of a request whose value names none (or has none)",
+            );
+            None
+        }
+        Some(default) => {
+            let at = f.values.keys().position(|n| *n == default.value);
+            if at.is_none() {
+                let names: Vec<&str> = f.values.keys().map(String::as_str).collect();
+                d.error(
+                    "tiers.default",
+                    Some(&default.referenced),
+                    format!(
+                        "`{}` is not one of the tiers ({})",
+                        default.value,
+                        names.join(", ")
+                    ),
+                );
+            }
+            at
+        }
+    };
     Some(Tiers {
         from: from?,
         default: default?,
