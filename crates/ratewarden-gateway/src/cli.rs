@@ -359,7 +359,7 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
     };
     let scheme = if banner.tls { "https" } else { "http" };
     tracing::info!(
-        listen = %running.listen,
+        listen = %running.proxy.map_or("off".to_owned(), |a| a.to_string()),
         tls = banner.tls,
         admin = %running.admin.map_or("off".to_owned(), |a| a.to_string()),
         rls = %running.rls.map_or("off".to_owned(), |a| a.to_string()),
@@ -375,32 +375,34 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
     for l in &banner.rls {
         tracing::info!("rls limit {l}");
     }
-    if let (Some(authz), true) = (running.authz, echo) {
+    if let (Some(authz), true) = (running.authz, echo || running.proxy.is_none()) {
         // A gateway for a proxy's hook: the try-line asks the hook.
+        let proxy = match running.proxy {
+            Some(p) => format!("the proxy listener on {p} answers from the built-in echo upstream"),
+            None => "no proxy listener: `listen: off`".to_owned(),
+        };
         println!(
-            "ratewarden: the authorisation listener on http://{authz} (the proxy listener on {} answers from the built-in echo upstream).\n\
-             try: for i in $(seq 105); do curl -s -o /dev/null -w '%{{http_code}}\\n' -H 'X-Original-Method: GET' -H 'X-Original-URI: /' -H 'X-Forwarded-For: 192.0.2.1' http://{authz}/authz/nginx; done",
-            running.listen
+            "ratewarden: the authorisation listener on http://{authz} ({proxy}).\n\
+             try: for i in $(seq 105); do curl -s -o /dev/null -w '%{{http_code}}\\n' -H 'X-Original-Method: GET' -H 'X-Original-URI: /' -H 'X-Forwarded-For: 192.0.2.1' http://{authz}/authz/nginx; done"
         );
-    } else if echo {
+    } else if let (Some(listen), true) = (running.proxy, echo) {
         let rules = if banner.rules.is_empty() {
             "no rules".to_owned()
         } else {
             banner.rules.join("; ")
         };
         println!(
-            "ratewarden: {scheme}://{} in front of the built-in echo upstream ({rules}).\n\
-             try: for i in $(seq 105); do curl -si {cacert}{scheme}://{}/ | grep -iE '^(HTTP|x-ratelimit-remaining|retry-after)'; done",
-            running.listen, running.listen
+            "ratewarden: {scheme}://{listen} in front of the built-in echo upstream ({rules}).\n\
+             try: for i in $(seq 105); do curl -si {cacert}{scheme}://{listen}/ | grep -iE '^(HTTP|x-ratelimit-remaining|retry-after)'; done"
         );
         if !cacert.is_empty() {
             println!(
                 "     (--cacert: for a self-signed certificate or a private CA's; if the certificate \
                  names a host rather than {}, add --resolve HOST:{}:{} and ask https://HOST:{}/)",
-                running.listen.ip(),
-                running.listen.port(),
-                running.listen.ip(),
-                running.listen.port()
+                listen.ip(),
+                listen.port(),
+                listen.ip(),
+                listen.port()
             );
         }
     }

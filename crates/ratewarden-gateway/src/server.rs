@@ -56,8 +56,9 @@ impl std::fmt::Debug for Source {
 /// A running gateway.
 #[derive(Debug)]
 pub struct Running {
-    /// The proxy's bound address (port 0 resolved).
-    pub listen: SocketAddr,
+    /// The proxy's bound address (port 0 resolved); `None` under `listen:
+    /// off` (see [`Running::listen`]).
+    pub proxy: Option<SocketAddr>,
     /// The admin API's bound address.
     pub admin: Option<SocketAddr>,
     /// The authorisation listener's bound address.
@@ -71,6 +72,17 @@ pub struct Running {
 }
 
 impl Running {
+    /// The proxy's bound address.
+    ///
+    /// # Panics
+    ///
+    /// Under `listen: off`, which has no proxy listener ([`Running::proxy`]
+    /// says so without panicking).
+    pub fn listen(&self) -> SocketAddr {
+        self.proxy
+            .expect("the proxy listener is off (`listen: off`)")
+    }
+
     /// Stops accepting, lets in-flight requests finish (at most 30 s),
     /// writes out the access log's buffered lines, returns.
     pub async fn shutdown(self) {
@@ -207,7 +219,13 @@ pub async fn start(mut config: Config, source: Source) -> Result<Running, StartE
             }
         }
     }
-    let (listener, listen) = bind(listen, false).await?;
+    let (listener, proxy) = match listen {
+        Some(addr) => {
+            let (l, a) = bind(addr, false).await?;
+            (Some(l), Some(a))
+        }
+        None => (None, None),
+    };
     let (admin_listener, admin) = match admin {
         Some(addr) => {
             let (l, a) = bind(addr, true).await?;
@@ -254,7 +272,7 @@ pub async fn start(mut config: Config, source: Source) -> Result<Running, StartE
             stopped.clone(),
         )));
     }
-    {
+    if let Some(listener) = listener {
         let gw = gateway.clone();
         let tls = Tls::of(&gateway, |c| c.tls.as_ref());
         tasks.push(crate::wire::spawn(serve(
@@ -304,7 +322,7 @@ pub async fn start(mut config: Config, source: Source) -> Result<Running, StartE
         hup,
     )));
     Ok(Running {
-        listen,
+        proxy,
         admin,
         rls,
         authz,

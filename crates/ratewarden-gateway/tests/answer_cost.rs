@@ -71,10 +71,13 @@ async fn costly() -> SocketAddr {
 /// phase has settled (what is left moved, or stayed at `want`).
 async fn costs(gw: &ratewarden_gateway::server::Running, path: &str, http10: bool) -> u16 {
     if http10 {
-        let out = support::binary_free_http10(gw.listen, path).await;
+        let out = support::binary_free_http10(gw.listen(), path).await;
         out.split(' ').nth(1).unwrap().parse().unwrap()
     } else {
-        send(gw.listen, "GET", path, &[], "").await.status.as_u16()
+        send(gw.listen(), "GET", path, &[], "")
+            .await
+            .status
+            .as_u16()
     }
 }
 
@@ -172,7 +175,7 @@ async fn over_admission_is_the_requests_in_flight_times_cost_over_reserve() {
     let yaml = "rules:\n  - name: units\n    limit: 10\n    window: 1h\n    cost: {from: header, header: X-Cost, reserve: 2}\n";
     let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
     let admin = gw.admin.unwrap();
-    let listen = gw.listen;
+    let listen = gw.listen();
     let in_flight: Vec<_> = (0..5)
         .map(|_| tokio::spawn(async move { send(listen, "GET", "/a", &[], "").await.status }))
         .collect();

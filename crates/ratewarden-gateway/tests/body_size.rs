@@ -32,9 +32,12 @@ async fn a_declared_length_over_the_bound_is_a_413_on_both_paths() {
     let up = Upstream::start().await;
     let gw = gateway(YAML, &up.url(), None).await;
     for h2 in [false, true] {
-        assert_eq!(post(gw.listen, h2, vec![b'a'; 1024]).await, StatusCode::OK);
         assert_eq!(
-            post(gw.listen, h2, vec![b'a'; 1025]).await,
+            post(gw.listen(), h2, vec![b'a'; 1024]).await,
+            StatusCode::OK
+        );
+        assert_eq!(
+            post(gw.listen(), h2, vec![b'a'; 1025]).await,
             StatusCode::PAYLOAD_TOO_LARGE,
             "h2: {h2}"
         );
@@ -44,13 +47,13 @@ async fn a_declared_length_over_the_bound_is_a_413_on_both_paths() {
     // The default is nginx's 1 MiB; 0 is no bound.
     let gw = gateway("rules: []\n", &up.url(), None).await;
     assert_eq!(
-        post(gw.listen, false, vec![b'a'; (1 << 20) + 1]).await,
+        post(gw.listen(), false, vec![b'a'; (1 << 20) + 1]).await,
         StatusCode::PAYLOAD_TOO_LARGE
     );
     gw.shutdown().await;
     let gw = gateway("client_max_body_size: 0\nrules: []\n", &up.url(), None).await;
     assert_eq!(
-        post(gw.listen, false, vec![b'a'; (1 << 20) + 1]).await,
+        post(gw.listen(), false, vec![b'a'; (1 << 20) + 1]).await,
         StatusCode::OK
     );
     gw.shutdown().await;
@@ -64,7 +67,7 @@ async fn a_chunked_body_over_the_bound_is_a_413() {
     let gw = gateway(YAML, &up.url(), None).await;
     let chunk = format!("258\r\n{}\r\n", "a".repeat(600));
     for (chunks, want) in [(1, "HTTP/1.1 200"), (2, "HTTP/1.1 413")] {
-        let mut s = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+        let mut s = tokio::net::TcpStream::connect(gw.listen()).await.unwrap();
         let mut req =
             "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
                 .to_owned();
@@ -95,7 +98,7 @@ async fn an_h2_stream_past_the_bound_is_a_413() {
             .map(|_| Ok(Frame::data(Bytes::from(vec![b'a'; 600]))))
             .collect();
         let body = StreamBody::new(futures_util::stream::iter(chunks)).boxed();
-        let req = Request::post(format!("http://{}/", gw.listen))
+        let req = Request::post(format!("http://{}/", gw.listen()))
             .body(body)
             .unwrap();
         let resp = client.request(req).await.unwrap();
@@ -114,7 +117,7 @@ async fn a_long_chunked_body_streamed_by_hyper_past_the_bound_is_a_413() {
     // 16 KiB chunks: 4 (64 KiB) fit, 8 (128 KiB) do not.
     let chunk = format!("4000\r\n{}\r\n", "a".repeat(16 * 1024));
     for (chunks, want) in [(4, "HTTP/1.1 200"), (8, "HTTP/1.1 413")] {
-        let mut s = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+        let mut s = tokio::net::TcpStream::connect(gw.listen()).await.unwrap();
         let head =
             "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
         s.write_all(head.as_bytes()).await.unwrap();

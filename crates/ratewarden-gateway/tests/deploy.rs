@@ -108,8 +108,8 @@ async fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
         None,
     )
     .await;
-    support::send(gw.listen, "GET", "/", &[], "").await;
-    support::send(gw.listen, "GET", "/", &[], "").await;
+    support::send(gw.listen(), "GET", "/", &[], "").await;
+    support::send(gw.listen(), "GET", "/", &[], "").await;
     let scrape = support::send(gw.admin.unwrap(), "GET", "/metrics", &[], "").await;
     assert_eq!(scrape.status, 200);
     for name in wanted {
@@ -127,7 +127,10 @@ async fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
 fn the_containers_config_loads_and_its_healthcheck_works() {
     let text = std::fs::read_to_string(root().join("deploy/docker.yaml")).unwrap();
     let cfg = ratewarden_gateway::config::load(&text, "docker.yaml", &Default::default()).unwrap();
-    assert_eq!(cfg.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(
+        cfg.listen.map(|l| l.to_string()).as_deref(),
+        Some("0.0.0.0:8080")
+    );
     let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
     for needed in [
         "USER 10001",

@@ -179,7 +179,7 @@ async fn ends_at_the_last_byte(path: &str, version: &str) {
     let up = Drip::start().await;
     let gw = gateway(&up.url()).await;
     let admin = gw.admin.unwrap();
-    let mut a = TcpStream::connect(gw.listen).await.unwrap();
+    let mut a = TcpStream::connect(gw.listen()).await.unwrap();
     a.write_all(format!("GET {path} {version}\r\nhost: a\r\n\r\n").as_bytes())
         .await
         .unwrap();
@@ -195,12 +195,12 @@ async fn ends_at_the_last_byte(path: &str, version: &str) {
         0,
         "counted at the head"
     );
-    let meanwhile = send(gw.listen, "GET", "/", &[], "").await;
+    let meanwhile = send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(meanwhile.status, 200, "the failure was charged at the head");
     up.release();
     read_until(&mut a, b"56789").await;
     wait_answers(admin, "4xx", 1).await;
-    let after = send(gw.listen, "GET", "/", &[], "").await;
+    let after = send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(after.status, 429, "the failure was charged at the end");
     assert_eq!(upstream_answers(admin, "4xx").await, 1, "ended once");
     gw.shutdown().await;
@@ -229,7 +229,7 @@ async fn http1_a_client_leaving_mid_body_ends_it_once() {
     let up = Drip::start().await;
     let gw = gateway(&up.url()).await;
     let admin = gw.admin.unwrap();
-    let mut a = TcpStream::connect(gw.listen).await.unwrap();
+    let mut a = TcpStream::connect(gw.listen()).await.unwrap();
     a.write_all(b"GET /drip/401 HTTP/1.1\r\nhost: a\r\n\r\n")
         .await
         .unwrap();
@@ -238,7 +238,7 @@ async fn http1_a_client_leaving_mid_body_ends_it_once() {
     // The gateway learns of it when it next writes.
     up.release();
     wait_answers(admin, "4xx", 1).await;
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 429);
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 429);
     assert_eq!(upstream_answers(admin, "4xx").await, 1, "ended once");
     gw.shutdown().await;
 }
@@ -251,7 +251,7 @@ async fn http2_ends_at_the_last_frame_or_when_the_client_drops_it() {
     let up = Drip::start().await;
     let gw = gateway(&up.url()).await;
     let admin = gw.admin.unwrap();
-    let io = hyper_util::rt::TokioIo::new(TcpStream::connect(gw.listen).await.unwrap());
+    let io = hyper_util::rt::TokioIo::new(TcpStream::connect(gw.listen()).await.unwrap());
     let (mut h2, conn) =
         hyper::client::conn::http2::handshake::<_, _, http_body_util::Empty<Bytes>>(
             hyper_util::rt::TokioExecutor::new(),
@@ -275,18 +275,18 @@ async fn http2_ends_at_the_last_frame_or_when_the_client_drops_it() {
         0,
         "counted at the head"
     );
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     up.release();
     let rest = body.collect().await.unwrap().to_bytes();
     assert_eq!(&rest[..], b"56789");
     wait_answers(admin, "4xx", 1).await;
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 429);
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 429);
     gw.shutdown().await;
 
     // Dropped mid-body (a reset stream): ended once, and charged.
     let gw = gateway(&up.url()).await;
     let admin = gw.admin.unwrap();
-    let io = hyper_util::rt::TokioIo::new(TcpStream::connect(gw.listen).await.unwrap());
+    let io = hyper_util::rt::TokioIo::new(TcpStream::connect(gw.listen()).await.unwrap());
     let (mut h2, conn) =
         hyper::client::conn::http2::handshake::<_, _, http_body_util::Empty<Bytes>>(
             hyper_util::rt::TokioExecutor::new(),
@@ -301,7 +301,7 @@ async fn http2_ends_at_the_last_frame_or_when_the_client_drops_it() {
     drop(body);
     wait_answers(admin, "4xx", 1).await;
     up.release();
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 429);
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 429);
     assert_eq!(upstream_answers(admin, "4xx").await, 1, "ended once");
     gw.shutdown().await;
 }
@@ -317,7 +317,7 @@ async fn grpc_ends_at_its_trailers() {
     let echo = grpc_echo::Echo::default();
     grpc_echo::serve(listener, echo.clone());
     let gw = support::gateway(RULES, &format!("h2c://{server}"), None).await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", gw.listen))
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", gw.listen()))
         .unwrap()
         .connect()
         .await
@@ -366,7 +366,7 @@ async fn a_tunnel_ends_when_it_closes() {
     let up = Drip::start().await;
     let gw = gateway(&up.url()).await;
     let admin = gw.admin.unwrap();
-    let mut a = TcpStream::connect(gw.listen).await.unwrap();
+    let mut a = TcpStream::connect(gw.listen()).await.unwrap();
     a.write_all(
         b"GET /upgrade HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\nupgrade: test\r\n\r\n",
     )

@@ -95,9 +95,9 @@ async fn x_forwarded_host_proto_and_port_are_set_and_a_client_s_replaced(path: P
         ("x-forwarded-host", "evil.example"),
         ("x-forwarded-port", "443"),
     ];
-    let r = send(path, gw.listen, "GET", "/headers", &spoofed).await;
+    let r = send(path, gw.listen(), "GET", "/headers", &spoofed).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    let asked = gw.listen.to_string();
+    let asked = gw.listen().to_string();
     assert_eq!(
         received(&r.body, "x-forwarded-host"),
         [asked.as_str()],
@@ -110,7 +110,7 @@ async fn x_forwarded_host_proto_and_port_are_set_and_a_client_s_replaced(path: P
         "{}",
         r.body
     );
-    let port = gw.listen.port().to_string();
+    let port = gw.listen().port().to_string();
     assert_eq!(
         received(&r.body, "x-forwarded-port"),
         [port.as_str()],
@@ -137,7 +137,7 @@ async fn a_trusted_proxy_s_x_forwarded_fields_are_kept(path: Path) {
         ("x-forwarded-proto", "https"),
         ("x-forwarded-host", "shop.example"),
     ];
-    let r = send(path, gw.listen, "GET", "/headers", &sent).await;
+    let r = send(path, gw.listen(), "GET", "/headers", &sent).await;
     assert_eq!(
         received(&r.body, "x-forwarded-proto"),
         ["https"],
@@ -150,7 +150,7 @@ async fn a_trusted_proxy_s_x_forwarded_fields_are_kept(path: Path) {
         "{}",
         r.body
     );
-    let port = gw.listen.port().to_string();
+    let port = gw.listen().port().to_string();
     assert_eq!(
         received(&r.body, "x-forwarded-port"),
         [port.as_str()],
@@ -165,8 +165,8 @@ async fn a_trusted_proxy_s_x_forwarded_fields_are_kept(path: Path) {
 async fn preserve_host_sends_the_client_s_host(path: Path) {
     let up = Upstream::start().await;
     let gw = gateway("preserve_host: true\nrules: []\n", &up.url(), None).await;
-    let r = send(path, gw.listen, "GET", "/headers", &[]).await;
-    let asked = gw.listen.to_string();
+    let r = send(path, gw.listen(), "GET", "/headers", &[]).await;
+    let asked = gw.listen().to_string();
     assert_eq!(received(&r.body, "host"), [asked.as_str()], "{}", r.body);
     gw.shutdown().await;
     // A route says otherwise for its own requests.
@@ -175,7 +175,7 @@ async fn preserve_host_sends_the_client_s_host(path: Path) {
         up.url()
     );
     let gw = gateway(&yaml, &up.url(), None).await;
-    let r = send(path, gw.listen, "GET", "/headers", &[]).await;
+    let r = send(path, gw.listen(), "GET", "/headers", &[]).await;
     assert_eq!(
         received(&r.body, "host"),
         [up.addr.to_string().as_str()],
@@ -197,7 +197,7 @@ async fn the_upstream_prefix_comes_before_the_target(path: Path) {
     // /status, the target /204 reaches /status/204.
     let up = Upstream::start().await;
     let gw = gateway("rules: []\n", &format!("{}/status/", up.url()), None).await;
-    let r = send(path, gw.listen, "GET", "/204?x=1", &[]).await;
+    let r = send(path, gw.listen(), "GET", "/204?x=1", &[]).await;
     assert_eq!(r.status, StatusCode::NO_CONTENT);
     gw.shutdown().await;
 }
@@ -209,7 +209,7 @@ async fn x_forwarded_for_carries_the_chain_and_the_peer(path: Path) {
     let gw = gateway("rules: []\n", &up.url(), None).await;
     let r = send(
         path,
-        gw.listen,
+        gw.listen(),
         "GET",
         "/",
         &[("x-forwarded-for", "203.0.113.1, 10.0.0.2")],
@@ -221,14 +221,14 @@ async fn x_forwarded_for_carries_the_chain_and_the_peer(path: Path) {
     let gw = gateway("x_forwarded_for: append\nrules: []\n", &up.url(), None).await;
     let r = send(
         path,
-        gw.listen,
+        gw.listen(),
         "GET",
         "/",
         &[("x-forwarded-for", "203.0.113.1, 10.0.0.2")],
     )
     .await;
     assert_eq!(field(&r.body, "xff"), "203.0.113.1, 10.0.0.2, 127.0.0.1");
-    let r = send(path, gw.listen, "GET", "/", &[]).await;
+    let r = send(path, gw.listen(), "GET", "/", &[]).await;
     assert_eq!(field(&r.body, "xff"), "127.0.0.1");
     gw.shutdown().await;
 }
@@ -242,7 +242,7 @@ async fn hop_by_hop_fields_go_neither_way(path: Path) {
     if let Path::H1 = path {
         let r = send(
             path,
-            gw.listen,
+            gw.listen(),
             "GET",
             "/",
             &[("x-hop", "1"), ("connection", "x-hop")],
@@ -250,7 +250,7 @@ async fn hop_by_hop_fields_go_neither_way(path: Path) {
         .await;
         assert_eq!(field(&r.body, "hop"), "false", "{}", r.body);
     }
-    let r = send(path, gw.listen, "GET", "/", &[]).await;
+    let r = send(path, gw.listen(), "GET", "/", &[]).await;
     assert!(r.header("x-secret").is_none(), "{:?}", r.headers);
     assert!(r.header("connection").is_none(), "{:?}", r.headers);
     gw.shutdown().await;
@@ -259,7 +259,7 @@ async fn hop_by_hop_fields_go_neither_way(path: Path) {
 async fn host_is_the_upstream_s(path: Path) {
     let up = Upstream::start().await;
     let gw = gateway("rules: []\n", &up.url(), None).await;
-    let r = send(path, gw.listen, "GET", "/", &[]).await;
+    let r = send(path, gw.listen(), "GET", "/", &[]).await;
     assert_eq!(field(&r.body, "host"), up.addr.to_string());
     gw.shutdown().await;
 }
@@ -269,9 +269,9 @@ async fn underscore_names_are_dropped(path: Path) {
     let gw = gateway("identity: {from: header, header: x-user}\nrules:\n  - name: r\n    limit: 1\n    window: 1m\n", &up.url(), None).await;
     // `x_user` would read as `x-user` to a CGI backend: it is neither
     // forwarded nor read as the identity (which falls back to the address).
-    let r = send(path, gw.listen, "GET", "/", &[("x_user", "someone")]).await;
+    let r = send(path, gw.listen(), "GET", "/", &[("x_user", "someone")]).await;
     assert_eq!(r.status, 200);
-    let r = send(path, gw.listen, "GET", "/", &[("x_user", "someone-else")]).await;
+    let r = send(path, gw.listen(), "GET", "/", &[("x_user", "someone-else")]).await;
     assert_eq!(r.status, 429, "both were 127.0.0.1");
     gw.shutdown().await;
 }
@@ -286,7 +286,7 @@ async fn an_unreachable_upstream_is_a_502_naming_why(path: Path) {
         None,
     )
     .await;
-    let r = send(path, gw.listen, "GET", "/", &[]).await;
+    let r = send(path, gw.listen(), "GET", "/", &[]).await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
     assert!(
@@ -306,7 +306,7 @@ async fn an_unreachable_upstream_is_a_502_naming_why(path: Path) {
 async fn a_slow_upstream_is_a_504(path: Path) {
     let up = Upstream::start().await;
     let gw = gateway("upstream_timeout: 200ms\nrules: []\n", &up.url(), None).await;
-    let r = send(path, gw.listen, "GET", "/slow", &[]).await;
+    let r = send(path, gw.listen(), "GET", "/slow", &[]).await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
     assert!(r.body.contains("did not answer within 200ms"), "{}", r.body);
     gw.shutdown().await;
@@ -321,8 +321,8 @@ async fn a_rejection_reads_the_same(path: Path) {
         Some(clock),
     )
     .await;
-    send(path, gw.listen, "GET", "/", &[]).await;
-    let r = send(path, gw.listen, "GET", "/", &[]).await;
+    send(path, gw.listen(), "GET", "/", &[]).await;
+    let r = send(path, gw.listen(), "GET", "/", &[]).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
     assert_eq!(
@@ -356,7 +356,7 @@ async fn the_request_id_goes_upstream_and_back(path: Path) {
     .await;
     let r = send(
         path,
-        gw.listen,
+        gw.listen(),
         "GET",
         "/",
         &[("x-request-id", "trace-42.a:b")],
@@ -366,7 +366,7 @@ async fn the_request_id_goes_upstream_and_back(path: Path) {
     assert_eq!(field(&r.body, "rid"), "trace-42.a:b");
     let r = send(
         path,
-        gw.listen,
+        gw.listen(),
         "GET",
         "/",
         &[("x-request-id", "no spaces \"please\"")],
@@ -376,7 +376,7 @@ async fn the_request_id_goes_upstream_and_back(path: Path) {
     assert_eq!(made.len(), 36, "a UUID: {made}");
     assert_eq!(&made[14..15], "7", "version 7: {made}");
     assert_eq!(field(&r.body, "rid"), made, "the same id upstream");
-    let rejected = send(path, gw.listen, "GET", "/", &[]).await;
+    let rejected = send(path, gw.listen(), "GET", "/", &[]).await;
     assert_eq!(rejected.status, StatusCode::TOO_MANY_REQUESTS);
     let id = rejected.header("x-request-id").unwrap();
     assert!(id.len() == 36 && id != made, "{id}");
@@ -399,7 +399,7 @@ async fn request_headers_set_and_remove_fields_upstream(path: Path) {
         ("cookie", "session=secret"),
         ("x-kept", "yes"),
     ];
-    let r = send(path, gw.listen, "GET", "/headers", &sent).await;
+    let r = send(path, gw.listen(), "GET", "/headers", &sent).await;
     assert_eq!(received(&r.body, "host"), ["api.internal"], "{}", r.body);
     assert_eq!(received(&r.body, "x-tenant"), ["acme"], "{}", r.body);
     assert_eq!(
@@ -416,7 +416,7 @@ async fn request_headers_set_and_remove_fields_upstream(path: Path) {
         "the route's own replace the top level's"
     );
     // The default route takes the top level's.
-    let r = send(path, gw.listen, "GET", "/status/200", &[]).await;
+    let r = send(path, gw.listen(), "GET", "/status/200", &[]).await;
     assert_eq!(r.status, StatusCode::OK);
     gw.shutdown().await;
     let gw = gateway(
@@ -425,7 +425,7 @@ async fn request_headers_set_and_remove_fields_upstream(path: Path) {
         None,
     )
     .await;
-    let r = send(path, gw.listen, "GET", "/headers", &[]).await;
+    let r = send(path, gw.listen(), "GET", "/headers", &[]).await;
     assert_eq!(received(&r.body, "x-env"), ["top"], "{}", r.body);
     gw.shutdown().await;
 }
@@ -435,11 +435,11 @@ async fn request_headers_set_and_remove_fields_upstream(path: Path) {
 async fn forwarded_rfc7239_on_request_with_the_same_trust_rule(path: Path) {
     let up = Upstream::start().await;
     let ours = |gw: &ratewarden_gateway::server::Running| {
-        format!("for=127.0.0.1;host=\"{}\";proto=http", gw.listen)
+        format!("for=127.0.0.1;host=\"{}\";proto=http", gw.listen())
     };
     let claim = [("forwarded", "for=203.0.113.9;proto=https")];
     let gw = gateway("forwarded: true\nrules: []\n", &up.url(), None).await;
-    let r = send(path, gw.listen, "GET", "/headers", &claim).await;
+    let r = send(path, gw.listen(), "GET", "/headers", &claim).await;
     assert_eq!(
         received(&r.body, "forwarded"),
         [ours(&gw).as_str()],
@@ -453,7 +453,7 @@ async fn forwarded_rfc7239_on_request_with_the_same_trust_rule(path: Path) {
         None,
     )
     .await;
-    let r = send(path, gw.listen, "GET", "/headers", &claim).await;
+    let r = send(path, gw.listen(), "GET", "/headers", &claim).await;
     let chained = format!("for=203.0.113.9;proto=https, {}", ours(&gw));
     assert_eq!(
         received(&r.body, "forwarded"),
@@ -464,7 +464,7 @@ async fn forwarded_rfc7239_on_request_with_the_same_trust_rule(path: Path) {
     gw.shutdown().await;
     // Off by default: nothing added.
     let gw = gateway("rules: []\n", &up.url(), None).await;
-    let r = send(path, gw.listen, "GET", "/headers", &[]).await;
+    let r = send(path, gw.listen(), "GET", "/headers", &[]).await;
     assert!(received(&r.body, "forwarded").is_empty(), "{}", r.body);
     gw.shutdown().await;
 }

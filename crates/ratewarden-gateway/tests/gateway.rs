@@ -18,7 +18,7 @@ async fn coupon_freeze_and_forgiveness_seed_000() {
         Some(clock.clone()),
     )
     .await;
-    let addr = gw.listen;
+    let addr = gw.listen();
     let post = |user: &'static str, code: &'static str| async move {
         send(addr, "POST", "/coupons", &[("x-user-id", user)], code).await
     };
@@ -86,7 +86,7 @@ async fn a_concurrent_double_click_admits_exactly_one_seed_001() {
     let up = support::Gated::start().await;
     let gw = gateway(&yaml, &up.url(), None).await;
     let click = |user: String| {
-        let addr = gw.listen;
+        let addr = gw.listen();
         tokio::spawn(async move {
             send(
                 addr,
@@ -142,7 +142,7 @@ async fn the_seed_002_file_limits_per_client_and_per_api_with_legacy_headers() {
     .unwrap();
     let gw = gateway(&yaml, &up.url(), None).await;
     // The post reads the client from X-Forwarded-For.
-    let addr = gw.listen;
+    let addr = gw.listen();
     let comment = |ip: &'static str| async move {
         send(
             addr,
@@ -172,7 +172,7 @@ async fn the_seed_002_file_limits_per_client_and_per_api_with_legacy_headers() {
     assert_eq!(comment("203.0.113.6").await.status, 200, "per client");
     // Other paths only count against `client` (50 per minute).
     let r = send(
-        gw.listen,
+        gw.listen(),
         "GET",
         "/api/item/7",
         &[("x-forwarded-for", "203.0.113.5")],
@@ -201,13 +201,13 @@ async fn a_fixed_window_never_locks_out_a_client_that_kept_hammering_seed_002() 
     .await;
     let mut rejected = 0;
     for _ in 0..50 {
-        rejected += usize::from(send(gw.listen, "GET", "/", &[], "").await.status == 429);
+        rejected += usize::from(send(gw.listen(), "GET", "/", &[], "").await.status == 429);
         clock.advance(Duration::from_millis(500));
     }
     assert!(rejected > 0);
     // Whatever the hammering, the next window admits again.
     clock.advance(Duration::from_secs(60));
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     gw.shutdown().await;
 }
 
@@ -221,7 +221,7 @@ async fn min_interval_and_a_rolling_window_seed_003() {
         Some(clock.clone()),
     )
     .await;
-    let get = || send(gw.listen, "GET", "/", &[], "");
+    let get = || send(gw.listen(), "GET", "/", &[], "");
     assert_eq!(get().await.status, 200);
     let too_soon = get().await;
     assert_eq!(
@@ -254,7 +254,7 @@ async fn twenty_per_minute_under_100_concurrent(yaml: &str) {
     let gw = gateway(yaml, &up.url(), None).await;
     let mut tasks = vec![];
     for _ in 0..100 {
-        let addr = gw.listen;
+        let addr = gw.listen();
         tasks.push(tokio::spawn(async move {
             send(addr, "GET", "/", &[], "").await.status.as_u16()
         }));
@@ -293,7 +293,7 @@ async fn spoofed_x_forwarded_for_from_an_untrusted_peer_is_ignored() {
         );
         let gw = gateway(&yaml, &up.url(), None).await;
         let a = send(
-            gw.listen,
+            gw.listen(),
             "GET",
             "/",
             &[("x-forwarded-for", "198.51.100.1")],
@@ -301,7 +301,7 @@ async fn spoofed_x_forwarded_for_from_an_untrusted_peer_is_ignored() {
         )
         .await;
         let b = send(
-            gw.listen,
+            gw.listen(),
             "GET",
             "/",
             &[("x-forwarded-for", "198.51.100.2")],
@@ -344,7 +344,7 @@ async fn garbage_headers_never_crash_a_worker() {
         "caf\u{e9}, 1.2.3.4",
     ] {
         let r = send(
-            gw.listen,
+            gw.listen(),
             "GET",
             "/",
             &[("x-forwarded-for", xff), ("forwarded", xff)],
@@ -365,11 +365,11 @@ async fn deny_answers_403_allow_is_never_limited_and_hop_by_hop_headers_are_drop
         None,
     )
     .await;
-    let r = send(gw.listen, "GET", "/", &[("x-user", "mallory")], "").await;
+    let r = send(gw.listen(), "GET", "/", &[("x-user", "mallory")], "").await;
     assert_eq!(r.status, 403);
     assert!(r.body.contains("\"status\":403"), "{}", r.body);
     for _ in 0..5 {
-        let r = send(gw.listen, "GET", "/", &[("x-user", "admin")], "").await;
+        let r = send(gw.listen(), "GET", "/", &[("x-user", "admin")], "").await;
         assert_eq!(r.status, 200);
         assert!(
             r.header("x-ratelimit-limit").is_none(),
@@ -377,7 +377,7 @@ async fn deny_answers_403_allow_is_never_limited_and_hop_by_hop_headers_are_drop
         );
     }
     let r = send(
-        gw.listen,
+        gw.listen(),
         "GET",
         "/",
         &[("x-user", "bob"), ("connection", "x-hop"), ("x-hop", "1")],
@@ -405,13 +405,13 @@ async fn upstream_down_or_slow_is_502_or_504_with_a_problem_body() {
     held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let dead = held.local_addr().unwrap();
     let gw = gateway("rules: []\n", &format!("http://{dead}"), None).await;
-    let r = send(gw.listen, "GET", "/", &[], "").await;
+    let r = send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(r.status, 502);
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
     gw.shutdown().await;
     let up = Upstream::start().await;
     let gw = gateway("upstream_timeout: 200ms\nrules: []\n", &up.url(), None).await;
-    let r = send(gw.listen, "GET", "/slow", &[], "").await;
+    let r = send(gw.listen(), "GET", "/slow", &[], "").await;
     assert_eq!(r.status, 504);
     assert!(r.body.contains("did not answer within 200ms"), "{}", r.body);
     gw.shutdown().await;
@@ -419,7 +419,7 @@ async fn upstream_down_or_slow_is_502_or_504_with_a_problem_body() {
     // 502 says why, and no request is sent in clear text.
     let gw = gateway("rules: []\n", &format!("https://{}", up.addr), None).await;
     let before = up.hits();
-    let r = send(gw.listen, "GET", "/", &[], "").await;
+    let r = send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(r.status, 502);
     assert!(r.body.contains("the TLS handshake failed"), "{}", r.body);
     assert_eq!(up.hits(), before, "nothing reached the upstream");
@@ -438,7 +438,7 @@ async fn leaky_bucket_delay_mode_holds_requests_instead_of_rejecting() {
     let started = std::time::Instant::now();
     let mut statuses = vec![];
     for _ in 0..4 {
-        statuses.push(send(gw.listen, "GET", "/", &[], "").await.status.as_u16());
+        statuses.push(send(gw.listen(), "GET", "/", &[], "").await.status.as_u16());
     }
     assert_eq!(statuses[..3], [200, 200, 200]);
     // The third waited for the two ahead of it (2 × 100 ms): delayed, not rejected.

@@ -44,9 +44,9 @@ async fn a_tonic_client_sees_resource_exhausted_permission_denied_and_unavailabl
     let gw = gateway(YAML, "echo", None).await;
     // The first call goes on (to an upstream that is no gRPC server: some
     // error); the second is refused by the limit.
-    let first = call(gw.listen, "alice").await;
+    let first = call(gw.listen(), "alice").await;
     assert_ne!(first.code(), Code::ResourceExhausted, "{first:?}");
-    let refused = call(gw.listen, "alice").await;
+    let refused = call(gw.listen(), "alice").await;
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
     assert!(refused.message().contains("health-calls"), "{refused:?}");
     let retry: u64 = refused
@@ -62,7 +62,7 @@ async fn a_tonic_client_sees_resource_exhausted_permission_denied_and_unavailabl
         refused.metadata().get("x-ratelimit-remaining").unwrap(),
         "0"
     );
-    let denied = call(gw.listen, "mallory").await;
+    let denied = call(gw.listen(), "mallory").await;
     assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
     gw.shutdown().await;
 
@@ -76,7 +76,7 @@ async fn a_tonic_client_sees_resource_exhausted_permission_denied_and_unavailabl
         None,
     )
     .await;
-    let unavailable = call(down.listen, "bob").await;
+    let unavailable = call(down.listen(), "bob").await;
     assert_eq!(unavailable.code(), Code::Unavailable, "{unavailable:?}");
     down.shutdown().await;
 }
@@ -85,12 +85,15 @@ async fn a_tonic_client_sees_resource_exhausted_permission_denied_and_unavailabl
 /// body's trailer frame (flag 0x80, a length, `name: value` lines).
 async fn grpc_web_refusal(h2: bool) {
     let gw = gateway(YAML, "echo", None).await;
-    let stream = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+    let stream = tokio::net::TcpStream::connect(gw.listen()).await.unwrap();
     let io = TokioIo::new(stream);
     let req = || {
         let b = http::Request::builder().method("POST");
         let b = if h2 {
-            b.uri(format!("http://{}/grpc.health.v1.Health/Check", gw.listen))
+            b.uri(format!(
+                "http://{}/grpc.health.v1.Health/Check",
+                gw.listen()
+            ))
         } else {
             b.uri("/grpc.health.v1.Health/Check")
                 .header("host", "app.example")

@@ -97,7 +97,7 @@ async fn unary_server_and_bidi_streams_through_the_gateway_to_an_h2c_server() {
         None,
     )
     .await;
-    let ch = channel(gw.listen).await;
+    let ch = channel(gw.listen()).await;
     let mut health = HealthClient::new(ch.clone());
     // Unary: its answer and its trailers (grpc-status 0) through.
     let r = health
@@ -200,7 +200,7 @@ async fn a_failures_rule_is_charged_by_not_found_and_forgiven_by_ok() {
     )
     .await;
     let admin = gw.admin.unwrap();
-    let health = HealthClient::new(channel(gw.listen).await);
+    let health = HealthClient::new(channel(gw.listen()).await);
     // Whether the rule holds any history for the key.
     let exists = || async {
         let v: serde_json::Value = serde_json::from_str(
@@ -249,7 +249,7 @@ async fn a_concurrency_slot_is_held_until_the_stream_ends() {
         None,
     )
     .await;
-    let mut health = HealthClient::new(channel(gw.listen).await);
+    let mut health = HealthClient::new(channel(gw.listen()).await);
     let watch = |h: &mut HealthClient<Channel>| {
         let mut h = h.clone();
         async move {
@@ -298,10 +298,10 @@ async fn all_four_kinds_of_call_to_an_h2c_server_and_to_protocol_h2() {
     grpc_echo::serve(listener, echo.clone());
     // h2c:// as the upstream.
     let gw = support::gateway(grpc_echo::RULE, &format!("h2c://{server}"), None).await;
-    grpc_echo::all_four(tonic::client::Grpc::new(channel(gw.listen).await), &echo).await;
+    grpc_echo::all_four(tonic::client::Grpc::new(channel(gw.listen()).await), &echo).await;
     // HTTP/2 has no Upgrade: a WebSocket for this server is a 502 saying so.
     let ws = support::send(
-        gw.listen,
+        gw.listen(),
         "GET",
         "/ws",
         &[("connection", "upgrade"), ("upgrade", "websocket")],
@@ -317,7 +317,7 @@ async fn all_four_kinds_of_call_to_an_h2c_server_and_to_protocol_h2() {
         grpc_echo::RULE
     );
     let gw = support::gateway(&yaml, "http://127.0.0.1:9", None).await;
-    grpc_echo::all_four(tonic::client::Grpc::new(channel(gw.listen).await), &echo).await;
+    grpc_echo::all_four(tonic::client::Grpc::new(channel(gw.listen()).await), &echo).await;
     gw.shutdown().await;
 }
 

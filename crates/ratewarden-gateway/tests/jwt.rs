@@ -342,18 +342,13 @@ async fn the_jwt_key_part_through_the_gateway() {
     .await;
     let bearer = |sub: &str| bearer(&k, json!({"alg": "ES256", "kid": "p256"}), sub);
     let (a, b) = (bearer("alice"), bearer("bob"));
+    let listen = gw.listen();
     let status = |auth: &str| {
         let auth = auth.to_owned();
         async move {
-            support::send(
-                gw.listen,
-                "GET",
-                "/",
-                &[("authorization", auth.as_str())],
-                "",
-            )
-            .await
-            .status
+            support::send(listen, "GET", "/", &[("authorization", auth.as_str())], "")
+                .await
+                .status
         }
     };
     assert_eq!(status(&a).await, 200);
@@ -394,6 +389,7 @@ async fn the_identity_from_a_claim() {
         "identity: {from: jwt, claim: sub}\nrules:\n  - {name: per-client, limit: 1, window: 1h}\n",
     )
     .await;
+    let gw_listen = gw.listen();
     let bearer = |sub: &str| bearer(&k, json!({"alg": "EdDSA", "kid": "ed"}), sub);
     let send = |auth: String| async move {
         let headers: Vec<(&str, &str)> = if auth.is_empty() {
@@ -401,7 +397,7 @@ async fn the_identity_from_a_claim() {
         } else {
             vec![("authorization", auth.as_str())]
         };
-        support::send(gw.listen, "GET", "/", &headers, "")
+        support::send(gw_listen, "GET", "/", &headers, "")
             .await
             .status
     };
@@ -438,7 +434,7 @@ async fn a_required_token_is_a_401_when_missing_or_bad() {
         "rules:\n  - {name: per-user, limit: 5, window: 1h, key: ['jwt:sub']}\n",
     )
     .await;
-    let r = support::send(gw.listen, "GET", "/", &[], "").await;
+    let r = support::send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(r.status, 401);
     assert_eq!(
         r.header("www-authenticate"),
@@ -451,7 +447,7 @@ async fn a_required_token_is_a_401_when_missing_or_bad() {
         token(&k, json!({"alg": "RS256", "kid": "rsa"}), expired)
     );
     let r = support::send(
-        gw.listen,
+        gw.listen(),
         "GET",
         "/",
         &[("authorization", bad.as_str())],
@@ -464,7 +460,7 @@ async fn a_required_token_is_a_401_when_missing_or_bad() {
         token(&k, json!({"alg": "RS256", "kid": "rsa"}), good_claims())
     );
     let r = support::send(
-        gw.listen,
+        gw.listen(),
         "GET",
         "/",
         &[("authorization", good.as_str())],
@@ -493,13 +489,13 @@ async fn a_rule_can_require_a_token_for_what_it_matches() {
         "rules:\n  - {name: api, match: {path_prefix: /api/}, limit: 5, window: 1h, key: ['jwt:sub'], jwt_required: true}\n  - {name: all, limit: 100, window: 1h}\n",
     )
     .await;
-    let r = support::send(gw.listen, "GET", "/health", &[], "").await;
+    let r = support::send(gw.listen(), "GET", "/health", &[], "").await;
     assert_eq!(r.status, 200, "no rule requires one here");
-    let r = support::send(gw.listen, "GET", "/api/orders", &[], "").await;
+    let r = support::send(gw.listen(), "GET", "/api/orders", &[], "").await;
     assert_eq!(r.status, 401);
     let good = bearer(&k, json!({"alg": "RS256", "kid": "rsa"}), "ann");
     let r = support::send(
-        gw.listen,
+        gw.listen(),
         "GET",
         "/api/orders",
         &[("authorization", good.as_str())],
@@ -649,7 +645,7 @@ async fn loading_names_a_jwks_url_and_starting_fetches_it() {
         token(&k, json!({"alg": "RS256", "kid": "rsa"}), good_claims())
     );
     let r = support::send(
-        gw.listen,
+        gw.listen(),
         "GET",
         "/",
         &[("authorization", bearer.as_str())],

@@ -29,7 +29,7 @@ async fn include_usage_asks_an_openai_stream_for_its_usage() {
     let admin = gw.admin.unwrap();
     let body = r#"{"model":"m","max_tokens":40,"stream":true,"messages":[]}"#;
     // The HTTP/1.1 path.
-    let r = send(gw.listen, "POST", "/v1/chat/completions", &JSON, body).await;
+    let r = send(gw.listen(), "POST", "/v1/chat/completions", &JSON, body).await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.body);
     assert!(r.body.contains(r#""completion_tokens":40"#), "{}", r.body);
     let sent = last_body(up);
@@ -38,7 +38,7 @@ async fn include_usage_asks_an_openai_stream_for_its_usage() {
     wait_left(admin, "on", 100000 - 60 - 1).await;
     // hyper's path (HTTP/1.0): the edited body goes with its own length.
     let out = support::raw(
-        gw.listen,
+        gw.listen(),
         &format!(
             "POST /v1/chat/completions HTTP/1.0\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
@@ -53,7 +53,7 @@ async fn include_usage_asks_an_openai_stream_for_its_usage() {
         r#"{"max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}"#,
         r#"{"max_tokens":5}"#,
     ] {
-        let r = send(gw.listen, "POST", "/v1/chat/completions", &JSON, body).await;
+        let r = send(gw.listen(), "POST", "/v1/chat/completions", &JSON, body).await;
         assert_eq!(r.status.as_u16(), 200);
         assert_eq!(
             last_body(up),
@@ -61,7 +61,7 @@ async fn include_usage_asks_an_openai_stream_for_its_usage() {
         );
     }
     // Off: no usage, the reservation (the body's length + 40) stays.
-    let r = send(gw.listen, "POST", "/off/chat/completions", &JSON, body).await;
+    let r = send(gw.listen(), "POST", "/off/chat/completions", &JSON, body).await;
     assert_eq!(r.status.as_u16(), 200);
     assert!(last_body(up).get("stream_options").is_none());
     wait_left(admin, "off", 100000 - (body.len() as u64 + 40) - 1).await;
@@ -89,7 +89,7 @@ async fn capped(store: &str) {
     let ask = |max: u64| format!(r#"{{"model":"m","max_tokens":{max},"messages":[]}}"#);
     // 20 + 400 used of 1,000.
     for path in ["/v1/chat/completions", "/plain/chat/completions"] {
-        let r = send(gw.listen, "POST", path, &JSON, &ask(400)).await;
+        let r = send(gw.listen(), "POST", path, &JSON, &ask(400)).await;
         assert_eq!(r.status.as_u16(), 200, "{}", r.body);
         assert_eq!(last_body(up)["max_tokens"], 400, "what fits is not changed");
     }
@@ -97,7 +97,7 @@ async fn capped(store: &str) {
     // 2,000 asked; 580 left, of which the body's length is its input.
     let body = ask(2000);
     let fits = 580 - body.len() as u64;
-    let r = send(gw.listen, "POST", "/v1/chat/completions", &JSON, &body).await;
+    let r = send(gw.listen(), "POST", "/v1/chat/completions", &JSON, &body).await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.body);
     assert_eq!(last_body(up)["max_tokens"], fits, "lowered to what is left");
     assert!(
@@ -116,10 +116,10 @@ async fn capped(store: &str) {
         assert_eq!(v["keys"][0]["charged"], 1000 - left, "{v}");
     }
     let before = seen.load(Ordering::SeqCst);
-    let r = send(gw.listen, "POST", "/v1/chat/completions", &JSON, &body).await;
+    let r = send(gw.listen(), "POST", "/v1/chat/completions", &JSON, &body).await;
     assert_eq!(r.status.as_u16(), 429, "not a token of output fits");
     // Without `cap_max_output`: refused as asked.
-    let r = send(gw.listen, "POST", "/plain/chat/completions", &JSON, &body).await;
+    let r = send(gw.listen(), "POST", "/plain/chat/completions", &JSON, &body).await;
     assert_eq!(r.status.as_u16(), 429);
     assert_eq!(
         seen.load(Ordering::SeqCst),
@@ -172,7 +172,7 @@ async fn cap_max_output_writes_each_dialects_field() {
             "/max_completion_tokens",
         ),
     ] {
-        let r = send(gw.listen, "POST", path, &JSON, body).await;
+        let r = send(gw.listen(), "POST", path, &JSON, body).await;
         assert_eq!(r.status.as_u16(), 200, "{path}: {}", r.body);
         let sent = last_body(up);
         let max = sent.pointer(pointer).and_then(serde_json::Value::as_u64);

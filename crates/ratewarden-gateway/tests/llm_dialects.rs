@@ -49,7 +49,7 @@ async fn responses_and_gemini_are_charged_their_usage() {
             60,
         ),
     ] {
-        let r = send(gw.listen, "POST", path, &JSON, body).await;
+        let r = send(gw.listen(), "POST", path, &JSON, body).await;
         assert_eq!(r.status.as_u16(), 200, "{path}: {}", r.body);
         used += 20 + max;
         wait_left(admin, "tokens", 100000 - used - 1).await;
@@ -84,10 +84,10 @@ async fn n_choices_are_reserved_and_charged_each() {
         "rules:\n  - name: tokens\n    limit: {limit}\n    window: 1h\n    cost: {{from: llm}}\n"
     );
     let gw = support::gateway(&yaml, &format!("http://{up}"), None).await;
-    let r = send(gw.listen, "POST", "/v1/chat/completions", &JSON, four).await;
+    let r = send(gw.listen(), "POST", "/v1/chat/completions", &JSON, four).await;
     assert_eq!(r.status.as_u16(), 429, "four choices do not fit");
     assert_eq!(seen.load(Ordering::SeqCst), 0);
-    let r = send(gw.listen, "POST", "/v1/chat/completions", &JSON, three).await;
+    let r = send(gw.listen(), "POST", "/v1/chat/completions", &JSON, three).await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.body);
     assert!(r.body.contains(r#""completion_tokens":150"#), "{}", r.body);
     wait_left(gw.admin.unwrap(), "tokens", limit - 170 - 1).await;
@@ -107,12 +107,19 @@ async fn failures_refund_and_cut_streams_keep_the_reservation() {
     let body = r#"{"model":"m","max_tokens":100,"stream":true}"#;
     let reserved = body.len() as u64 + 100;
     // 503 with no body: refunded.
-    let r = send(gw.listen, "POST", "/fail/v1/chat/completions", &JSON, body).await;
+    let r = send(
+        gw.listen(),
+        "POST",
+        "/fail/v1/chat/completions",
+        &JSON,
+        body,
+    )
+    .await;
     assert_eq!(r.status.as_u16(), 503);
     wait_left(admin, "tokens", 100000 - 1).await;
     // Cut after the first event: the client sees it, the reservation stays.
     let out = support::raw(
-        gw.listen,
+        gw.listen(),
         &format!(
             "POST /cut/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
@@ -122,7 +129,7 @@ async fn failures_refund_and_cut_streams_keep_the_reservation() {
     assert!(out.contains("chat.completion.chunk"), "{out}");
     wait_left(admin, "tokens", 100000 - reserved - 1).await;
     // A client that reads the first event and leaves.
-    let mut c = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+    let mut c = tokio::net::TcpStream::connect(gw.listen()).await.unwrap();
     let req = format!(
         "POST /hold/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()

@@ -40,7 +40,7 @@ async fn each_dialect_is_charged_its_usage_json_and_streamed() {
         let body = format!(
             r#"{{"model":"m","max_tokens":{max},"stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
         );
-        let r = send(gw.listen, "POST", path, &json, &body).await;
+        let r = send(gw.listen(), "POST", path, &json, &body).await;
         assert_eq!(r.status.as_u16(), 200, "{path} {stream}: {}", r.body);
         used += 20 + max;
         wait_left(admin, "tokens", 100000 - used - 1).await;
@@ -63,7 +63,7 @@ async fn each_dialect_is_charged_its_usage_json_and_streamed() {
     // An answer with no usage: its reservation (the body's length plus
     // the maximum output, 100) stays charged, and is counted.
     let body = r#"{"max_tokens":100}"#;
-    let r = send(gw.listen, "POST", "/v1/plain", &json, body).await;
+    let r = send(gw.listen(), "POST", "/v1/plain", &json, body).await;
     assert_eq!(r.status.as_u16(), 200);
     used += body.len() as u64 + 100;
     wait_left(admin, "tokens", 100000 - used - 1).await;
@@ -101,7 +101,7 @@ async fn forty_streams(store: &str) {
     let reserved = body.len() as u64 + 400;
     let calls: Vec<_> = (0..40)
         .map(|i| {
-            let listen = gateways[i % gateways.len()].listen;
+            let listen = gateways[i % gateways.len()].listen();
             tokio::spawn(async move {
                 send(
                     listen,
@@ -178,7 +178,7 @@ async fn a_reservation_that_does_not_fit_is_refused_before_the_upstream() {
     let json = [("content-type", "application/json")];
     // No maximum named: 2,000 reserved, more than the budget.
     let r = send(
-        gw.listen,
+        gw.listen(),
         "POST",
         "/v1/chat/completions",
         &json,
@@ -189,7 +189,7 @@ async fn a_reservation_that_does_not_fit_is_refused_before_the_upstream() {
     assert_eq!(seen.load(Ordering::SeqCst), 0);
     // A maximum that fits.
     let r = send(
-        gw.listen,
+        gw.listen(),
         "POST",
         "/v1/chat/completions",
         &json,
@@ -212,7 +212,7 @@ async fn refusals_take_the_vendors_shapes() {
     let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
     let json = [("content-type", "application/json")];
     let big = r#"{"max_tokens":500,"messages":[]}"#;
-    let r = send(gw.listen, "POST", "/v1/chat/completions", &json, big).await;
+    let r = send(gw.listen(), "POST", "/v1/chat/completions", &json, big).await;
     assert_eq!(r.status.as_u16(), 429);
     let v: Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(v["error"]["code"], "rate_limit_exceeded", "{v}");
@@ -228,7 +228,7 @@ async fn refusals_take_the_vendors_shapes() {
     assert!(h("x-ratelimit-reset-tokens").is_some());
     assert!(h("retry-after").is_some() && h("retry-after-ms").is_some());
     assert_eq!(h("content-type").as_deref(), Some("application/json"));
-    let r = send(gw.listen, "POST", "/v1/messages", &json, big).await;
+    let r = send(gw.listen(), "POST", "/v1/messages", &json, big).await;
     assert_eq!(r.status.as_u16(), 429);
     let v: Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(v["type"], "error");
@@ -247,7 +247,7 @@ async fn refusals_take_the_vendors_shapes() {
     // An admitted answer carries them too: the tokens left after its
     // reservation (its body's length plus 5).
     let small = r#"{"max_tokens":5,"messages":[]}"#;
-    let r = send(gw.listen, "POST", "/v1/chat/completions", &json, small).await;
+    let r = send(gw.listen(), "POST", "/v1/chat/completions", &json, small).await;
     assert_eq!(r.status.as_u16(), 200);
     let left = (100 - small.len() - 5).to_string();
     assert_eq!(
@@ -264,7 +264,7 @@ async fn refusals_take_the_vendors_shapes() {
     );
     // HTTP/1.0: hyper's path (no body: the default maximum output
     // reserved, 1,024, over the budget), the same shape.
-    let out = support::binary_free_http10(gw.listen, "/v1/chat/x").await;
+    let out = support::binary_free_http10(gw.listen(), "/v1/chat/x").await;
     assert!(out.contains(" 429 "), "{out}");
     assert!(out.contains("rate_limit_exceeded"), "{out}");
     assert!(out.contains("x-ratelimit-limit-tokens: 100"), "{out}");
@@ -296,7 +296,7 @@ async fn the_openai_and_anthropic_sdks_are_charged_their_usage() {
     let yaml = "rules:\n  - name: chat\n    match: {path_prefix: /v1/chat/}\n    limit: 1000\n    window: 1h\n    cost: {from: llm}\n    refusal: openai\n  - name: msgs\n    match: {path_prefix: /v1/messages}\n    limit: 1000\n    window: 1h\n    cost: {from: llm}\n    refusal: anthropic\n  - name: retried-chat\n    match: {path_prefix: /r/v1/chat/}\n    algorithm: token_bucket\n    limit: 400\n    window: 2s\n    cost: {from: llm}\n    refusal: openai\n  - name: retried-msgs\n    match: {path_prefix: /r/v1/messages}\n    algorithm: token_bucket\n    limit: 400\n    window: 2s\n    cost: {from: llm}\n    refusal: anthropic\n";
     let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/llm_sdks.py");
-    let base = format!("http://{}", gw.listen);
+    let base = format!("http://{}", gw.listen());
     let out = tokio::process::Command::new(&python)
         .args([script, &base])
         .output()
@@ -382,7 +382,7 @@ async fn streamed_events_reach_the_client_as_they_are_sent() {
     let yaml =
         "rules:\n  - name: tokens\n    limit: 100000\n    window: 1h\n    cost: {from: llm}\n";
     let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
-    let mut c = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+    let mut c = tokio::net::TcpStream::connect(gw.listen()).await.unwrap();
     let body = r#"{"max_tokens":10,"stream":true}"#;
     c.write_all(
         format!(
@@ -445,7 +445,7 @@ async fn a_monthly_money_budget_in_a_time_zone() {
     let body = r#"{"model":"gpt-4o-mini","max_tokens":100}"#;
     // Reserved: (the body's length at the dearer input price) + 100 x 2000.
     assert_eq!(
-        send(gw.listen, "POST", "/v1/chat/completions", &json, body)
+        send(gw.listen(), "POST", "/v1/chat/completions", &json, body)
             .await
             .status
             .as_u16(),
@@ -453,7 +453,7 @@ async fn a_monthly_money_budget_in_a_time_zone() {
     );
     wait_left(admin, "spend", 500_000 - 217_500 - 1).await;
     assert_eq!(
-        send(gw.listen, "POST", "/v1/chat/completions", &json, body)
+        send(gw.listen(), "POST", "/v1/chat/completions", &json, body)
             .await
             .status
             .as_u16(),
@@ -462,7 +462,7 @@ async fn a_monthly_money_budget_in_a_time_zone() {
     wait_left(admin, "spend", 500_000 - 435_000 - 1).await;
     // 0.065 left: a third call's reservation does not fit.
     assert_eq!(
-        send(gw.listen, "POST", "/v1/chat/completions", &json, body)
+        send(gw.listen(), "POST", "/v1/chat/completions", &json, body)
             .await
             .status
             .as_u16(),
@@ -472,7 +472,7 @@ async fn a_monthly_money_budget_in_a_time_zone() {
     // February in Seoul: the month's money again.
     clock.advance(std::time::Duration::from_secs(60));
     assert_eq!(
-        send(gw.listen, "POST", "/v1/chat/completions", &json, body)
+        send(gw.listen(), "POST", "/v1/chat/completions", &json, body)
             .await
             .status
             .as_u16(),
@@ -494,7 +494,7 @@ async fn hypers_path_reads_the_body_to_reserve() {
     let gw = support::gateway(yaml, &format!("http://{up}"), None).await;
     let body = r#"{"model":"m","max_tokens":50}"#;
     let out = support::raw(
-        gw.listen,
+        gw.listen(),
         &format!(
             "POST /v1/chat/completions HTTP/1.0\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
@@ -510,7 +510,7 @@ async fn hypers_path_reads_the_body_to_reserve() {
     // reservation (the default, 5,000, would not fit).
     let (a, b) = body.split_at(10);
     let out = support::raw(
-        gw.listen,
+        gw.listen(),
         &format!(
             "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
             a.len(),
@@ -538,7 +538,7 @@ async fn the_access_log_says_what_an_llm_call_used_and_was_charged() {
     let gw = support::gateway(&yaml, &format!("http://{up}"), None).await;
     let body = r#"{"model":"gpt-4o-mini","max_tokens":30}"#;
     let r = send(
-        gw.listen,
+        gw.listen(),
         "POST",
         "/v1/chat/completions",
         &[("content-type", "application/json")],
@@ -572,8 +572,9 @@ async fn json_body_fields_key_rules_and_choose_tiers() {
     let yaml = "rules:\n  - name: per-user\n    match: {path_prefix: /u/}\n    key: ['json:metadata.user_id']\n    missing: reject\n    limit: 1\n    window: 1h\n  - name: per-model\n    match: {path_prefix: /m/}\n    key: [identity]\n    window: 1h\n    tiers:\n      from: json:model\n      default: small\n      values:\n        big: {limit: 1}\n        small: {limit: 3}\n  - name: gpt4-only\n    match:\n      path_prefix: /g/\n      json: [{name: model, prefix: gpt-4}]\n    limit: 1\n    window: 1h\n";
     let gw = support::gateway(yaml, "echo", None).await;
     let json = [("content-type", "application/json")];
+    let listen = gw.listen();
     let post = |path: &'static str, body: &'static str| async move {
-        send(gw.listen, "POST", path, &json, body)
+        send(listen, "POST", path, &json, body)
             .await
             .status
             .as_u16()

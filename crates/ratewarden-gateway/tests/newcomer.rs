@@ -61,7 +61,7 @@ async fn an_emptied_or_half_written_file_never_turns_the_limits_off() {
     let gw = gateway_file(v1, &up.url(), None, Some(file.clone())).await;
     let admin = gw.admin.unwrap();
     for _ in 0..2 {
-        assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+        assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     }
     std::fs::write(&file, "").unwrap();
     support::wait_for_metric(
@@ -70,7 +70,7 @@ async fn an_emptied_or_half_written_file_never_turns_the_limits_off() {
     )
     .await;
     assert_eq!(
-        send(gw.listen, "GET", "/", &[], "").await.status,
+        send(gw.listen(), "GET", "/", &[], "").await.status,
         429,
         "the limit still holds"
     );
@@ -91,7 +91,7 @@ async fn an_emptied_or_half_written_file_never_turns_the_limits_off() {
         metrics.contains("ratewarden_config_reloads_total{result=\"failure\"} 1"),
         "the half was validated:\n{metrics}"
     );
-    let r = send(gw.listen, "GET", "/", &[], "").await;
+    let r = send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(r.header("x-ratelimit-limit"), Some("5"));
     gw.shutdown().await;
     std::fs::remove_dir_all(&dir).unwrap();
@@ -108,7 +108,7 @@ async fn a_rule_counts_what_it_charged_not_what_another_refused() {
     let admin = gw.admin.unwrap();
     let mut statuses = vec![];
     for _ in 0..5 {
-        statuses.push(send(gw.listen, "GET", "/", &[], "").await.status.as_u16());
+        statuses.push(send(gw.listen(), "GET", "/", &[], "").await.status.as_u16());
     }
     assert_eq!(statuses, [200, 429, 429, 429, 429]);
     let rules: serde_json::Value =
@@ -192,4 +192,52 @@ fn one_mistake_is_one_error_and_hides_no_other() {
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("`tiers` needs a `default`"), "{out}");
     assert!(out.contains("needs a top-level `jwt:` section"), "{out}");
+}
+
+/// `listen: off`: a gateway for a proxy's hook alone opens no proxy
+/// listener (the nginx `auth_request` recipe's port is nginx's); the hook
+/// answers. Alone, without `authz:` or `rls:`, it is an error.
+#[tokio::test]
+async fn listen_off_serves_the_hook_without_a_proxy_listener() {
+    use ratewarden_gateway::config::{self, Overrides};
+    use ratewarden_gateway::server::{self, Source};
+    let yaml = "listen: off\nadmin: {listen: 127.0.0.1:0}\nauthz: {listen: 127.0.0.1:0}\nrules:\n  - {name: r, algorithm: fixed_window, limit: 2, window: 1h}\n";
+    let cfg = config::load(yaml, "t.yaml", &Overrides::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg.listen, None);
+    let gw = server::start(
+        cfg,
+        Source {
+            loaded: None,
+            path: None,
+            overrides: Overrides::default(),
+            clock: None,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(gw.proxy, None, "no proxy listener");
+    let authz = gw.authz.unwrap();
+    let hook = [
+        ("x-original-method", "GET"),
+        ("x-original-uri", "/"),
+        ("x-forwarded-for", "192.0.2.1"),
+    ];
+    let mut codes = vec![];
+    for _ in 0..3 {
+        codes.push(
+            send(authz, "GET", "/authz/nginx", &hook, "")
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(codes[..2], [200, 200]);
+    assert_ne!(codes[2], 200, "the third is refused");
+    gw.shutdown().await;
+    let (code, out) = validate("listen: off\nupstream: echo\nrules: []\n");
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("`listen: off` leaves nothing to serve"),
+        "{out}"
+    );
 }

@@ -206,8 +206,8 @@ async fn the_admin_api_lists_rules_the_hottest_keys_and_bans() {
     assert_eq!(v["rules"][0]["id"].as_str().unwrap().len(), 16);
     // One client spends its 10 and goes on; /login earns it a ban.
     for _ in 0..40 {
-        send(gw.listen, "GET", "/", &[], "").await;
-        send(gw.listen, "GET", "/login", &[], "").await;
+        send(gw.listen(), "GET", "/", &[], "").await;
+        send(gw.listen(), "GET", "/login", &[], "").await;
     }
     let top = send(admin, "GET", "/v1/keys?rule=api&limit=5", &[], "").await;
     assert_eq!(top.status, 200, "{}", top.body);
@@ -449,7 +449,7 @@ async fn a_banned_key_is_listed_under_its_rule() {
     let admin = gw.admin.unwrap();
     for user in ["alice", "bob"] {
         for _ in 0..2 {
-            send(gw.listen, "GET", "/", &[("x-user", user)], "").await;
+            send(gw.listen(), "GET", "/", &[("x-user", user)], "").await;
         }
     }
     let bans: Value =
@@ -488,23 +488,28 @@ async fn responses_are_counted_by_route_source_and_class() {
         b.build_http::<http_body_util::Full<bytes::Bytes>>()
     };
     let get_h2 = |path: &str| {
-        let req = http::Request::get(format!("http://{}{path}", gw.listen))
+        let req = http::Request::get(format!("http://{}{path}", gw.listen()))
             .body(http_body_util::Full::new(bytes::Bytes::new()))
             .unwrap();
         h2.request(req)
     };
     for _ in 0..2 {
-        assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+        assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     }
     assert_eq!(get_h2("/").await.unwrap().status(), 200);
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 429);
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 429);
     assert_eq!(get_h2("/").await.unwrap().status(), 429);
     assert_eq!(
-        send(gw.listen, "GET", "/status/404", &[], "").await.status,
+        send(gw.listen(), "GET", "/status/404", &[], "")
+            .await
+            .status,
         404
     );
     assert_eq!(get_h2("/status/503").await.unwrap().status(), 503);
-    assert_eq!(send(gw.listen, "GET", "/a/%00", &[], "").await.status, 400);
+    assert_eq!(
+        send(gw.listen(), "GET", "/a/%00", &[], "").await.status,
+        400
+    );
     let m = send(gw.admin.unwrap(), "GET", "/metrics", &[], "")
         .await
         .body;

@@ -106,7 +106,7 @@ async fn proxy_explain_and_check_decide_alike() {
             serde_json::from_str(&send(proxy.admin.unwrap(), "GET", &q, &[], "").await.body)
                 .unwrap();
         // The proxy.
-        let answer = send(proxy.listen, method, path, &headers, "").await;
+        let answer = send(proxy.listen(), method, path, &headers, "").await;
         // check, on the other gateway, with the request as the proxy saw it.
         let body = json!({"request": {
             "method": method,

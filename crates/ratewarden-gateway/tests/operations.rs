@@ -27,7 +27,7 @@ async fn twenty_per_minute_is_exact_across_two_gateways_on_one_redis() {
     );
     let mut tasks = vec![];
     for i in 0..100 {
-        let addr = if i % 2 == 0 { a.listen } else { b.listen };
+        let addr = if i % 2 == 0 { a.listen() } else { b.listen() };
         tasks.push(tokio::spawn(async move {
             send(addr, "GET", "/", &[], "").await.status.as_u16()
         }));
@@ -52,14 +52,14 @@ async fn redis_killed_and_restarted_under_traffic() {
     let local = gateway(&redis_yaml(&redis.url(), 1_000, "local"), &up.url(), None).await;
     let deny = gateway(&redis_yaml(&redis.url(), 1_000, "deny"), &up.url(), None).await;
     for gw in [&local, &deny] {
-        assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+        assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     }
     redis.kill();
     for _ in 0..20 {
         let started = Instant::now();
-        let l = send(local.listen, "GET", "/", &[], "").await;
+        let l = send(local.listen(), "GET", "/", &[], "").await;
         assert_eq!(l.status, 200, "on_error: local keeps serving");
-        let d = send(deny.listen, "GET", "/", &[], "").await;
+        let d = send(deny.listen(), "GET", "/", &[], "").await;
         assert_eq!(d.status, 503, "on_error: deny says so");
         assert!(d.body.contains("rate limiter unavailable"), "{}", d.body);
         assert!(
@@ -89,7 +89,7 @@ async fn redis_killed_and_restarted_under_traffic() {
     );
     redis.restart();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while send(deny.listen, "GET", "/", &[], "").await.status != 200 {
+    while send(deny.listen(), "GET", "/", &[], "").await.status != 200 {
         assert!(Instant::now() < deadline, "the gateway did not recover");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -114,14 +114,14 @@ async fn reload_applies_a_good_config_keeps_unchanged_state_and_ignores_a_bad_on
     std::fs::write(&file, v1).unwrap();
     let gw = gateway_file(v1, &up.url(), None, Some(file.clone())).await;
     for _ in 0..2 {
-        assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+        assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     }
     // Good: `changed` gets a new limit (and so fresh state); `kept` keeps its count.
     let v2 = v1.replace("limit: 100", "limit: 50");
     std::fs::write(&file, &v2).unwrap();
     let wait_reload = |want| support::wait_for_metric(gw.admin.unwrap(), want);
     wait_reload("ratewarden_config_reloads_total{result=\"success\"} 1").await;
-    let r = send(gw.listen, "GET", "/", &[], "").await;
+    let r = send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(r.status, 200);
     let h = r.header("ratelimit").unwrap();
     assert!(
@@ -129,7 +129,7 @@ async fn reload_applies_a_good_config_keeps_unchanged_state_and_ignores_a_bad_on
         "{h}"
     );
     assert_eq!(
-        send(gw.listen, "GET", "/", &[], "").await.status,
+        send(gw.listen(), "GET", "/", &[], "").await.status,
         429,
         "kept its state across the reload"
     );
@@ -140,7 +140,7 @@ async fn reload_applies_a_good_config_keeps_unchanged_state_and_ignores_a_bad_on
     )
     .unwrap();
     wait_reload("ratewarden_config_reloads_total{result=\"failure\"} 1").await;
-    let r = send(gw.listen, "GET", "/", &[], "").await;
+    let r = send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(r.status, 429, "still the old rules");
     gw.shutdown().await;
     std::fs::remove_dir_all(&dir).unwrap();
@@ -161,7 +161,7 @@ async fn a_file_changed_while_starting_is_reloaded() {
     let gw = gateway_file(v1, &up.url(), None, Some(file.clone())).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let r = send(gw.listen, "GET", "/", &[], "").await;
+        let r = send(gw.listen(), "GET", "/", &[], "").await;
         if r.header("x-ratelimit-limit") == Some("1") {
             break;
         }
@@ -276,7 +276,7 @@ async fn the_admin_api_checks_reports_explains_and_manages_keys() {
 async fn shutdown_lets_in_flight_requests_finish() {
     let up = Upstream::start().await;
     let gw = gateway("rules: []\n", &up.url(), None).await;
-    let addr = gw.listen;
+    let addr = gw.listen();
     let slow = tokio::spawn(async move { send(addr, "GET", "/slow", &[], "").await });
     // In flight once the upstream has it (it holds /slow for 3 s): waited
     // for, not assumed after a fixed sleep.
@@ -461,9 +461,9 @@ async fn idle_client_connections_are_closed_but_slow_answers_are_not_cut() {
         (n, started.elapsed())
     };
     // Silent from the start.
-    let silent = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+    let silent = tokio::net::TcpStream::connect(gw.listen()).await.unwrap();
     // Stopped halfway through its headers.
-    let mut partial = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+    let mut partial = tokio::net::TcpStream::connect(gw.listen()).await.unwrap();
     partial
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
         .await
@@ -474,7 +474,7 @@ async fn idle_client_connections_are_closed_but_slow_answers_are_not_cut() {
         assert!(took >= Duration::from_millis(250), "{took:?}");
     }
     // The upstream takes 3 s, ten idle periods: the answer still arrives.
-    let mut slow = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+    let mut slow = tokio::net::TcpStream::connect(gw.listen()).await.unwrap();
     slow.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
@@ -585,7 +585,7 @@ async fn a_leased_global_rule_holds_its_limit_across_two_gateways() {
     );
     let mut tasks = vec![];
     for i in 0..300 {
-        let addr = if i % 2 == 0 { a.listen } else { b.listen };
+        let addr = if i % 2 == 0 { a.listen() } else { b.listen() };
         tasks.push(tokio::spawn(async move {
             send(addr, "GET", "/", &[], "").await.status.as_u16()
         }));
@@ -619,7 +619,7 @@ async fn a_leased_global_rule_holds_its_limit_across_two_gateways() {
     a.shutdown().await;
     let mut ok = 0;
     for _ in 0..150 {
-        ok += usize::from(send(b.listen, "GET", "/", &[], "").await.status == 200);
+        ok += usize::from(send(b.listen(), "GET", "/", &[], "").await.status == 200);
     }
     // (A Redis call past `timeout` is refused, not an outage: the timeout
     // is long enough that a loaded test machine does not make one.)
@@ -694,10 +694,10 @@ async fn a_manual_ban_is_kept_in_the_store_listed_and_lifted() {
     // Memory.
     let gw = gateway(rules, "echo", None).await;
     let admin = gw.admin.unwrap();
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     let r = send(admin, "POST", "/v1/bans", &[], ban).await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let refused = send(gw.listen, "GET", "/", &[], "").await;
+    let refused = send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(refused.status, 429, "banned");
     assert!(
         refused
@@ -708,7 +708,7 @@ async fn a_manual_ban_is_kept_in_the_store_listed_and_lifted() {
     assert!(listed.contains("\"key\":\"127.0.0.1\""), "{listed}");
     let r = send(admin, "DELETE", "/v1/bans/login/127.0.0.1", &[], "").await;
     assert!(r.body.contains("\"cleared\":true"), "{}", r.body);
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     // A bad duration, an unknown rule.
     let r = send(admin, "POST", "/v1/bans", &[], &ban.replace("1h", "1x")).await;
     assert_eq!(r.status, 400, "{}", r.body);
@@ -733,7 +733,7 @@ async fn a_manual_ban_is_kept_in_the_store_listed_and_lifted() {
     let r = send(a.admin.unwrap(), "POST", "/v1/bans", &[], ban).await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(
-        send(b.listen, "GET", "/", &[], "").await.status,
+        send(b.listen(), "GET", "/", &[], "").await.status,
         429,
         "seen by the other gateway"
     );
@@ -751,7 +751,7 @@ async fn a_manual_ban_is_kept_in_the_store_listed_and_lifted() {
     .await;
     assert!(r.body.contains("\"cleared\":true"), "{}", r.body);
     assert_eq!(
-        send(a.listen, "GET", "/", &[], "").await.status,
+        send(a.listen(), "GET", "/", &[], "").await.status,
         200,
         "lifted for both"
     );

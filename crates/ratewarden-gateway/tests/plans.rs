@@ -241,7 +241,7 @@ async fn a_tier_chosen_by_a_jwt_claim() {
         let bearer = format!("Bearer {}", token(plan));
         let mut n = 0;
         for _ in 0..5 {
-            let r = send(gw.listen, "GET", "/", &[("authorization", &bearer)], "").await;
+            let r = send(gw.listen(), "GET", "/", &[("authorization", &bearer)], "").await;
             if r.status == 200 {
                 n += 1;
             }
@@ -319,7 +319,7 @@ async fn an_override_wins_over_the_tier_until_it_expires_or_is_deleted() {
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
     // Precedence: the override, though alice says pro.
-    assert_eq!(admitted(gw.listen, "alice", "pro", 8).await, 5);
+    assert_eq!(admitted(gw.listen(), "alice", "pro", 8).await, 5);
     let e: Value = serde_json::from_str(
         &send(
             admin,
@@ -415,7 +415,7 @@ async fn an_override_wins_over_the_tier_until_it_expires_or_is_deleted() {
     // Deleted: bob is back on his tier (free: 2).
     let del = send(admin, "DELETE", "/v1/overrides/api/bob", &[], "").await;
     assert!(del.body.contains("\"removed\":true"), "{}", del.body);
-    assert_eq!(admitted(gw.listen, "bob", "free", 4).await, 2);
+    assert_eq!(admitted(gw.listen(), "bob", "free", 4).await, 2);
     // Expired after 10 minutes: alice is on her tier again, as used
     // before the override (pro, untouched: 4).
     clock.advance(Duration::from_secs(601));
@@ -425,7 +425,7 @@ async fn an_override_wins_over_the_tier_until_it_expires_or_is_deleted() {
             .status,
         404
     );
-    assert_eq!(admitted(gw.listen, "alice", "pro", 6).await, 4);
+    assert_eq!(admitted(gw.listen(), "alice", "pro", 6).await, 4);
     gw.shutdown().await;
 }
 
@@ -518,16 +518,16 @@ async fn a_calendar_quota_resets_at_local_midnight_and_says_when() {
     )
     .await;
     for _ in 0..2 {
-        assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+        assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     }
-    let refused = send(gw.listen, "GET", "/", &[], "").await;
+    let refused = send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(refused.status, 403);
     assert_eq!(refused.header("retry-after"), Some("60"));
     assert_eq!(refused.header("x-ratelimit-reset"), Some("60"));
     assert_eq!(refused.header("ratelimit"), Some("\"monthly\";r=0;t=60"));
     assert_eq!(refused.header("ratelimit-policy"), Some("\"monthly\";q=2"));
     clock.advance(Duration::from_secs(60));
-    let fresh = send(gw.listen, "GET", "/", &[], "").await;
+    let fresh = send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(fresh.status, 200);
     // February 2027 in Seoul: 28 days.
     assert_eq!(

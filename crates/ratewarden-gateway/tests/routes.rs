@@ -128,7 +128,7 @@ async fn round_robin_a_killed_server_ejected_without_a_5xx_then_taken_back() {
     let default = Server::start().await;
     let gw = gateway(&yaml, &default.url(), None).await;
     for i in 0..30 {
-        let r = send(gw.listen, "GET", &format!("/api/{i}"), &[], "").await;
+        let r = send(gw.listen(), "GET", &format!("/api/{i}"), &[], "").await;
         assert_eq!(r.status, 200);
     }
     assert_eq!(
@@ -137,13 +137,13 @@ async fn round_robin_a_killed_server_ejected_without_a_5xx_then_taken_back() {
         "spread evenly"
     );
     // Not under /api/: the default route.
-    assert_eq!(send(gw.listen, "GET", "/else", &[], "").await.status, 200);
+    assert_eq!(send(gw.listen(), "GET", "/else", &[], "").await.status, 200);
     assert_eq!(default.hits(), 1);
 
     b.kill();
     let before = (a.hits(), b.hits(), c.hits());
     for i in 0..30 {
-        let r = send(gw.listen, "GET", &format!("/api/k{i}"), &[], "").await;
+        let r = send(gw.listen(), "GET", &format!("/api/k{i}"), &[], "").await;
         assert_eq!(r.status, 200, "request {i} after the kill");
     }
     assert_eq!(b.hits(), before.1);
@@ -169,7 +169,7 @@ async fn round_robin_a_killed_server_ejected_without_a_5xx_then_taken_back() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while b.hits() == before.1 {
         assert!(Instant::now() < deadline, "never taken back");
-        let r = send(gw.listen, "GET", "/api/again", &[], "").await;
+        let r = send(gw.listen(), "GET", "/api/again", &[], "").await;
         assert_eq!(r.status, 200);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -182,11 +182,11 @@ async fn every_server_down_is_a_502_saying_so() {
     let gw = gateway(&routes_yaml(&[&a, &b], ""), "echo", None).await;
     a.kill();
     b.kill();
-    let r = send(gw.listen, "GET", "/api/x", &[], "").await;
+    let r = send(gw.listen(), "GET", "/api/x", &[], "").await;
     assert_eq!(r.status, 502);
     assert!(r.body.contains("could not connect"), "{}", r.body);
     // The echo upstream still answers the rest.
-    assert_eq!(send(gw.listen, "GET", "/x", &[], "").await.status, 200);
+    assert_eq!(send(gw.listen(), "GET", "/x", &[], "").await.status, 200);
     gw.shutdown().await;
 }
 
@@ -204,7 +204,7 @@ async fn the_active_check_takes_a_failing_server_out_and_back() {
     loop {
         let before = b.hits();
         for _ in 0..6 {
-            send(gw.listen, "GET", "/api/x", &[], "").await;
+            send(gw.listen(), "GET", "/api/x", &[], "").await;
         }
         if b.hits() == before {
             break;
@@ -217,7 +217,7 @@ async fn the_active_check_takes_a_failing_server_out_and_back() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while b.hits() == before {
         assert!(Instant::now() < deadline, "b was never taken back");
-        send(gw.listen, "GET", "/api/x", &[], "").await;
+        send(gw.listen(), "GET", "/api/x", &[], "").await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     gw.shutdown().await;
@@ -237,7 +237,7 @@ async fn hash_keeps_a_client_on_one_server_and_least_requests_spreads() {
     )
     .await;
     for _ in 0..12 {
-        send(gw.listen, "GET", "/api/x", &[], "").await;
+        send(gw.listen(), "GET", "/api/x", &[], "").await;
     }
     let hits = [a.hits(), b.hits(), c.hits()];
     assert_eq!(hits.iter().filter(|h| **h == 12).count(), 1, "{hits:?}");
@@ -250,7 +250,7 @@ async fn hash_keeps_a_client_on_one_server_and_least_requests_spreads() {
     )
     .await;
     for _ in 0..10 {
-        send(gw.listen, "GET", "/api/x", &[], "").await;
+        send(gw.listen(), "GET", "/api/x", &[], "").await;
     }
     // One at a time: both idle each time, so ties go in turn.
     assert_eq!((a.hits(), b.hits()), (5, 5));
@@ -266,10 +266,22 @@ async fn rules_match_on_a_route_and_an_unknown_route_is_a_config_error() {
         a.url()
     );
     let gw = gateway(&yaml, "echo", None).await;
-    assert_eq!(send(gw.listen, "GET", "/api/1", &[], "").await.status, 200);
-    assert_eq!(send(gw.listen, "GET", "/api/2", &[], "").await.status, 429);
-    assert_eq!(send(gw.listen, "GET", "/other", &[], "").await.status, 200);
-    assert_eq!(send(gw.listen, "GET", "/other", &[], "").await.status, 200);
+    assert_eq!(
+        send(gw.listen(), "GET", "/api/1", &[], "").await.status,
+        200
+    );
+    assert_eq!(
+        send(gw.listen(), "GET", "/api/2", &[], "").await.status,
+        429
+    );
+    assert_eq!(
+        send(gw.listen(), "GET", "/other", &[], "").await.status,
+        200
+    );
+    assert_eq!(
+        send(gw.listen(), "GET", "/other", &[], "").await.status,
+        200
+    );
     gw.shutdown().await;
     let e = ratewarden_gateway::config::load(
         "routes:\n  - {name: api, upstream: 'http://a:1'}\nrules:\n  - {name: r, limit: 1, window: 1s, match: {route: apo}}\n",
@@ -356,7 +368,7 @@ async fn a_websocket_is_tunnelled_after_the_decision_and_holds_its_slot() {
         None,
     )
     .await;
-    let (mut first, head) = upgrade(gw.listen).await;
+    let (mut first, head) = upgrade(gw.listen()).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert!(
         head.to_ascii_lowercase().contains("upgrade: websocket"),
@@ -367,13 +379,13 @@ async fn a_websocket_is_tunnelled_after_the_decision_and_holds_its_slot() {
     first.read_exact(&mut buf).await.unwrap();
     assert_eq!(&buf, b"ping", "bytes go through both ways");
     // While it is open, a second one is refused: one slot.
-    let (_, head) = upgrade(gw.listen).await;
+    let (_, head) = upgrade(gw.listen()).await;
     assert!(head.starts_with("HTTP/1.1 429"), "{head}");
     // Closed: the slot is free again.
     drop(first);
     let deadline = Instant::now() + Duration::from_secs(5);
     let (mut third, head) = loop {
-        let (s, head) = upgrade(gw.listen).await;
+        let (s, head) = upgrade(gw.listen()).await;
         if head.starts_with("HTTP/1.1 101") {
             break (s, head);
         }

@@ -94,7 +94,7 @@ async fn exact_on_redis_while_two_cpu_hogs_run() {
             for _ in 0..n {
                 gws.push(gateway(&yaml, &up.url(), None).await);
             }
-            let addrs: Vec<SocketAddr> = gws.iter().map(|g| g.listen).collect();
+            let addrs: Vec<SocketAddr> = gws.iter().map(|g| g.listen()).collect();
             let started = Instant::now();
             let (ok, odd) = burst(&addrs, 120, path).await;
             eprintln!(
@@ -142,7 +142,7 @@ async fn an_outage_admits_within_the_stated_bound() {
     let deadline = Instant::now() + Duration::from_secs(10);
     for g in [&a, &b] {
         while gateways_seen(g).await != 2 {
-            let _ = send(g.listen, "GET", "/", &[], "").await;
+            let _ = send(g.listen(), "GET", "/", &[], "").await;
             assert!(
                 Instant::now() < deadline,
                 "the gateways never saw each other"
@@ -159,14 +159,14 @@ async fn an_outage_admits_within_the_stated_bound() {
     let mut admitted = 0;
     for g in [&a, &b] {
         for _ in 0..5 {
-            admitted += usize::from(send(g.listen, "GET", "/", &[], "").await.status == 200);
+            admitted += usize::from(send(g.listen(), "GET", "/", &[], "").await.status == 200);
         }
     }
     assert_eq!(admitted, 10, "on Redis before the kill");
     redis.kill();
     for g in [&a, &b] {
         for _ in 0..30 {
-            let s = send(g.listen, "GET", "/", &[], "").await.status;
+            let s = send(g.listen(), "GET", "/", &[], "").await.status;
             assert!(s == 200 || s == 429, "on_error: local answers: {s}");
             admitted += usize::from(s == 200);
         }
@@ -195,10 +195,11 @@ async fn a_ban_seen_on_redis_outlasts_an_outage() {
         redis.url()
     );
     let gw = gateway(&yaml, &up.url(), None).await;
+    let gw_listen = gw.listen();
     let statuses = |n| async move {
         let mut out = vec![];
         for _ in 0..n {
-            out.push(send(gw.listen, "GET", "/", &[], "").await.status.as_u16());
+            out.push(send(gw_listen, "GET", "/", &[], "").await.status.as_u16());
         }
         out
     };

@@ -118,12 +118,12 @@ async fn the_page_shows_what_the_json_api_returns_in_a_real_browser() {
     // markup; some searches.
     for (user, n) in [("alice", 40), ("bob", 2), ("<b>mallory</b>", 40)] {
         for _ in 0..n {
-            send(gw.listen, "GET", "/", &[("x-user-id", user)], "").await;
+            send(gw.listen(), "GET", "/", &[("x-user-id", user)], "").await;
         }
     }
     for _ in 0..2 {
         send(
-            gw.listen,
+            gw.listen(),
             "GET",
             "/search?q=1",
             &[("x-user-id", "carol")],
@@ -137,7 +137,7 @@ async fn the_page_shows_what_the_json_api_returns_in_a_real_browser() {
     let llm = r#"{"model":"m","max_tokens":800}"#;
     for _ in 0..24 {
         send(
-            gw.listen,
+            gw.listen(),
             "POST",
             "/v1/chat/completions",
             &[("x-user-id", "dave"), ("content-type", "application/json")],
@@ -513,7 +513,7 @@ async fn the_pages_clear_button_clears_the_key_and_its_ban() {
     let gw = gateway(YAML, "echo", Some(clock)).await;
     let admin = gw.admin.unwrap();
     for _ in 0..40 {
-        send(gw.listen, "GET", "/", &[("x-user-id", "alice")], "").await;
+        send(gw.listen(), "GET", "/", &[("x-user-id", "alice")], "").await;
     }
     let banned = |b: &serde_json::Value| {
         b["bans"]
@@ -549,7 +549,7 @@ async fn the_pages_clear_button_clears_the_key_and_its_ban() {
     }
     assert!(!banned(&json(admin, "/v1/bans").await));
     assert_eq!(
-        send(gw.listen, "GET", "/", &[("x-user-id", "alice")], "")
+        send(gw.listen(), "GET", "/", &[("x-user-id", "alice")], "")
             .await
             .status,
         200,
@@ -569,7 +569,7 @@ async fn the_page_opened_with_the_token_in_its_url_loads_its_data() {
     let yaml = format!("admin: {{token: s3cret}}\n{YAML}");
     let gw = gateway(&yaml, "echo", None).await;
     let admin = gw.admin.unwrap();
-    send(gw.listen, "GET", "/", &[("x-user-id", "alice")], "").await;
+    send(gw.listen(), "GET", "/", &[("x-user-id", "alice")], "").await;
     let dom = browse(&format!("http://any:s3cret@{admin}/ui"), &["--dump-dom"]).await;
     assert!(
         dom.contains("data-loaded=\""),

@@ -169,12 +169,12 @@ async fn one_kept_alive_connection_carries_sequential_requests_including_empty_b
     let gw = gateway(RULES, &format!("http://{}", up.addr), None).await;
     for i in 0..20 {
         let path = if i % 5 == 4 { "/empty" } else { "/" };
-        let r = send(gw.listen, "GET", path, &[], "").await;
+        let r = send(gw.listen(), "GET", path, &[], "").await;
         assert!(r.status.is_success(), "{path}: {}", r.status);
     }
-    let head = send(gw.listen, "HEAD", "/", &[], "").await;
+    let head = send(gw.listen(), "HEAD", "/", &[], "").await;
     assert_eq!(head.status, 200);
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.body, "ok");
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.body, "ok");
     assert_eq!(
         up.conns(),
         1,
@@ -188,10 +188,10 @@ async fn a_connection_the_upstream_closes_is_not_used_again() {
     let gw = gateway(RULES, &format!("http://{}", up.addr), None).await;
     for _ in 0..3 {
         assert_eq!(
-            send(gw.listen, "GET", "/close", &[], "").await.body,
+            send(gw.listen(), "GET", "/close", &[], "").await.body,
             "close"
         );
-        assert_eq!(send(gw.listen, "GET", "/", &[], "").await.body, "ok");
+        assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.body, "ok");
     }
     assert!(up.conns() >= 3, "a closed connection was reused");
 }
@@ -201,7 +201,7 @@ async fn a_response_abandoned_half_read_never_leaks_into_the_next_request() {
     let up = RawUpstream::start().await;
     let gw = gateway(RULES, &format!("http://{}", up.addr), None).await;
     // A client that reads the head of a 4 MiB answer and hangs up.
-    let mut c = TcpStream::connect(gw.listen).await.unwrap();
+    let mut c = TcpStream::connect(gw.listen()).await.unwrap();
     c.write_all(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
         .unwrap();
@@ -210,7 +210,7 @@ async fn a_response_abandoned_half_read_never_leaks_into_the_next_request() {
     assert!(String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 200"));
     drop(c);
     for _ in 0..5 {
-        let r = send(gw.listen, "GET", "/", &[], "").await;
+        let r = send(gw.listen(), "GET", "/", &[], "").await;
         assert_eq!((r.status.as_u16(), r.body.as_str()), (200, "ok"));
     }
     assert!(up.conns() >= 2, "the half-read connection was reused");
@@ -231,24 +231,24 @@ async fn each_request_on_a_kept_alive_connection_gets_its_own_deadline() {
     // Spread over twice the timeout on one connection: a deadline left from
     // an earlier request would cut a later one short.
     for _ in 0..4 {
-        assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+        assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     // Idle past the last deadline (the timer fires while pooled), then reused.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     assert_eq!(up.conns(), 1, "one kept-alive connection throughout");
     // A slow answer is cut at this request's deadline, not earlier: a 504
     // (the upstream's 200 comes after 2 s, so it was cut before), and not
     // before the 300 ms were up (a timer never fires early; no upper bound
     // on the wall clock of a busy host).
     let started = Instant::now();
-    let r = send(gw.listen, "GET", "/slow", &[], "").await;
+    let r = send(gw.listen(), "GET", "/slow", &[], "").await;
     let took = started.elapsed();
     assert_eq!(r.status, 504, "{}", r.body);
     assert!(took >= Duration::from_millis(290), "cut early: {took:?}");
     // The timed-out connection is not reused; the next request gets a new one.
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     assert_eq!(up.conns(), 2);
     gw.shutdown().await;
 }
@@ -272,7 +272,7 @@ async fn chunked_and_close_delimited_answers_are_relayed_whole() {
     // Through hyper's client the chunked body decodes to the whole text, and
     // the client connection stays usable after it.
     for _ in 0..3 {
-        let r = send(gw.listen, "GET", "/chunked", &[], "").await;
+        let r = send(gw.listen(), "GET", "/chunked", &[], "").await;
         assert_eq!((r.status.as_u16(), r.body.as_str()), (200, "hello world"));
         assert_eq!(r.header("x-ratelimit-limit"), Some("1000"));
     }
@@ -280,7 +280,7 @@ async fn chunked_and_close_delimited_answers_are_relayed_whole() {
     // when the upstream closes (the gateway says `connection: close` and
     // closes after it).
     let text = raw_exchange(
-        gw.listen,
+        gw.listen(),
         b"GET /chunked HTTP/1.1\r\nhost: x\r\n\r\nGET /until-close HTTP/1.1\r\nhost: x\r\n\r\n",
     )
     .await;
@@ -293,7 +293,7 @@ async fn chunked_and_close_delimited_answers_are_relayed_whole() {
     assert!(text.ends_with("\r\n\r\nuntil closed"), "{text}");
     // The chunked exchanges left their connection in the pool; the
     // close-delimited one did not.
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.body, "ok");
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.body, "ok");
     gw.shutdown().await;
 }
 
@@ -303,7 +303,7 @@ async fn pipelined_requests_are_answered_in_order_and_connection_close_is_honour
     let rules = format!("x_forwarded_for: append\n{RULES}");
     let gw = gateway(&rules, &format!("http://{}/base/", up.addr), None).await;
     let text = raw_exchange(
-        gw.listen,
+        gw.listen(),
         b"GET /echo?n=1 HTTP/1.1\r\nhost: x\r\n\r\n\
           POST /echo?n=2 HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\nkeep-alive: 5\r\nx-forwarded-for: 10.9.9.9\r\n\r\nhello\
           GET /echo?n=3 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
@@ -341,7 +341,7 @@ async fn what_the_http1_path_does_not_take_is_served_by_hyper() {
     let up = RawUpstream::start().await;
     let gw = gateway(RULES, &format!("http://{}", up.addr), None).await;
     // HTTP/1.0.
-    let text = raw_exchange(gw.listen, b"GET /echo HTTP/1.0\r\nhost: x\r\n\r\n").await;
+    let text = raw_exchange(gw.listen(), b"GET /echo HTTP/1.0\r\nhost: x\r\n\r\n").await;
     assert!(
         text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
         "{text}"
@@ -349,7 +349,7 @@ async fn what_the_http1_path_does_not_take_is_served_by_hyper() {
     assert!(text.contains("GET /echo HTTP/1.1"), "{text}");
     // A chunked request body, after a plain request on the same connection.
     let text = raw_exchange(
-        gw.listen,
+        gw.listen(),
         b"GET / HTTP/1.1\r\nhost: x\r\n\r\n\
           POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
     )
@@ -358,7 +358,7 @@ async fn what_the_http1_path_does_not_take_is_served_by_hyper() {
     assert!(text.contains("abc"), "{text}");
     // A body larger than the path buffers: streamed through whole.
     let big = "y".repeat(200 * 1024);
-    let r = send(gw.listen, "POST", "/echo", &[], &big).await;
+    let r = send(gw.listen(), "POST", "/echo", &[], &big).await;
     assert_eq!(r.status, 200);
     assert!(r.body.ends_with(&big), "all {} bytes arrived", big.len());
     assert_eq!(r.header("x-ratelimit-limit"), Some("1000"));
@@ -376,7 +376,7 @@ async fn both_paths_append_the_peer_to_every_incoming_x_forwarded_for_field() {
     for version in ["1.1", "1.0"] {
         let raw =
             format!("GET /echo HTTP/{version}\r\nhost: x\r\n{fields}connection: close\r\n\r\n");
-        let text = raw_exchange(gw.listen, raw.as_bytes()).await;
+        let text = raw_exchange(gw.listen(), raw.as_bytes()).await;
         assert!(text.contains(" 200 OK"), "HTTP/{version}: {text}");
         assert!(
             text.to_ascii_lowercase().contains(joined),
@@ -393,7 +393,7 @@ async fn a_pooled_connection_the_upstream_dropped_is_replaced_without_an_error()
     // POSTs: never sent twice, so each must find its pooled connection
     // closed before sending, not by failing on it.
     for i in 0..3 {
-        let r = send(gw.listen, "POST", "/drop-later", &[], "x").await;
+        let r = send(gw.listen(), "POST", "/drop-later", &[], "x").await;
         assert_eq!(
             (r.status.as_u16(), r.body.as_str()),
             (200, "ok"),
@@ -410,15 +410,15 @@ async fn a_pooled_connection_the_upstream_dropped_is_replaced_without_an_error()
 async fn a_request_the_upstream_drops_unanswered_is_repeated_only_if_idempotent() {
     let up = RawUpstream::start().await;
     let gw = gateway(RULES, &format!("http://{}", up.addr), None).await;
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     assert_eq!(up.conns(), 1);
     // The kept-alive connection takes the GET and closes without a word: the
     // GET is sent again on a new connection (where it is the first request).
-    let r = send(gw.listen, "GET", "/vanish", &[], "").await;
+    let r = send(gw.listen(), "GET", "/vanish", &[], "").await;
     assert_eq!((r.status.as_u16(), r.body.as_str()), (200, "ok"));
     assert_eq!(up.conns(), 2);
     // A POST is never sent twice: the upstream may have acted on it.
-    let r = send(gw.listen, "POST", "/vanish", &[], "x").await;
+    let r = send(gw.listen(), "POST", "/vanish", &[], "x").await;
     assert_eq!(r.status, 502, "{}", r.body);
     assert_eq!(up.conns(), 2, "no second connection for a retry");
     gw.shutdown().await;

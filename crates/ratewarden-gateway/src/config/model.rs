@@ -58,8 +58,9 @@ pub enum StoreSpec {
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Proxy listener.
-    pub listen: SocketAddr,
+    /// Proxy listener; `None`: `listen: off` (a gateway of `authz:` or
+    /// `rls:` alone).
+    pub listen: Option<SocketAddr>,
     /// Threads serving requests.
     pub workers: usize,
     /// Where admitted requests go.

@@ -326,7 +326,7 @@ pub async fn in_flight_is_exact(yaml: &str) {
     let gw = gateway(yaml, &up.url(), None).await;
     let mut tasks = vec![];
     for _ in 0..100 {
-        let addr = gw.listen;
+        let addr = gw.listen();
         tasks.push(tokio::spawn(async move {
             send(addr, "GET", "/generate", &[("x-user-id", "u1")], "").await
         }));
@@ -365,7 +365,7 @@ pub async fn in_flight_is_exact(yaml: &str) {
     assert_eq!((ok, refused), (10, 90));
     assert_eq!(up.arrived(), 10, "never more than 10 reached the upstream");
     // Their leases were released as their answers ended.
-    let r = send(gw.listen, "GET", "/generate", &[("x-user-id", "u1")], "").await;
+    let r = send(gw.listen(), "GET", "/generate", &[("x-user-id", "u1")], "").await;
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-ratelimit-remaining"), Some("9"));
     gw.shutdown().await;

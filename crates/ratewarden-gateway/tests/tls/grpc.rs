@@ -39,7 +39,7 @@ async fn grpc_over_the_tls_listener_streams_with_trailers_and_is_refused_as_grpc
         k.display()
     );
     let gw = gateway_in(&dir, &yaml, &format!("h2c://{server}")).await;
-    let mut sender = h2_over_tls(gw.listen, &ca).await;
+    let mut sender = h2_over_tls(gw.listen(), &ca).await;
     let call = |method: &str| {
         let msg = HealthCheckRequest {
             service: "svc".into(),
@@ -103,7 +103,7 @@ async fn an_https_upstream_choosing_h2_by_alpn_serves_grpc_through_the_gateway()
         put(&dir, "ca.pem", &ca.pem).display()
     );
     let gw = gateway_in(&dir, &yaml, &format!("https://localhost:{port}")).await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", gw.listen))
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", gw.listen()))
         .unwrap()
         .connect()
         .await
@@ -249,7 +249,7 @@ async fn all_four_kinds_of_call_over_the_tls_listener() {
         grpc_echo::RULE
     );
     let gw = gateway_in(&dir, &yaml, &format!("h2c://{server}")).await;
-    let client = tonic_over_tls(gw.listen, &ca).await;
+    let client = tonic_over_tls(gw.listen(), &ca).await;
     grpc_echo::all_four(client, &echo).await;
     gw.shutdown().await;
 }
@@ -274,7 +274,7 @@ async fn all_four_kinds_of_call_to_an_https_h2_upstream() {
             grpc_echo::RULE
         );
         let gw = gateway_in(&dir, &yaml, "http://127.0.0.1:9").await;
-        let channel = tonic::transport::Channel::from_shared(format!("http://{}", gw.listen))
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", gw.listen()))
             .unwrap()
             .connect()
             .await

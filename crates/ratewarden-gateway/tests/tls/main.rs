@@ -206,7 +206,7 @@ async fn the_tls_listener_serves_http1_and_h2_and_limits_over_both() {
 
     // HTTP/1.1, chosen by ALPN.
     let s = connect(
-        gw.listen,
+        gw.listen(),
         "localhost",
         client_config(&ca, &[b"http/1.1"], None),
     )
@@ -222,7 +222,7 @@ async fn the_tls_listener_serves_http1_and_h2_and_limits_over_both() {
     assert_eq!(get(&mut h, "/again").await.0, 200);
 
     // h2, chosen by ALPN: the same rule counts across both.
-    let mut sender = h2_over_tls(gw.listen, &ca).await;
+    let mut sender = h2_over_tls(gw.listen(), &ca).await;
     let mut statuses = vec![];
     for _ in 0..2 {
         let req = Request::get("https://localhost/h2")
@@ -242,7 +242,7 @@ async fn the_tls_listener_serves_http1_and_h2_and_limits_over_both() {
         .with_root_certificates(ca.roots())
         .with_no_client_auth();
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let s = connect(gw.listen, "localhost", Arc::new(cfg))
+    let s = connect(gw.listen(), "localhost", Arc::new(cfg))
         .await
         .unwrap();
     assert_eq!(
@@ -254,7 +254,7 @@ async fn the_tls_listener_serves_http1_and_h2_and_limits_over_both() {
     // A plain-text request to the TLS port is no request at all.
     let plain = tokio::time::timeout(
         Duration::from_secs(5),
-        support::client().get(format!("http://{}/", gw.listen).parse().unwrap()),
+        support::client().get(format!("http://{}/", gw.listen()).parse().unwrap()),
     )
     .await
     .unwrap();
@@ -281,7 +281,7 @@ async fn the_tls_listener_tells_the_upstream_https() {
         k.display()
     );
     let gw = gateway_in(&dir, &yaml, &up.url()).await;
-    let port = gw.listen.port().to_string();
+    let port = gw.listen().port().to_string();
     let field = |body: &str, name: &str| -> Vec<String> {
         body.lines()
             .filter_map(|l| l.strip_prefix(&format!("{name}: ")).map(str::to_owned))
@@ -289,7 +289,7 @@ async fn the_tls_listener_tells_the_upstream_https() {
     };
     // HTTP/1.1: the gateway's own path.
     let s = connect(
-        gw.listen,
+        gw.listen(),
         "localhost",
         client_config(&ca, &[b"http/1.1"], None),
     )
@@ -311,7 +311,7 @@ async fn the_tls_listener_tells_the_upstream_https() {
     assert_eq!(field(&body, "host"), ["localhost"], "{body}");
     assert_eq!(field(&body, "x-env"), ["tls"], "{body}");
     // h2: hyper's path.
-    let s = connect(gw.listen, "localhost", client_config(&ca, &[b"h2"], None))
+    let s = connect(gw.listen(), "localhost", client_config(&ca, &[b"h2"], None))
         .await
         .unwrap();
     let (mut sender, conn) = hyper::client::conn::http2::handshake(
@@ -413,12 +413,14 @@ async fn sni_chooses_the_certificate_and_an_unknown_name_gets_the_first() {
     );
     let gw = gateway_in(&dir, &yaml, "echo").await;
     let cfg = client_config(&ca, &[b"http/1.1"], None);
-    let s = connect(gw.listen, "www.b.test", cfg.clone()).await.unwrap();
+    let s = connect(gw.listen(), "www.b.test", cfg.clone())
+        .await
+        .unwrap();
     assert_eq!(shown(&s), der(&b_cert), "the wildcard's certificate");
-    let s = connect(gw.listen, "a.test", cfg.clone()).await.unwrap();
+    let s = connect(gw.listen(), "a.test", cfg.clone()).await.unwrap();
     assert_eq!(shown(&s), der(&a_cert));
     // No certificate covers it: the first is shown, and the client refuses it.
-    let err = connect(gw.listen, "c.test", cfg).await.unwrap_err();
+    let err = connect(gw.listen(), "c.test", cfg).await.unwrap_err();
     assert!(
         err.to_string().contains("certificate not valid for name"),
         "{err}"
@@ -440,7 +442,9 @@ async fn a_renewed_certificate_serves_new_connections_and_a_bad_one_is_ignored()
     );
     let gw = gateway_in(&dir, &yaml, &up.url()).await;
     let cfg = client_config(&ca, &[b"http/1.1"], None);
-    let before = connect(gw.listen, "localhost", cfg.clone()).await.unwrap();
+    let before = connect(gw.listen(), "localhost", cfg.clone())
+        .await
+        .unwrap();
     assert_eq!(shown(&before), der(&old_cert));
     let mut kept = h1(before).await;
     assert_eq!(get(&mut kept, "/").await.0, 200);
@@ -451,7 +455,9 @@ async fn a_renewed_certificate_serves_new_connections_and_a_bad_one_is_ignored()
     std::fs::write(&c, &new_cert).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let s = connect(gw.listen, "localhost", cfg.clone()).await.unwrap();
+        let s = connect(gw.listen(), "localhost", cfg.clone())
+            .await
+            .unwrap();
         if shown(&s) == der(&new_cert) {
             break;
         }
@@ -479,7 +485,7 @@ async fn a_renewed_certificate_serves_new_connections_and_a_bad_one_is_ignored()
         assert!(Instant::now() < deadline, "the bad pair was never tried");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let s = connect(gw.listen, "localhost", cfg).await.unwrap();
+    let s = connect(gw.listen(), "localhost", cfg).await.unwrap();
     assert_eq!(shown(&s), der(&new_cert));
     gw.shutdown().await;
 }
@@ -543,6 +549,6 @@ async fn the_admin_listener_can_require_a_client_certificate_instead_of_a_token(
     };
     assert!(failed, "a client certificate from another CA");
     // The proxy listener stays plain.
-    assert_eq!(send(gw.listen, "GET", "/", &[], "").await.status, 200);
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
     gw.shutdown().await;
 }

@@ -60,10 +60,10 @@ async fn limited_across_two_gateways(store: &str) {
     );
     let a = support::gateway(&yaml, "echo", None).await;
     let b = support::gateway(&yaml, "echo", None).await;
-    assert_eq!(send(a.listen, "GET", "/", &[], "").await.status, 200);
-    assert_eq!(send(b.listen, "GET", "/", &[], "").await.status, 200);
-    assert_eq!(send(a.listen, "GET", "/", &[], "").await.status, 429);
-    assert_eq!(send(b.listen, "GET", "/", &[], "").await.status, 429);
+    assert_eq!(send(a.listen(), "GET", "/", &[], "").await.status, 200);
+    assert_eq!(send(b.listen(), "GET", "/", &[], "").await.status, 200);
+    assert_eq!(send(a.listen(), "GET", "/", &[], "").await.status, 429);
+    assert_eq!(send(b.listen(), "GET", "/", &[], "").await.status, 429);
     a.shutdown().await;
     b.shutdown().await;
 }

@@ -90,13 +90,13 @@ async fn an_https_upstream_signed_by_a_private_ca_is_reached_over_pooled_connect
     );
     let gw = gateway_in(&dir, &yaml, &up.url()).await;
     for i in 0..5 {
-        let r = send(gw.listen, "GET", &format!("/n/{i}"), &[], "").await;
+        let r = send(gw.listen(), "GET", &format!("/n/{i}"), &[], "").await;
         assert_eq!(r.status, 200, "{}", r.body);
         assert_eq!(r.body, format!("tls upstream /n/{i} client-cert=false"));
     }
     // HTTP/1.0 goes through hyper's path, to the same pool's kind of
     // connection.
-    let r = support::binary_free_http10(gw.listen, "/ten").await;
+    let r = support::binary_free_http10(gw.listen(), "/ten").await;
     assert!(r.contains("tls upstream /ten"), "{r}");
     assert!(
         up.connections.load(Ordering::SeqCst) <= 2,
@@ -124,7 +124,7 @@ async fn mtls_to_the_upstream_and_a_refused_or_missing_client_certificate() {
         k.display()
     );
     let gw = gateway_in(&dir, &yaml, &url).await;
-    let r = send(gw.listen, "GET", "/m", &[], "").await;
+    let r = send(gw.listen(), "GET", "/m", &[], "").await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.body, "tls upstream /m client-cert=true");
     gw.shutdown().await;
@@ -136,7 +136,7 @@ async fn mtls_to_the_upstream_and_a_refused_or_missing_client_certificate() {
         put(&dir, "ca.pem", &ca.pem).display()
     );
     let gw = gateway_in(&dir, &yaml, &url).await;
-    let r = send(gw.listen, "GET", "/m", &[], "").await;
+    let r = send(gw.listen(), "GET", "/m", &[], "").await;
     assert_eq!(r.status, 502);
     assert!(
         r.body
@@ -160,7 +160,7 @@ async fn an_upstream_certificate_from_another_ca_or_for_another_name_is_a_502_sa
     let gw = gateway_in(&dir, &yaml, &up.url()).await;
     for _ in 0..2 {
         // (Twice: no failed connection is pooled.)
-        let r = send(gw.listen, "GET", "/", &[], "").await;
+        let r = send(gw.listen(), "GET", "/", &[], "").await;
         assert_eq!(r.status, 502);
         assert_eq!(r.header("content-type"), Some("application/problem+json"));
         assert!(
@@ -171,7 +171,7 @@ async fn an_upstream_certificate_from_another_ca_or_for_another_name_is_a_502_sa
         );
     }
     // hyper's path (HTTP/1.0) says the same.
-    let r = support::binary_free_http10(gw.listen, "/").await;
+    let r = support::binary_free_http10(gw.listen(), "/").await;
     assert!(
         r.starts_with("HTTP/1.0 502") || r.starts_with("HTTP/1.1 502"),
         "{r}"
@@ -187,7 +187,7 @@ async fn an_upstream_certificate_from_another_ca_or_for_another_name_is_a_502_sa
     // The right CA, the wrong name.
     let up = TlsUpstream::start(&trusted.issue(&["elsewhere.test"]), None).await;
     let gw = gateway_in(&dir, &yaml, &up.url()).await;
-    let r = send(gw.listen, "GET", "/", &[], "").await;
+    let r = send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(r.status, 502);
     assert!(
         r.body

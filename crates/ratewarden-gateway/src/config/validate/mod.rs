@@ -133,9 +133,22 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         Some(r) => rls::rls_spec(d, r).map(Some),
     };
     let listen = match (&o.listen, &f.listen) {
-        (Some(l), _) => listeners::flag_addr(d, "--listen", "listen", l),
-        (None, Some(l)) => listeners::socket_addr(d, "listen", l),
-        (None, None) => Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
+        (Some(l), _) => listeners::flag_addr(d, "--listen", "listen", l).map(Some),
+        // No proxy listener: a gateway for the proxies' hooks alone.
+        (None, Some(l)) if l.value == "off" => {
+            if f.authz.is_none() && f.rls.is_none() {
+                d.error(
+                    "listen",
+                    Some(&l.referenced),
+                    "`listen: off` leaves nothing to serve: it is for a gateway of `authz:` or `rls:` alone",
+                );
+                None
+            } else {
+                Some(None)
+            }
+        }
+        (None, Some(l)) => listeners::socket_addr(d, "listen", l).map(Some),
+        (None, None) => Some(Some(SocketAddr::from(([127, 0, 0, 1], 8080)))),
     };
     let workers = match (o.workers, &f.workers) {
         (Some(n), _) => Some(n.max(1)),
@@ -215,7 +228,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
     };
     let admin = match &f.admin {
         None => Some(None),
-        Some(a) => listeners::admin(d, a, o, listen).map(Some),
+        Some(a) => listeners::admin(d, a, o, listen.flatten()).map(Some),
     };
     let tls = opt(&f.tls, |t| super::tls::listener(d, "tls", t, false));
     let admin_tls = match f.admin.as_ref().and_then(|a| a.tls.as_ref()) {
@@ -267,7 +280,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         None => Some(None),
         Some(a) => listeners::socket_addr(d, "authz.listen", &a.value.listen).map(Some),
     };
-    if let (Some(Some(a)), Some(l), Some(f)) = (authz, listen, &f.authz)
+    if let (Some(Some(a)), Some(Some(l)), Some(f)) = (authz, listen, &f.authz)
         && listeners::clash(a, l)
     {
         d.error(

@@ -58,7 +58,10 @@ pub(crate) fn page(live: &Live) -> String {
     };
     kv(
         "listen",
-        &format!("{}{}", c.listen, if banner.tls { " (TLS)" } else { "" }),
+        &match c.listen {
+            Some(l) => format!("{l}{}", if banner.tls { " (TLS)" } else { "" }),
+            None => "off".to_owned(),
+        },
     );
     kv("upstream", &banner.upstream);
     kv("store", &banner.store);
