@@ -2,7 +2,12 @@
 //! what the admin API takes, and where they are kept.
 //!
 //! * On memory, in the process ([`ratewarden_tower::overrides::Overrides`]):
-//!   they survive reloads, not restarts.
+//!   they survive reloads; with `state_dir`, restarts too: the table is
+//!   written whole to `state_dir/overrides.json` at each change (a new
+//!   file renamed over the old, so a crash leaves one or the other, never
+//!   half) and read at start. A JSON file, not an embedded database: the
+//!   table is bounded by `overrides.max` and changes only when an operator
+//!   changes it, so nothing more is needed, and nothing more is built.
 //! * On Redis, in one hash beside the limits (`{prefix}{overrides}`, with a
 //!   version counter): a change made through one gateway is in force on
 //!   every gateway sharing the store at its next poll (every
@@ -219,7 +224,84 @@ pub(crate) async fn set(
             return Err(ChangeError::Set(SetError::Full(table.max())));
         }
     }
-    table.set(&r.rule, key, o).map_err(ChangeError::Set)
+    table.set(&r.rule, key, o).map_err(ChangeError::Set)?;
+    save(gw).await;
+    Ok(())
+}
+
+/// The file a gateway on memory keeps its overrides in, under `state_dir`.
+const FILE: &str = "overrides.json";
+
+/// Writes this gateway's table to `state_dir` (memory store only; the
+/// shared store keeps its own): a new file renamed over the old. A failure
+/// is logged: the override is in force, and kept until the restart.
+async fn save(gw: &Gateway) {
+    let live = gw.live();
+    let Some(dir) = live.config.state_dir.clone() else {
+        return;
+    };
+    if live.limiter.store().is_shared() {
+        return;
+    }
+    let table: std::collections::BTreeMap<String, Value> = gw
+        .overrides
+        .list(None)
+        .iter()
+        .filter_map(|(rule, key, o)| {
+            Some((field(rule, key), serde_json::from_str(&encode(o)).ok()?))
+        })
+        .collect();
+    let text = serde_json::to_vec_pretty(&table).unwrap_or_default();
+    let written = tokio::task::spawn_blocking(move || {
+        use std::io::Write as _;
+        let tmp = dir.join(format!("{FILE}.new"));
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&text)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, dir.join(FILE))
+    })
+    .await;
+    if let Ok(Err(e)) | Err(e) = written.map_err(std::io::Error::other) {
+        tracing::error!(error = %e, "overrides not written to state_dir: in force until a restart");
+    }
+}
+
+/// Reads the overrides `state_dir` kept (memory store only), at start: in
+/// force from the first request. One that no longer names a rule of the
+/// config, or that cannot be read, is left out and said.
+pub(crate) fn restore(gw: &Gateway) {
+    let live = gw.live();
+    let Some(dir) = &live.config.state_dir else {
+        return;
+    };
+    if live.limiter.store().is_shared() {
+        return;
+    }
+    let path = dir.join(FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            tracing::error!(file = %path.display(), error = %e, "overrides not read from state_dir");
+            return;
+        }
+    };
+    let Ok(table) = serde_json::from_str::<std::collections::BTreeMap<String, Value>>(&text) else {
+        tracing::error!(file = %path.display(), "overrides file is not what ratewarden writes: not read");
+        return;
+    };
+    let mut entries = Vec::with_capacity(table.len());
+    for (f, stored) in table {
+        match (f.split_once('\n'), decode(&stored.to_string())) {
+            (Some((rule, key)), Some(o)) => entries.push((rule.to_owned(), key.to_owned(), o)),
+            _ => tracing::warn!("an override in state_dir that this gateway cannot read: left out"),
+        }
+    }
+    let n = entries.len();
+    let policy = &live.config.policy;
+    gw.overrides
+        .replace(entries, |name| policy.rule(name).map(|r| &r.rule));
+    tracing::info!(overrides = n, file = %path.display(), "overrides restored from state_dir");
 }
 
 /// Removes `key`'s override of `rule`; whether there was one.
@@ -233,7 +315,11 @@ pub(crate) async fn remove(gw: &Gateway, rule: &str, key: &str) -> Result<bool, 
             .await
             .map_err(ChangeError::Store)?;
     }
-    Ok(gw.overrides.remove(rule, key) || existed)
+    let removed = gw.overrides.remove(rule, key);
+    if removed {
+        save(gw).await;
+    }
+    Ok(removed || existed)
 }
 
 /// Keeps this gateway's table the shared store's: every [`POLL`], one GET

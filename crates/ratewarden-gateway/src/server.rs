@@ -208,6 +208,7 @@ pub async fn start(mut config: Config, source: Source) -> Result<Running, StartE
     }
     // The overrides the shared store holds, in force from the first request.
     let mut overrides = crate::overrides::Sync::new();
+    crate::overrides::restore(&gateway);
     overrides.poll(&gateway).await;
     if !gateway.live().limiter.store().is_shared() {
         for r in &gateway.live().config.policy.rules {

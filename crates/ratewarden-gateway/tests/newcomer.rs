@@ -241,3 +241,63 @@ async fn listen_off_serves_the_hook_without_a_proxy_listener() {
         "{out}"
     );
 }
+
+/// On the memory store with `state_dir`, overrides survive a restart: set
+/// through the admin API, written to the directory, read at the next
+/// start and in force from its first request; a DELETE is kept too.
+#[tokio::test]
+async fn overrides_survive_a_restart_with_a_state_dir() {
+    let dir = support::scratch_dir("rw-state");
+    let yaml = format!(
+        "state_dir: {}\nrules:\n  - {{name: r, algorithm: fixed_window, limit: 100, window: 1h}}\n",
+        dir.display()
+    );
+    let json = [("content-type", "application/json")];
+    let gw = gateway(&yaml, "echo", None).await;
+    let r = send(
+        gw.admin.unwrap(),
+        "PUT",
+        "/v1/overrides/r/127.0.0.1",
+        &json,
+        r#"{"limit": 1, "note": "ticket 4711"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    gw.shutdown().await;
+    assert!(dir.join("overrides.json").exists());
+    // A new process (a new gateway, nothing shared but the directory).
+    let gw = gateway(&yaml, "echo", None).await;
+    let listed = send(gw.admin.unwrap(), "GET", "/v1/overrides", &[], "")
+        .await
+        .body;
+    assert!(listed.contains("ticket 4711"), "{listed}");
+    assert_eq!(send(gw.listen(), "GET", "/", &[], "").await.status, 200);
+    assert_eq!(
+        send(gw.listen(), "GET", "/", &[], "").await.status,
+        429,
+        "the override's limit of 1"
+    );
+    let r = send(
+        gw.admin.unwrap(),
+        "DELETE",
+        "/v1/overrides/r/127.0.0.1",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    gw.shutdown().await;
+    let gw = gateway(&yaml, "echo", None).await;
+    let listed = send(gw.admin.unwrap(), "GET", "/v1/overrides", &[], "")
+        .await
+        .body;
+    assert!(
+        !listed.contains("ticket 4711"),
+        "the delete was kept: {listed}"
+    );
+    gw.shutdown().await;
+    // A directory that cannot be written is a config error.
+    let (code, out) = validate("upstream: echo\nstate_dir: /proc/no-such-dir\nrules: []\n");
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("`state_dir`"), "{out}");
+}

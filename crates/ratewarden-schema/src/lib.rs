@@ -76,6 +76,9 @@ pub struct File {
     pub jwt: Option<Sp<JwtFile>>,
     /// Runtime overrides of one key's limit: their bound.
     pub overrides: Option<Sp<OverridesFile>>,
+    /// Where a gateway on the memory store keeps what must survive a
+    /// restart (its overrides).
+    pub state_dir: Option<Sp<String>>,
     /// The authorisation listener for other proxies' hooks.
     pub authz: Option<Sp<AuthzFile>>,
 }

@@ -226,6 +226,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         key_secret: None,
         jwt: None,
         overrides: None,
+        state_dir: None,
         authz: None,
         upstream_timeout: None,
         upstream_path: None,

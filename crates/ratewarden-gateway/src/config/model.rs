@@ -151,6 +151,9 @@ pub struct Config {
     /// The most runtime overrides (`overrides.max`, default
     /// [`OVERRIDES_MAX`]).
     pub overrides_max: usize,
+    /// `state_dir`: where the memory store's overrides are kept across
+    /// restarts (`None`: in the process only).
+    pub state_dir: Option<std::path::PathBuf>,
     /// The authorisation listener (`authz.listen`): nginx `auth_request`,
     /// Traefik/Caddy forward auth, Envoy `ext_authz` (HTTP and gRPC).
     pub authz: Option<SocketAddr>,

@@ -310,6 +310,29 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
             }
         }
     }
+    // A directory that exists and can be written: a gateway that could not
+    // keep its overrides would lose them at its next restart, unsaid.
+    let state_dir = match &f.state_dir {
+        None => Some(None),
+        Some(dir) => {
+            let path = std::path::PathBuf::from(&dir.value);
+            let probe = path.join(".ratewarden-write-test");
+            match std::fs::write(&probe, b"") {
+                Ok(()) => {
+                    let _ = std::fs::remove_file(&probe);
+                    Some(Some(path))
+                }
+                Err(e) => {
+                    d.error(
+                        "state_dir",
+                        Some(&dir.referenced),
+                        format!("`{}` cannot be written: {e}", dir.value),
+                    );
+                    None
+                }
+            }
+        }
+    };
     let overrides_max = match f.overrides.as_ref().and_then(|o| o.value.max.as_ref()) {
         None => Some(super::model::OVERRIDES_MAX),
         Some(m) if (0..=1_000_000).contains(&m.value) => Some(m.value as usize),
@@ -466,6 +489,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         token_rules,
         jwt: jwt?,
         overrides_max: overrides_max?,
+        state_dir: state_dir?,
         authz: authz?,
     })
 }
