@@ -65,28 +65,57 @@ struct Stored {
     note: Option<String>,
 }
 
+impl From<&Override> for Stored {
+    fn from(o: &Override) -> Self {
+        Self {
+            limit: o.limit.map(NonZeroU64::get),
+            window_us: o.window.map(|w| w.as_micros() as u64),
+            burst: o.burst.map(NonZeroU64::get),
+            unlimited: o.unlimited,
+            expires_at_us: o.expires_at.map(Micros::get),
+            note: o.note.clone(),
+        }
+    }
+}
+
+impl From<Stored> for Override {
+    fn from(s: Stored) -> Self {
+        Self {
+            limit: s.limit.and_then(NonZeroU64::new),
+            window: s.window_us.map(Duration::from_micros),
+            burst: s.burst.and_then(NonZeroU64::new),
+            unlimited: s.unlimited,
+            expires_at: s.expires_at_us.map(Micros::new),
+            note: s.note,
+        }
+    }
+}
+
 fn encode(o: &Override) -> String {
-    serde_json::to_string(&Stored {
-        limit: o.limit.map(NonZeroU64::get),
-        window_us: o.window.map(|w| w.as_micros() as u64),
-        burst: o.burst.map(NonZeroU64::get),
-        unlimited: o.unlimited,
-        expires_at_us: o.expires_at.map(Micros::get),
-        note: o.note.clone(),
-    })
-    .unwrap_or_default()
+    serde_json::to_string(&Stored::from(o)).unwrap_or_default()
 }
 
 fn decode(text: &str) -> Option<Override> {
-    let s: Stored = serde_json::from_str(text).ok()?;
-    Some(Override {
-        limit: s.limit.and_then(NonZeroU64::new),
-        window: s.window_us.map(Duration::from_micros),
-        burst: s.burst.and_then(NonZeroU64::new),
-        unlimited: s.unlimited,
-        expires_at: s.expires_at_us.map(Micros::new),
-        note: s.note,
-    })
+    serde_json::from_str::<Stored>(text)
+        .ok()
+        .map(Override::from)
+}
+
+/// A table's `(field, override)` pairs as the entries
+/// [`ratewarden_tower::overrides::Overrides::replace`] takes; one that
+/// cannot be read (in `whence`) is left out and said.
+fn entries(
+    fields: impl IntoIterator<Item = (String, Option<Override>)>,
+    whence: &str,
+) -> Vec<(String, String, Override)> {
+    let mut entries = vec![];
+    for (f, o) in fields {
+        match (f.split_once('\n'), o) {
+            (Some((rule, key)), Some(o)) => entries.push((rule.to_owned(), key.to_owned(), o)),
+            _ => tracing::warn!("an override in {whence} that this gateway cannot read: left out"),
+        }
+    }
+    entries
 }
 
 /// The shared table's field of `key` of `rule`: the rule's name (printable
@@ -243,13 +272,11 @@ async fn save(gw: &Gateway) {
     if live.limiter.store().is_shared() {
         return;
     }
-    let table: std::collections::BTreeMap<String, Value> = gw
+    let table: std::collections::BTreeMap<String, Stored> = gw
         .overrides
         .list(None)
         .iter()
-        .filter_map(|(rule, key, o)| {
-            Some((field(rule, key), serde_json::from_str(&encode(o)).ok()?))
-        })
+        .map(|(rule, key, o)| (field(rule, key), Stored::from(o)))
         .collect();
     let text = serde_json::to_vec_pretty(&table).unwrap_or_default();
     let written = tokio::task::spawn_blocking(move || {
@@ -290,13 +317,11 @@ pub(crate) fn restore(gw: &Gateway) {
         tracing::error!(file = %path.display(), "overrides file is not what ratewarden writes: not read");
         return;
     };
-    let mut entries = Vec::with_capacity(table.len());
-    for (f, stored) in table {
-        match (f.split_once('\n'), decode(&stored.to_string())) {
-            (Some((rule, key)), Some(o)) => entries.push((rule.to_owned(), key.to_owned(), o)),
-            _ => tracing::warn!("an override in state_dir that this gateway cannot read: left out"),
-        }
-    }
+    let read = table.into_iter().map(|(f, v)| {
+        let o = serde_json::from_value::<Stored>(v).ok().map(Override::from);
+        (f, o)
+    });
+    let entries = entries(read, "state_dir");
     let n = entries.len();
     let policy = &live.config.policy;
     gw.overrides
@@ -358,14 +383,11 @@ impl Sync {
         let Ok((v, fields)) = redis.table_load(TABLE).await else {
             return;
         };
-        let mut entries = Vec::with_capacity(fields.len());
-        for (f, text) in fields {
-            let (Some((rule, key)), Some(o)) = (f.split_once('\n'), decode(&text)) else {
-                tracing::warn!("an override in redis that this gateway cannot read: ignored");
-                continue;
-            };
-            entries.push((rule.to_owned(), key.to_owned(), o));
-        }
+        let read = fields.into_iter().map(|(f, text)| {
+            let o = decode(&text);
+            (f, o)
+        });
+        let entries = entries(read, "redis");
         let n = entries.len();
         let policy = &live.config.policy;
         gw.overrides

@@ -290,33 +290,29 @@ fn value_at(text: &str, line: u64, column: u64) -> String {
 /// that closes it (brackets and quotes inside it skipped); else at the
 /// line's end.
 pub(crate) fn scalar_end(line: &str, from: usize) -> usize {
-    // Whether an opened `{` or `[` before `from` is still open.
-    let mut depth = 0i32;
-    let mut quote = None::<u8>;
-    let bytes = line.as_bytes();
-    for &b in bytes.get(..from).unwrap_or(bytes) {
+    // One pass over the line: the brackets open at `from` (outside quotes)
+    // say whether the value is in a flow collection; past it, the first
+    // `,` at that depth, or a bracket closing it, ends the value.
+    let (mut depth, mut quote, mut at_from) = (0i32, None::<u8>, None::<i32>);
+    for (i, &b) in line.as_bytes().iter().enumerate() {
+        if i == from {
+            if depth <= 0 {
+                return line.len();
+            }
+            at_from = Some(depth);
+        }
         match (quote, b) {
             (Some(q), b) if b == q => quote = None,
             (Some(_), _) => {}
             (None, b'"' | b'\'') => quote = Some(b),
             (None, b'{' | b'[') => depth += 1,
-            (None, b'}' | b']') => depth -= 1,
-            _ => {}
-        }
-    }
-    if depth <= 0 {
-        return line.len();
-    }
-    let (mut inner, mut quote) = (0i32, None::<u8>);
-    for (i, &b) in bytes.iter().enumerate().skip(from) {
-        match (quote, b) {
-            (Some(q), b) if b == q => quote = None,
-            (Some(_), _) => {}
-            (None, b'"' | b'\'') => quote = Some(b),
-            (None, b'{' | b'[') => inner += 1,
-            (None, b'}' | b']') if inner == 0 => return i,
-            (None, b'}' | b']') => inner -= 1,
-            (None, b',') if inner == 0 => return i,
+            (None, b'}' | b']') => {
+                if at_from == Some(depth) {
+                    return i;
+                }
+                depth -= 1;
+            }
+            (None, b',') if at_from == Some(depth) => return i,
             _ => {}
         }
     }
@@ -505,6 +501,25 @@ fn parse_error_at(file: &str, text: &str, e: &serde_saphyr::Error) -> ConfigErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flow_value_ends_at_its_comma_or_bracket() {
+        fn end<'l>(line: &'l str, at: &str) -> &'l str {
+            let from = line.find(at).unwrap();
+            &line[from..scalar_end(line, from)]
+        }
+        let l = "  - {name: g, limit: 10/min, window: 1m}";
+        assert_eq!(end(l, "10/min"), "10/min");
+        assert_eq!(end(l, "1m}"), "1m");
+        let nested = "key: {a: [1, 2], b: 'x, }', c: 3}";
+        assert_eq!(end(nested, "[1"), "[1, 2]");
+        assert_eq!(end(nested, "'x"), "'x, }'");
+        // Outside a flow collection: the line's end.
+        assert_eq!(
+            end("limit: 10/min # per minute", "10"),
+            "10/min # per minute"
+        );
+    }
 
     #[test]
     fn the_key_of_a_line_is_found() {

@@ -102,6 +102,14 @@ pub(super) fn rules(gw: &Gateway, live: &Live) -> Response<Body> {
     json_response(StatusCode::OK, &json!({ "rules": rules }))
 }
 
+/// The units a key was charged in its window so far (the tokens of a rule
+/// charged by an LLM's usage), under `limit`: `remaining` is what the next
+/// request would leave, so one more is left before it when it would be
+/// admitted.
+fn charged(limit: u64, i: &ratewarden::store::KeyInfo) -> u64 {
+    limit.saturating_sub(i.remaining + u64::from(i.admits))
+}
+
 /// Where a rule charged by its answer reads the cost, and in which units
 /// it counts (`tokens`; `money`, in millionths of the currency, under a
 /// price table; `units`); `null` for a rule charged at admission.
@@ -359,12 +367,8 @@ pub(super) async fn top_keys(gw: &Gateway, live: &Live, q: &[(String, String)]) 
     let mut rows: Vec<(f64, u64, Found)> = found
         .into_iter()
         .map(|f| {
-            // `remaining` is what the next request would leave: one more
-            // is left before it when it would be admitted.
-            let limit_of = f.rule.limit();
-            let left = f.info.remaining + u64::from(f.info.admits);
-            let used = limit_of.saturating_sub(left);
-            (used as f64 / limit_of as f64, used, f)
+            let used = charged(f.rule.limit(), &f.info);
+            (used as f64 / f.rule.limit() as f64, used, f)
         })
         .collect();
     rows.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -469,10 +473,7 @@ pub(super) async fn keys(
             &json!({
                 "rule": rule, "key": op.key, "exists": i.exists,
                 "limit": op.rule.limit(), "remaining": i.remaining,
-                // The units charged in the window so far (the tokens of a
-                // rule charged by an LLM's usage): `remaining` is what a
-                // request of weight 1 would leave.
-                "charged": op.rule.limit().saturating_sub(i.remaining + u64::from(i.admits)),
+                "charged": charged(op.rule.limit(), &i),
                 "reset_after": secs(i.reset_after), "ban_left": i.ban_left.map(secs), "ban_level": i.ban_level,
             }),
         ),

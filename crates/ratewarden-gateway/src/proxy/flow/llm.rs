@@ -272,7 +272,8 @@ impl LlmMeter {
         }
     }
 
-    /// The line held back (cut by a piece's end), read at the stream's end.
+    /// The line held back (cut by a piece's end), read once whole: when its
+    /// end arrives, or at the stream's end.
     fn event_line(&mut self) {
         let line = std::mem::take(&mut self.line);
         self.line_of(&line, carries_usage(&line));
@@ -354,10 +355,7 @@ impl Meter for LlmMeter {
                 if self.line.len() + rest.len() <= MAX_JSON {
                     self.line.extend_from_slice(rest);
                 }
-                let line = std::mem::take(&mut self.line);
-                self.line_of(&line, carries_usage(&line));
-                self.line = line;
-                self.line.clear();
+                self.event_line();
             }
         }
         let piece = &bytes[from..];
