@@ -9,19 +9,15 @@ use std::time::Duration;
 use support::{Upstream, gateway, gateway_file, send};
 
 fn validate(text: &str) -> (i32, String) {
-    let dir = std::env::temp_dir().join(format!("rw-newcomer-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    // A file of its own per call (tests run in parallel).
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let file = dir.join(format!("c{n}.yaml"));
+    // A directory of its own per call (tests run in parallel).
+    let dir = support::scratch_dir("rw-newcomer");
+    let file = dir.join("ratewarden.yaml");
     std::fs::write(&file, text).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
         .arg("validate")
         .arg(&file)
         .output()
         .unwrap();
-    let _ = std::fs::remove_file(&file);
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
@@ -53,8 +49,7 @@ fn an_empty_config_or_one_without_an_upstream_is_an_error() {
 #[tokio::test]
 async fn an_emptied_or_half_written_file_never_turns_the_limits_off() {
     let up = Upstream::start().await;
-    let dir = std::env::temp_dir().join(format!("rw-emptied-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::scratch_dir("rw-emptied");
     let file = dir.join("ratewarden.yaml");
     let v1 = "rules:\n  - name: r\n    algorithm: fixed_window\n    limit: 2\n    window: 1h\n";
     std::fs::write(&file, v1).unwrap();
@@ -94,7 +89,6 @@ async fn an_emptied_or_half_written_file_never_turns_the_limits_off() {
     let r = send(gw.listen(), "GET", "/", &[], "").await;
     assert_eq!(r.header("x-ratelimit-limit"), Some("5"));
     gw.shutdown().await;
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Two rules, limits 1 and 100, five requests: one admitted, four refused

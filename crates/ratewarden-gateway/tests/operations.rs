@@ -765,38 +765,11 @@ async fn a_manual_ban_is_kept_in_the_store_listed_and_lifted() {
 /// written once.
 #[test]
 fn the_refusal_summary_is_written_at_exit_without_more_traffic() {
-    use std::io::BufRead;
-    let dir = std::env::temp_dir().join(format!("rw-refusals-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("ratewarden.yaml");
-    std::fs::write(
-        &file,
-        "upstream: echo\nadmin: null\nrules:\n  - name: r\n    algorithm: fixed_window\n    limit: 1\n    window: 1h\n",
-    )
-    .unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
-        .args(["serve", "--listen", "127.0.0.1:0", "-c"])
-        .arg(&file)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut proc = Proc(child);
-    let mut out = std::io::BufReader::new(proc.0.stdout.take().unwrap());
-    let listen = loop {
-        let mut line = String::new();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "exited before serving"
-        );
-        if let Some(i) = line.find("listen=") {
-            let rest = &line[i + 7..];
-            let end = rest.find([' ', ')']).unwrap_or(rest.len());
-            break rest[..end].parse::<std::net::SocketAddr>().unwrap();
-        }
-    };
+    let bin = support::binary(
+        "rules:\n  - name: r\n    algorithm: fixed_window\n    limit: 1\n    window: 1h\n",
+        "echo",
+    );
+    let listen = bin.listen;
     let mut conn = std::net::TcpStream::connect(listen).unwrap();
     let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
     let mut statuses = vec![];
@@ -806,11 +779,12 @@ fn the_refusal_summary_is_written_at_exit_without_more_traffic() {
     }
     assert_eq!(statuses, ["200", "429", "429", "429", "429"]);
     drop((conn, reader));
-    signal(&proc.0, "TERM");
-    let lines: Vec<String> = out.lines().map_while(Result::ok).collect();
-    let _ = proc.0.wait();
+    signal(&bin.child, "TERM");
+    // Written before the process ends, and once.
+    bin.wait_for_line(|l| l.contains("3 more refusals under rule r"));
+    bin.wait_for_line(|l| l.contains("stopped"));
+    let lines = bin.lines.lock().unwrap().clone();
     let count = |want: &str| lines.iter().filter(|l| l.contains(want)).count();
     assert_eq!(count("rejected"), 1, "{lines:#?}");
     assert_eq!(count("3 more refusals under rule r"), 1, "{lines:#?}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
