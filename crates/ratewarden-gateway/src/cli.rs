@@ -50,6 +50,18 @@ enum Command {
         #[arg(long)]
         workers: Option<usize>,
     },
+    /// API keys for `consumers:`: `key new` makes one, `key hash` hashes
+    /// one read from stdin. Each prints the key's hash under `key_secret`
+    /// (what `consumers.file`'s `key_hash` takes): from the config's
+    /// `key_secret` with `--config`, else from $RATEWARDEN_KEY_SECRET.
+    Key {
+        /// `new` or `hash`.
+        #[arg(value_parser = ["new", "hash"])]
+        action: String,
+        /// Config file whose `key_secret` hashes the key.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
     /// Check a config file; exit 0 if valid, 2 if not.
     Validate {
         /// The file.
@@ -160,6 +172,49 @@ fn load(path: Option<&PathBuf>, overrides: &Overrides) -> Result<Loaded, ExitCod
     }
 }
 
+/// `ratewarden key new|hash`: a key (made, or read from stdin) and its
+/// hash under the config's `key_secret` (or $RATEWARDEN_KEY_SECRET).
+fn key(action: &str, config: Option<&PathBuf>) -> ExitCode {
+    let hasher = match config {
+        Some(path) => match load(Some(path), &Overrides::default()) {
+            Ok((c, _, _)) => match c.consumers {
+                Some(spec) => spec.hasher,
+                None => {
+                    eprintln!("{}: no `consumers:` section (and so no key hash to make)", path.display());
+                    return ExitCode::from(2);
+                }
+            },
+            Err(code) => return code,
+        },
+        None => match std::env::var("RATEWARDEN_KEY_SECRET") {
+            Ok(s) if s.len() >= 16 => crate::tls::key_hasher(s.as_bytes()),
+            _ => {
+                eprintln!(
+                    "give --config FILE (its key_secret), or set RATEWARDEN_KEY_SECRET (at least 16 bytes)"
+                );
+                return ExitCode::from(2);
+            }
+        },
+    };
+    match action {
+        "new" => {
+            let key = crate::tls::new_api_key();
+            println!("key:      {key}");
+            println!("key_hash: \"{}\"", hasher.hash(&key));
+            eprintln!("the key is shown once: give it to its consumer; keep only key_hash");
+        }
+        _ => {
+            let mut line = String::new();
+            if std::io::stdin().read_line(&mut line).is_err() || line.trim().is_empty() {
+                eprintln!("give the key on stdin: echo -n KEY | ratewarden key hash");
+                return ExitCode::from(2);
+            }
+            println!("key_hash: \"{}\"", hasher.hash(line.trim()));
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 /// The command's `main`: what it did, as its exit status.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -171,6 +226,7 @@ pub fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Key { action, config } => key(&action, config.as_ref()),
         Command::Validate { file } => match load(Some(&file), &Overrides::default()) {
             Ok((c, _, text)) => {
                 // Loading does no network I/O; `validate` fetches the
@@ -350,6 +406,7 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
         .and_then(|t| t.files.first())
         .map(|f| format!("--cacert {} ", f.display()))
         .unwrap_or_default();
+    let cfg_consumers = cfg.consumers.clone();
     let running = match server::start(cfg, source).await {
         Ok(r) => r,
         Err(e) => {
@@ -395,6 +452,18 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
             "ratewarden: {scheme}://{listen} in front of the built-in echo upstream ({rules}).\n\
              try: for i in $(seq 105); do curl -si {cacert}{scheme}://{listen}/ | grep -iE '^(HTTP|x-ratelimit-remaining|retry-after)'; done"
         );
+        // With consumers, requests need a key: the line says how to make one.
+        if let (Some(spec), Some(admin)) = (&cfg_consumers, running.admin) {
+            let how = match &spec.from {
+                crate::config::ApiKeyFrom::Header(h) => format!("-H '{h}: KEY'"),
+                crate::config::ApiKeyFrom::Authorization => "-H 'Authorization: Bearer KEY'".to_owned(),
+                crate::config::ApiKeyFrom::Query(q) => format!("(and ?{q}=KEY)"),
+            };
+            println!(
+                "     requests need an API key: curl -s -XPOST http://{admin}/v1/consumers -d '{{\"name\":\"demo\"}}' \
+                 prints one as \"key\"; add {how} to the curl above"
+            );
+        }
         if !cacert.is_empty() {
             println!(
                 "     (--cacert: for a self-signed certificate or a private CA's; if the certificate \

@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::observe::metrics::{Metrics, RuleCounts};
 use crate::store::AnyStore;
 use crate::upstream::route::Router;
+use ratewarden_tower::consumers::{Consumer, Consumers};
 use ratewarden_tower::overrides::Overrides;
 
 /// The configuration in force and the limiter it runs on; swapped whole on reload.
@@ -43,6 +44,8 @@ pub struct Live {
     /// under the default route) and of those answered before any route
     /// was chosen: resolved here, so that counting takes no lock.
     pub(crate) unrouted: [Arc<crate::observe::metrics::RouteCounts>; 2],
+    /// The consumers `consumers.file` names, by key hash.
+    file_consumers: std::collections::HashMap<String, Arc<Consumer>>,
 }
 
 impl std::fmt::Debug for Live {
@@ -112,6 +115,12 @@ impl Live {
             metrics.route(crate::upstream::route::DEFAULT),
             metrics.route(crate::observe::metrics::NO_ROUTE),
         ];
+        let file_consumers = config
+            .consumers
+            .iter()
+            .flat_map(|c| &c.file)
+            .map(|c| (c.key_hash.clone(), Arc::new(c.clone())))
+            .collect();
         Self {
             config,
             limiter,
@@ -121,7 +130,23 @@ impl Live {
             reads_body,
             caps_max_output,
             unrouted,
+            file_consumers,
         }
+    }
+
+    /// The consumer `consumers.file` names by `key_hash`.
+    pub(crate) fn file_consumer(&self, key_hash: &str) -> Option<&Arc<Consumer>> {
+        self.file_consumers.get(key_hash)
+    }
+
+    /// The consumer of `consumers.file` named `name`.
+    pub(crate) fn file_consumer_named(&self, name: &str) -> Option<&Arc<Consumer>> {
+        self.file_consumers.values().find(|c| c.name == name)
+    }
+
+    /// Every consumer of `consumers.file`.
+    pub(crate) fn file_consumers(&self) -> impl Iterator<Item = &Arc<Consumer>> {
+        self.file_consumers.values()
     }
 
     /// Whether a rule reads the request's body (see [`Live::reads_body`]'s
@@ -162,6 +187,9 @@ pub struct Gateway {
     /// Runtime overrides of one key's limit: kept across reloads (each
     /// new policy is handed this table).
     pub overrides: Arc<Overrides>,
+    /// The consumers the admin API made (`/v1/consumers`): kept across
+    /// reloads; shared through Redis, or kept in `state_dir` on memory.
+    pub consumers: Arc<Consumers>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -203,11 +231,16 @@ impl Gateway {
             ),
             None => None,
         };
-        let overrides = Arc::new(Overrides::new(
-            config.overrides_max,
-            clock
-                .clone()
-                .unwrap_or_else(|| Arc::new(ratewarden::clock::SystemClock::new())),
+        let table_clock = clock
+            .clone()
+            .unwrap_or_else(|| Arc::new(ratewarden::clock::SystemClock::new()));
+        let overrides = Arc::new(Overrides::new(config.overrides_max, table_clock.clone()));
+        let consumers = Arc::new(Consumers::new(
+            config
+                .consumers
+                .as_ref()
+                .map_or(crate::config::CONSUMERS_MAX, |c| c.max),
+            table_clock,
         ));
         let live = Live::new(
             config,
@@ -222,6 +255,7 @@ impl Gateway {
             metrics,
             access,
             overrides,
+            consumers,
         }))
     }
 
@@ -254,6 +288,49 @@ impl Gateway {
             return Err(ratewarden_tower::admission::Refusal::Unauthenticated);
         }
         Ok(claims)
+    }
+
+    /// The consumer `request`'s API key names, under `consumers:`: `None`
+    /// without a key (the identity's `missing` then applies) or without
+    /// `consumers:`. A key that names no one (unknown, revoked, expired)
+    /// is refused (401) under `unknown: reject`, and is as no key under
+    /// `anonymous`. The key is hashed first; only its hash is looked up.
+    pub(crate) fn consumer(
+        &self,
+        live: &Live,
+        request: &ratewarden_tower::view::RequestView<'_>,
+    ) -> Result<Option<Arc<Consumer>>, Refusal> {
+        use crate::config::ApiKeyFrom;
+        let Some(spec) = &live.config.consumers else {
+            return Ok(None);
+        };
+        let key = match &spec.from {
+            ApiKeyFrom::Header(h) => request.header_text(h.as_str()).map(std::borrow::Cow::Borrowed),
+            ApiKeyFrom::Authorization => request
+                .header_text("authorization")
+                .and_then(|v| {
+                    let (scheme, rest) = v.trim().split_once(' ')?;
+                    scheme.eq_ignore_ascii_case("bearer").then_some(rest)
+                })
+                .map(std::borrow::Cow::Borrowed),
+            ApiKeyFrom::Query(n) => request.query_values(n).next(),
+        };
+        let Some(key) = key.as_deref().map(str::trim).filter(|k| !k.is_empty()) else {
+            return Ok(None);
+        };
+        let hash = spec.hasher.hash(key);
+        if let Some(c) = self.consumers.find(&hash) {
+            return Ok(Some(c));
+        }
+        if let Some(c) = live.file_consumer(&hash) {
+            return Ok(Some(c.clone()));
+        }
+        self.metrics.unknown_key();
+        if spec.reject_unknown {
+            Err(Refusal::NoConsumer)
+        } else {
+            Ok(None)
+        }
     }
 
     /// The claims of `token`, if it is to be trusted (see [`Self::claims`]).
@@ -370,7 +447,10 @@ impl Gateway {
                 }
             }
             Err(
-                Refusal::NoIdentity(_) | Refusal::MissingPart { .. } | Refusal::Unauthenticated,
+                Refusal::NoIdentity(_)
+                | Refusal::MissingPart { .. }
+                | Refusal::Unauthenticated
+                | Refusal::NoConsumer,
             ) => {}
         }
         let admitted = res?;

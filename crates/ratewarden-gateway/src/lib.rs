@@ -20,6 +20,7 @@
 pub(crate) mod answer;
 pub mod cli;
 pub mod config;
+pub(crate) mod consumers;
 pub(crate) mod front;
 // Only for the fuzz targets and the tests (the `fuzzing` feature): not
 // compiled into the gateway (issue 38, the build).

@@ -279,16 +279,7 @@ async fn save(gw: &Gateway) {
         .map(|(rule, key, o)| (field(rule, key), Stored::from(o)))
         .collect();
     let text = serde_json::to_vec_pretty(&table).unwrap_or_default();
-    let written = tokio::task::spawn_blocking(move || {
-        use std::io::Write as _;
-        let tmp = dir.join(format!("{FILE}.new"));
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&text)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, dir.join(FILE))
-    })
-    .await;
-    if let Ok(Err(e)) | Err(e) = written.map_err(std::io::Error::other) {
+    if let Err(e) = crate::store::write_state(dir, FILE, text).await {
         tracing::error!(error = %e, "overrides not written to state_dir: in force until a restart");
     }
 }
@@ -305,9 +296,9 @@ pub(crate) fn restore(gw: &Gateway) {
         return;
     }
     let path = dir.join(FILE);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+    let text = match crate::store::read_state(dir, FILE) {
+        Ok(Some(t)) => t,
+        Ok(None) => return,
         Err(e) => {
             tracing::error!(file = %path.display(), error = %e, "overrides not read from state_dir");
             return;
@@ -350,14 +341,12 @@ pub(crate) async fn remove(gw: &Gateway, rule: &str, key: &str) -> Result<bool, 
 /// Keeps this gateway's table the shared store's: every [`POLL`], one GET
 /// of the table's version, and the whole table read again when it moved.
 /// Expired overrides are swept here too (on memory, the only place).
-pub(crate) struct Sync {
-    version: Option<u64>,
-}
+pub(crate) struct Sync(crate::store::TableFollower);
 
 impl Sync {
     /// Not yet read.
     pub(crate) fn new() -> Self {
-        Self { version: None }
+        Self(crate::store::TableFollower::new(TABLE))
     }
 
     /// One poll. A store error leaves the table as it was (logged once
@@ -369,18 +358,7 @@ impl Sync {
         if live.config.overrides_max == 0 && gw.overrides.is_empty() {
             return;
         }
-        // A store no one shares holds no table: this gateway's is the one.
-        let redis = live.limiter.store();
-        if !redis.is_shared() {
-            return;
-        }
-        let Ok(v) = redis.table_version(TABLE).await else {
-            return;
-        };
-        if self.version == Some(v) {
-            return;
-        }
-        let Ok((v, fields)) = redis.table_load(TABLE).await else {
+        let Some((v, fields)) = self.0.changed(live.limiter.store()).await else {
             return;
         };
         let read = fields.into_iter().map(|(f, text)| {
@@ -392,14 +370,14 @@ impl Sync {
         let policy = &live.config.policy;
         gw.overrides
             .replace(entries, |name| policy.rule(name).map(|r| &r.rule));
-        if self.version.is_some() {
+        if self.0.read_once() {
             tracing::info!(
                 overrides = n,
                 version = v,
                 "overrides changed in redis: table read again"
             );
         }
-        self.version = Some(v);
+        self.0.read(v);
     }
 }
 

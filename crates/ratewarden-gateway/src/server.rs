@@ -210,6 +210,10 @@ pub async fn start(mut config: Config, source: Source) -> Result<Running, StartE
     let mut overrides = crate::overrides::Sync::new();
     crate::overrides::restore(&gateway);
     overrides.poll(&gateway).await;
+    // And the consumers (revoked keys refused from the first request).
+    let mut consumers = crate::consumers::Sync::new();
+    crate::consumers::restore(&gateway);
+    consumers.poll(&gateway).await;
     if !gateway.live().limiter.store().is_shared() {
         for r in &gateway.live().config.policy.rules {
             if r.rule.distribution().is_some() {
@@ -314,6 +318,7 @@ pub async fn start(mut config: Config, source: Source) -> Result<Running, StartE
     tasks.push(crate::wire::spawn(sync_overrides(
         gateway.clone(),
         overrides,
+        consumers,
         stopped.clone(),
     )));
     tasks.push(crate::wire::spawn(housekeeping(
@@ -517,13 +522,17 @@ async fn serve(
 async fn sync_overrides(
     gw: Arc<Gateway>,
     mut sync: crate::overrides::Sync,
+    mut consumers: crate::consumers::Sync,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(crate::overrides::POLL);
     loop {
         tokio::select! {
             _ = stop.changed() => return,
-            _ = tick.tick() => sync.poll(&gw).await,
+            _ = tick.tick() => {
+                sync.poll(&gw).await;
+                consumers.poll(&gw).await;
+            }
         }
     }
 }

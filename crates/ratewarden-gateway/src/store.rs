@@ -271,3 +271,81 @@ impl Shared for AnyStore {
         }
     }
 }
+
+/// A shared table as one gateway follows it (runtime overrides,
+/// consumers): every poll, one GET of its version, and the whole table
+/// read again only when the version moved.
+#[derive(Debug)]
+pub(crate) struct TableFollower {
+    name: &'static str,
+    version: Option<u64>,
+}
+
+impl TableFollower {
+    /// The table `name`, not yet read.
+    pub(crate) fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            version: None,
+        }
+    }
+
+    /// Whether the table has been read once.
+    pub(crate) fn read_once(&self) -> bool {
+        self.version.is_some()
+    }
+
+    /// The table's version and fields when it changed since the last
+    /// read (or was never read); `None` when it did not, when `store` is
+    /// shared by no one, or when the store could not be asked (the
+    /// store's own outage lines say so).
+    pub(crate) async fn changed(&mut self, store: &AnyStore) -> Option<(u64, Vec<(String, String)>)> {
+        if !store.is_shared() {
+            return None;
+        }
+        let v = store.table_version(self.name).await.ok()?;
+        if self.version == Some(v) {
+            return None;
+        }
+        let (v, fields) = store.table_load(self.name).await.ok()?;
+        Some((v, fields))
+    }
+
+    /// Records that the table at version `v` is now this gateway's.
+    pub(crate) fn read(&mut self, v: u64) {
+        self.version = Some(v);
+    }
+}
+
+/// Writes `bytes` to `dir/name` whole: a new file, synced, renamed over
+/// the old (a crash leaves one or the other, never half), readable by the
+/// owner only (what is kept there names customers).
+pub(crate) async fn write_state(dir: std::path::PathBuf, name: &'static str, bytes: Vec<u8>) -> std::io::Result<()> {
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let tmp = dir.join(format!("{name}.new"));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, dir.join(name))?;
+        // The rename itself made durable.
+        std::fs::File::open(&dir)?.sync_all()
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+/// `dir/name`'s text, `Ok(None)` when there is no such file.
+pub(crate) fn read_state(dir: &std::path::Path, name: &str) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(dir.join(name)) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}

@@ -310,3 +310,30 @@ pub fn key_hasher(secret: &[u8]) -> ratewarden_tower::policy::KeyHasher {
         out
     })
 }
+
+/// `out` filled from the crypto provider's secure random source (API keys
+/// the admin API and `ratewarden key new` make).
+pub fn random_bytes(out: &mut [u8]) {
+    #[cfg(feature = "aws-lc")]
+    use aws_lc_rs::rand::{SecureRandom, SystemRandom};
+    #[cfg(all(feature = "ring", not(feature = "aws-lc")))]
+    use ring::rand::{SecureRandom, SystemRandom};
+    // The system's source fails only where no secure source exists at
+    // all; no key is made from anything less.
+    SystemRandom::new()
+        .fill(out)
+        .expect("the system's secure random source");
+}
+
+/// A fresh API key: `rw_` and 48 hex digits (192 random bits).
+pub fn new_api_key() -> String {
+    let mut bytes = [0u8; 24];
+    random_bytes(&mut bytes);
+    let mut key = String::with_capacity(51);
+    key.push_str("rw_");
+    for b in bytes {
+        key.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+        key.push(char::from(b"0123456789abcdef"[usize::from(b & 0xf)]));
+    }
+    key
+}

@@ -81,6 +81,38 @@ pub struct File {
     pub state_dir: Option<Sp<String>>,
     /// The authorisation listener for other proxies' hooks.
     pub authz: Option<Sp<AuthzFile>>,
+    /// API keys that name consumers.
+    pub consumers: Option<Sp<ConsumersFile>>,
+}
+
+/// `consumers: {from, unknown, file, max}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumersFile {
+    /// Where the key is: `header:NAME`, `authorization` (Bearer), `query:NAME`.
+    pub from: Sp<String>,
+    /// A key that names no consumer: `reject` (401) or `anonymous`.
+    pub unknown: Option<Sp<String>>,
+    /// A file of consumers (`[{name, key_hash, tier, metadata}]`).
+    pub file: Option<Sp<String>>,
+    /// The most the admin API may make.
+    pub max: Option<Sp<i64>>,
+}
+
+/// One entry of `consumers.file`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerEntry {
+    pub name: String,
+    pub key_hash: String,
+    pub tier: Option<String>,
+    /// Any YAML mapping; kept as given.
+    pub metadata: Option<std::collections::BTreeMap<String, rls::Scalar>>,
+}
+
+/// Parses `consumers.file`.
+pub fn consumers(text: &str) -> Result<Vec<ConsumerEntry>, serde_saphyr::Error> {
+    serde_saphyr::from_str(text)
 }
 
 /// `authz: {listen}`.

@@ -174,6 +174,11 @@ pub enum Refusal {
     /// No trusted token where the front end requires one: 401 (the
     /// gateway's `jwt: {required: true}`).
     Unauthenticated,
+    /// No API key that names a consumer where one is required (the
+    /// gateway's `consumers: {unknown: reject}`, or an identity `from:
+    /// consumer` with `missing: reject`): 401. An unknown, revoked or
+    /// expired key is this too.
+    NoConsumer,
     /// A rule with `missing: reject` needs a key part the request lacks:
     /// 400, naming the rule and the part.
     MissingPart {
@@ -191,7 +196,7 @@ impl Refusal {
             Refusal::Limited(d) => Self::limited_status(d, limited),
             Refusal::Denied(_) => StatusCode::FORBIDDEN,
             Refusal::NoIdentity(_) | Refusal::MissingPart { .. } => StatusCode::BAD_REQUEST,
-            Refusal::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Refusal::Unauthenticated | Refusal::NoConsumer => StatusCode::UNAUTHORIZED,
             Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -221,6 +226,10 @@ impl Refusal {
             Refusal::Unauthenticated => problem(
                 status,
                 Some("a valid token is required (missing, expired or not trusted)"),
+            ),
+            Refusal::NoConsumer => problem(
+                status,
+                Some("a valid API key is required (missing, unknown, revoked or expired)"),
             ),
             Refusal::MissingPart { rule, part } => problem(
                 status,
@@ -256,6 +265,9 @@ impl Policy {
                     let v = v.trim();
                     (!v.is_empty()).then(|| client_identity(v))
                 }),
+            (Identity::Resolve, IdentitySource::Consumer { .. }) => {
+                facts.request.consumer.map(|c| client_identity(&c.name))
+            }
             (Identity::Resolve, IdentitySource::Given { .. }) => None,
         };
         let identity = match found {
@@ -265,6 +277,7 @@ impl Policy {
                     IdentitySource::Address(_) => Missing::Ip,
                     IdentitySource::Header { missing, .. }
                     | IdentitySource::Claim { missing, .. }
+                    | IdentitySource::Consumer { missing, .. }
                     | IdentitySource::Given { missing } => *missing,
                 };
                 match missing {
@@ -289,6 +302,13 @@ impl Policy {
                         (None, _) => ANONYMOUS.to_owned(),
                     },
                     Missing::Anonymous => ANONYMOUS.to_owned(),
+                    // No API key that names a consumer: 401, as an
+                    // unknown key is.
+                    Missing::Reject
+                        if matches!(self.identity, IdentitySource::Consumer { .. }) =>
+                    {
+                        return Err(Refusal::NoConsumer);
+                    }
                     Missing::Reject => {
                         let header = match &self.identity {
                             IdentitySource::Header { name, .. } => Some(name.clone()),
@@ -437,6 +457,34 @@ impl Policy {
         key: &str,
         identity: Option<&str>,
     ) -> Result<Matched<'p>, NamedError> {
+        self.named_in(rule, key, identity, None)
+    }
+
+    /// [`Self::named`] in the tier `tier` names (a consumer's), where the
+    /// rule has tiers; `Ok(None)` when that tier is unlimited.
+    pub fn named_in_tier<'p>(
+        &'p self,
+        rule: &str,
+        key: &str,
+        identity: Option<&str>,
+        tier: Option<&str>,
+    ) -> Result<Option<Matched<'p>>, NamedError> {
+        let r = self.rule(rule).ok_or_else(|| NamedError::NoRule(rule.to_owned()))?;
+        if let Some(t) = &r.tiers
+            && t.values[t.pick(tier)].rule.is_none()
+        {
+            return Ok(None);
+        }
+        self.named_in(rule, key, identity, tier).map(Some)
+    }
+
+    fn named_in<'p>(
+        &'p self,
+        rule: &str,
+        key: &str,
+        identity: Option<&str>,
+        tier: Option<&str>,
+    ) -> Result<Matched<'p>, NamedError> {
         let (i, r) = self
             .rules
             .iter()
@@ -457,7 +505,9 @@ impl Policy {
         let choice = match self.overrides.as_deref().and_then(|o| o.get(&r.rule, &key)) {
             Some(Applied::Limited(rule)) => Choice::Override(rule),
             _ => match &r.tiers {
-                Some(t) if t.values[t.default].rule.is_some() => Choice::Tier(t.default as u16),
+                Some(t) if t.values[t.pick(tier)].rule.is_some() => {
+                    Choice::Tier(t.pick(tier) as u16)
+                }
                 _ => Choice::Rule,
             },
         };
@@ -579,6 +629,11 @@ fn part_value<'a>(
             .body
             .and_then(|body| body.claim(f))
             .filter(|v| !v.is_empty()),
+        KeyPart::Consumer => request.consumer.map(|c| Cow::Borrowed(c.name.as_str())),
+        KeyPart::ConsumerTier => request
+            .consumer
+            .and_then(|c| c.tier.as_deref())
+            .map(Cow::Borrowed),
     }
 }
 

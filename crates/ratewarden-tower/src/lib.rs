@@ -28,6 +28,7 @@
 //! [tower]: https://docs.rs/tower
 
 pub mod admission;
+pub mod consumers;
 pub mod identity;
 pub mod key;
 pub mod overrides;
@@ -567,6 +568,7 @@ where
                     sni: None,
                     claims: None,
                     body: None,
+                    consumer: None,
                 },
                 route: None,
                 identity: Identity::Given(given.as_deref()),

@@ -58,6 +58,17 @@ pub enum IdentitySource {
         /// Without the claim.
         missing: Missing,
     },
+    /// The name of the consumer the request's API key names (see
+    /// [`crate::consumers`]); `missing` says what to do without one (no
+    /// key, or one that names no one under `unknown: anonymous`):
+    /// [`Missing::Reject`] answers 401.
+    Consumer {
+        /// How the client's address is found (for `missing: ip`, and for
+        /// `allow`/`deny` networks).
+        client_ip: ClientIp,
+        /// Without a consumer.
+        missing: Missing,
+    },
     /// Given by the front end (the tower layer's key extractor).
     Given {
         /// Without one.
@@ -71,7 +82,8 @@ impl IdentitySource {
         match self {
             IdentitySource::Address(c)
             | IdentitySource::Header { client_ip: c, .. }
-            | IdentitySource::Claim { client_ip: c, .. } => Some(c),
+            | IdentitySource::Claim { client_ip: c, .. }
+            | IdentitySource::Consumer { client_ip: c, .. } => Some(c),
             IdentitySource::Given { .. } => None,
         }
     }
@@ -138,6 +150,10 @@ pub enum KeyPart {
     /// A field of the request's JSON body (`json:model`, nested as
     /// `json:metadata.user_id`; see [`RequestView::body`]).
     Json(String),
+    /// The name of the consumer the request's API key names (`consumer`).
+    Consumer,
+    /// That consumer's tier (what `tiers: {from: consumer}` reads).
+    ConsumerTier,
     /// Another part (a credential: an API key in a header, a parameter, a
     /// cookie), kept only as a keyed hash of its value: the store, the logs,
     /// the metrics and the admin API never hold the secret.
@@ -416,6 +432,8 @@ impl std::fmt::Display for KeyPart {
             KeyPart::Capture(n) => write!(f, "path:{n}"),
             KeyPart::Jwt(n) => write!(f, "jwt:{n}"),
             KeyPart::Json(n) => write!(f, "json:{n}"),
+            KeyPart::Consumer => f.write_str("consumer"),
+            KeyPart::ConsumerTier => f.write_str("consumer.tier"),
             KeyPart::Hashed(p, _) => write!(f, "hash({p})"),
         }
     }
@@ -438,14 +456,22 @@ pub enum KeyPartError {
 
 impl KeyPartError {
     /// The parts without a name.
-    pub const PLAIN: [&'static str; 5] = ["identity", "method", "path", "global", "host"];
+    pub const PLAIN: [&'static str; 7] = [
+        "identity",
+        "method",
+        "path",
+        "global",
+        "host",
+        "consumer",
+        "consumer.tier",
+    ];
     /// The kinds of the parts with one.
     pub const NAMED: [&'static str; 6] = ["header", "query", "cookie", "path", "jwt", "json"];
 }
 
 impl std::fmt::Display for KeyPartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let all = "key parts are identity, method, path, host, global, header:NAME, \
+        let all = "key parts are identity, method, path, host, global, consumer, header:NAME, \
                    query:NAME, cookie:NAME, path:NAME (a capture of the rule's path_regex), jwt:CLAIM \
                    and json:FIELD (the JSON request body's)";
         match self {
@@ -480,6 +506,8 @@ impl std::str::FromStr for KeyPart {
             "path" => return Ok(KeyPart::Path),
             "global" => return Ok(KeyPart::Global),
             "host" => return Ok(KeyPart::Host),
+            "consumer" => return Ok(KeyPart::Consumer),
+            "consumer.tier" => return Ok(KeyPart::ConsumerTier),
             _ => {}
         }
         let Some((kind, name)) = text.split_once(':') else {

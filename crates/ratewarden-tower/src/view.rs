@@ -106,6 +106,9 @@ pub struct RequestView<'a> {
     /// The fields of the request's JSON body (`json:FIELD` key parts), when
     /// the front end read one: a body that is not a JSON object has none.
     pub body: Option<&'a dyn Claims>,
+    /// The consumer the request's API key names, when the front end has
+    /// consumers ([`crate::consumers`]) and the key names one.
+    pub consumer: Option<&'a crate::consumers::Consumer>,
 }
 
 impl<'a> RequestView<'a> {
@@ -121,12 +124,18 @@ impl<'a> RequestView<'a> {
             sni: None,
             claims: None,
             body: None,
+            consumer: None,
         }
     }
 
     /// The same request with a verified token's claims (or none).
     pub fn with_claims(self, claims: Option<&'a dyn Claims>) -> Self {
         Self { claims, ..self }
+    }
+
+    /// The same request with the consumer its key names (or none).
+    pub fn with_consumer(self, consumer: Option<&'a crate::consumers::Consumer>) -> Self {
+        Self { consumer, ..self }
     }
 
     /// The request with its JSON body's fields.

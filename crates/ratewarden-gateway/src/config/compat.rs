@@ -224,6 +224,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         upstream: root.target,
         rls: None,
         key_secret: None,
+        consumers: None,
         jwt: None,
         overrides: None,
         state_dir: None,

@@ -25,7 +25,7 @@ mod validate;
 
 pub use diag::{ConfigError, ConfigErrors, parse_duration, suggest};
 pub use model::*;
-pub(crate) use validate::distribution;
+pub(crate) use validate::{consumer_name, distribution};
 pub use validate::{BODY_TIMEOUT, HEADER_TIMEOUT, MAX_BODY_SIZE, parse_size};
 
 use diag::{Diag, parse_error};

@@ -157,7 +157,40 @@ pub struct Config {
     /// The authorisation listener (`authz.listen`): nginx `auth_request`,
     /// Traefik/Caddy forward auth, Envoy `ext_authz` (HTTP and gRPC).
     pub authz: Option<SocketAddr>,
+    /// `consumers:`: API keys that name consumers.
+    pub consumers: Option<ConsumersSpec>,
 }
+
+/// `consumers:`: where a request's API key is, what an unknown one gets,
+/// and the consumers a file names.
+#[derive(Debug, Clone)]
+pub struct ConsumersSpec {
+    /// Where the key is.
+    pub from: ApiKeyFrom,
+    /// A key that names no consumer (unknown, revoked, expired): 401, or
+    /// as if no key was sent.
+    pub reject_unknown: bool,
+    /// The most consumers the admin API may make (`consumers.max`).
+    pub max: usize,
+    /// The keyed hash keys are kept as (`key_secret`'s).
+    pub hasher: KeyHasher,
+    /// The consumers `consumers.file` names, read at each load.
+    pub file: Vec<ratewarden_tower::consumers::Consumer>,
+}
+
+/// Where a request's API key is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiKeyFrom {
+    /// A header's value.
+    Header(http::HeaderName),
+    /// `Authorization: Bearer KEY`.
+    Authorization,
+    /// A query parameter.
+    Query(String),
+}
+
+/// How many consumers the admin API may make unless `consumers.max` says.
+pub const CONSUMERS_MAX: usize = 100_000;
 
 /// How many runtime overrides may be set unless `overrides.max` says.
 pub const OVERRIDES_MAX: usize = 10_000;

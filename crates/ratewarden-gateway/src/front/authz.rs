@@ -466,7 +466,7 @@ async fn check_response(
             let status = answer.status();
             let code = match &refusal {
                 Refusal::Unavailable(_) => UNAVAILABLE,
-                Refusal::Unauthenticated => UNAUTHENTICATED,
+                Refusal::Unauthenticated | Refusal::NoConsumer => UNAUTHENTICATED,
                 _ => PERMISSION_DENIED,
             };
             let headers = answer

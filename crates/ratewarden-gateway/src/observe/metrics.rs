@@ -192,6 +192,8 @@ pub struct Metrics {
     reloads_failed: AtomicU64,
     /// TLS handshakes with clients that failed or timed out.
     tls_failures: AtomicU64,
+    /// API keys that named no consumer (unknown, revoked, expired).
+    unknown_keys: AtomicU64,
     /// Tokens not trusted, by reason (`jwt:`).
     jwt_rejected: Mutex<Vec<(&'static str, u64)>>,
     /// Answers to a rule charged by them whose cost could not be read: by
@@ -277,6 +279,12 @@ impl Metrics {
         } else {
             self.reloads_failed.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// A request's API key named no consumer. One counter, no label: a
+    /// consumer's name is never a metric label.
+    pub fn unknown_key(&self) {
+        self.unknown_keys.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A request's token was not trusted, for `reason`.
@@ -500,6 +508,11 @@ impl Metrics {
             out,
             "# HELP ratewarden_tls_handshake_failures_total Client TLS handshakes that failed or timed out.\n# TYPE ratewarden_tls_handshake_failures_total counter\nratewarden_tls_handshake_failures_total {}",
             self.tls_failures.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ratewarden_consumer_unknown_keys_total API keys that named no consumer (unknown, revoked or expired).\n# TYPE ratewarden_consumer_unknown_keys_total counter\nratewarden_consumer_unknown_keys_total {}",
+            self.unknown_keys.load(Ordering::Relaxed)
         );
         let jwt = self.jwt_rejected.lock().clone();
         if !jwt.is_empty() {

@@ -325,6 +325,7 @@ impl Wire for Hyper {
             sni: self.client.sni(),
             claims: None,
             body: None,
+            consumer: None,
         }
     }
 

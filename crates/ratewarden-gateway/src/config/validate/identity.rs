@@ -15,7 +15,7 @@ use super::opt;
 pub(super) fn identity(
     d: &Diag<'_>,
     f: Option<IdentityFile>,
-    has_jwt: bool,
+    has: super::Sections,
 ) -> Option<IdentitySource> {
     let Some(f) = f else {
         return Some(IdentitySource::Address(ClientIp::default()));
@@ -52,6 +52,7 @@ pub(super) fn identity(
         Forwarded,
         Header,
         Jwt,
+        Consumer,
     }
     let from = match &f.from {
         None => Some(From::Ip),
@@ -63,6 +64,7 @@ pub(super) fn identity(
                 ("forwarded", From::Forwarded),
                 ("header", From::Header),
                 ("jwt", From::Jwt),
+                ("consumer", From::Consumer),
             ],
         ),
     };
@@ -133,7 +135,19 @@ pub(super) fn identity(
             );
             None
         }
-        (From::Jwt, _) if !has_jwt => {
+        (From::Consumer, _) if !has.consumers => {
+            d.error(
+                "from",
+                f.from.as_ref().map(|v| &v.referenced),
+                "`from: consumer` needs a top-level `consumers:` section (where the API key is)",
+            );
+            None
+        }
+        (From::Consumer, _) => Some(IdentitySource::Consumer {
+            client_ip: client_ip(false)?,
+            missing: missing?,
+        }),
+        (From::Jwt, _) if !has.jwt => {
             d.error(
                 "from",
                 f.from.as_ref().map(|v| &v.referenced),

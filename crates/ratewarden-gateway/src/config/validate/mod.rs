@@ -13,6 +13,7 @@ use super::diag::{Diag, parse_duration, suggest};
 use super::model::*;
 use super::schema::*;
 
+mod consumers;
 mod cost;
 mod identity;
 mod jwt;
@@ -23,6 +24,7 @@ mod routes;
 mod rules;
 mod store;
 
+pub(crate) use consumers::valid_name as consumer_name;
 pub(crate) use rules::distribution;
 
 /// Default `client_header_timeout` (nginx's is 60 s; a head that takes
@@ -120,6 +122,15 @@ impl Diag<'_> {
 
 /// Applies `f` to the value when there is one; `Some(None)` when absent,
 /// `None` when present and invalid.
+/// The top-level sections a part of the config may need.
+#[derive(Debug, Clone, Copy)]
+struct Sections {
+    /// `jwt:` (for `jwt:CLAIM` parts, `from: jwt`, `jwt_required`).
+    jwt: bool,
+    /// `consumers:` (for `consumer` parts, `from: consumer`).
+    consumers: bool,
+}
+
 fn opt<S, T>(v: &Option<S>, f: impl FnOnce(&S) -> Option<T>) -> Option<Option<T>> {
     match v {
         None => Some(None),
@@ -269,7 +280,11 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         }),
         Some(s) => store::store_spec(d, s, &mut tls_files),
     };
-    let identity = identity::identity(d, f.identity, f.jwt.is_some());
+    let has = Sections {
+        jwt: f.jwt.is_some(),
+        consumers: f.consumers.is_some(),
+    };
+    let identity = identity::identity(d, f.identity, has);
     let by_header = matches!(
         identity,
         Some(IdentitySource::Header { .. } | IdentitySource::Claim { .. })
@@ -391,13 +406,16 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         Err(h) => (Some(h), false),
     };
     rules_ok &= secret_ok;
+    let consumers = match &f.consumers {
+        None => Some(None),
+        Some(c) => consumers::consumers(d, c, hasher.as_ref()).map(Some),
+    };
     // `Some(None)`: no `jwt:`; `None`: a bad one (its errors recorded).
     let jwt = match f.jwt.as_ref().map(|j| jwt::jwt_verifier(d, j)) {
         None => Some(None),
         Some(Some(v)) => Some(Some(v)),
         Some(None) => None,
     };
-    let has_jwt = f.jwt.is_some();
     let mut token_rules = vec![];
     for r in f.rules {
         if names.contains(&r.name.value) {
@@ -409,7 +427,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
             rules_ok = false;
         }
         names.push(r.name.value.clone());
-        match rules::rule(d, r, &route_names, hasher.as_ref(), has_jwt) {
+        match rules::rule(d, r, &route_names, hasher.as_ref(), has) {
             Some(c) => {
                 if let Some(spec) = c.cost {
                     costs.push(std::sync::Arc::new(spec));
@@ -491,6 +509,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         overrides_max: overrides_max?,
         state_dir: state_dir?,
         authz: authz?,
+        consumers: consumers?,
     })
 }
 

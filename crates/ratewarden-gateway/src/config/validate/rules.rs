@@ -68,8 +68,9 @@ pub(super) fn rule(
     r: RuleFile,
     routes: &[String],
     hasher: Option<&KeyHasher>,
-    has_jwt: bool,
+    has: super::Sections,
 ) -> Option<Compiled> {
+    let has_jwt = has.jwt;
     // A tiered rule without its own limit takes each tier's.
     let own = if r.limit.is_some() || r.tiers.is_none() {
         rule_spec(d, &r, None).map(Some)
@@ -135,6 +136,9 @@ pub(super) fn rule(
                         Ok(KeyPart::Jwt(_)) if !has_jwt => Err(format!(
                             "`{text}` needs a top-level `jwt:` section (where the token is, its keys)"
                         )),
+                        Ok(KeyPart::Consumer | KeyPart::ConsumerTier) if !has.consumers => Err(format!(
+                            "`{text}` needs a top-level `consumers:` section (where the API key is)"
+                        )),
                         other => other,
                     },
                     KeyPartFile::Hashed(h) => match (key_part(&h.hash, matcher.as_ref()), hasher) {
@@ -166,7 +170,7 @@ pub(super) fn rule(
             out
         }
     };
-    let tiers = opt(&r.tiers, |t| tiers(d, &r, t, matcher.as_ref(), has_jwt));
+    let tiers = opt(&r.tiers, |t| tiers(d, &r, t, matcher.as_ref(), has));
     let missing = match r.missing.as_ref().map(|m| (m.value.as_str(), m)) {
         None | Some(("identity", _)) => Some(MissingPart::Identity),
         Some(("anonymous", _)) => Some(MissingPart::Anonymous),
@@ -302,17 +306,23 @@ pub(super) fn tiers(
     r: &RuleFile,
     t: &Sp<super::super::schema::TiersFile>,
     matcher: Option<&Matcher>,
-    has_jwt: bool,
+    has: super::Sections,
 ) -> Option<ratewarden_tower::policy::Tiers> {
     use super::super::schema::TierFile;
     use ratewarden_tower::policy::{Tier, Tiers};
     let f = &t.value;
     let from = match key_part(&f.from.value, matcher) {
         Ok(KeyPart::Identity) => Err("a tier comes from a request value (header:NAME, jwt:CLAIM, query:NAME, cookie:NAME, host), not the identity".to_owned()),
-        Ok(KeyPart::Jwt(_)) if !has_jwt => Err(format!(
+        Ok(KeyPart::Jwt(_)) if !has.jwt => Err(format!(
             "`{}` needs a top-level `jwt:` section (where the token is, its keys)",
             f.from.value
         )),
+        // `from: consumer`: the consumer's tier.
+        Ok(KeyPart::Consumer | KeyPart::ConsumerTier) if !has.consumers => Err(format!(
+            "`{}` needs a top-level `consumers:` section (where the API key is)",
+            f.from.value
+        )),
+        Ok(KeyPart::Consumer) => Ok(KeyPart::ConsumerTier),
         other => other,
     };
     let from = d.check("tiers.from", Some(&f.from.referenced), from);

@@ -282,9 +282,15 @@ pub(super) async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Respons
             let claims = r.jwt.as_deref().and_then(|t| gw.verify_token(live, t));
             let given = r.body.as_ref().map(GivenBody::of_value).unwrap_or_default();
             let fields = given.json.as_ref().map(crate::jwt::BodyFields);
+            // The consumer its API key names, as the proxy finds it.
+            let consumer = match gw.consumer(live, &described.view()) {
+                Ok(c) => c,
+                Err(refusal) => return refused(gw, live, refusal),
+            };
             let request = described
                 .view()
                 .with_claims(claims.as_ref().map(|c| c as _))
+                .with_consumer(consumer.as_deref())
                 .with_body(fields.as_ref().map(|f| f as _));
             let reservations = Reservations::new(
                 &live.config.costs,
@@ -514,9 +520,13 @@ pub(super) async fn explain(
     // `jwt=TOKEN`: verified as the proxy verifies a request's token.
     let claims = param(q, "jwt").and_then(|t| gw.verify_token(live, t));
     let fields = given.json.as_ref().map(crate::jwt::BodyFields);
+    // The consumer the described request's API key names (never the key
+    // in the answer: its name).
+    let consumer = gw.consumer(live, &described.view());
     let request = described
         .view()
         .with_claims(claims.as_ref().map(|c| c as _))
+        .with_consumer(consumer.as_ref().ok().and_then(|c| c.as_deref()))
         .with_body(fields.as_ref().map(|f| f as _));
     let (method, path) = (&described.method, &described.path);
     let reservations = Reservations::new(&live.config.costs, given.json.as_ref(), path, given.len);
@@ -540,11 +550,19 @@ pub(super) async fn explain(
             Refusal::Denied(_) => "denied",
             Refusal::NoIdentity(_) => "no_identity",
             Refusal::MissingPart { .. } => "missing_part",
+            Refusal::NoConsumer => "no_consumer",
+            Refusal::Unauthenticated => "unauthenticated",
             _ => "unavailable",
         });
         v["detail"] = json!(problem_detail(&refusal.problem(live.config.status)));
         v["rules"] = json!([]);
         json_response(StatusCode::OK, &v)
+    };
+    let consumer = match &consumer {
+        Ok(c) => c,
+        Err(_) => {
+            return refused(given.unwrap_or(""), Refusal::NoConsumer);
+        }
     };
     let who = match policy.identify(&facts) {
         Ok(w) => w,
@@ -607,6 +625,9 @@ pub(super) async fn explain(
     }
     let mut v = head(&identity, decision.as_ref().is_none_or(|d| d.allowed));
     v["limited"] = json!(limited);
+    if let Some(c) = &consumer {
+        v["consumer"] = json!({"name": c.name, "tier": c.tier});
+    }
     v["rules"] = json!(rules);
     if let Some(d) = &decision {
         v["headers"] = decision_json(d, live)["headers"].clone();

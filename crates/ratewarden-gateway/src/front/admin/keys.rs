@@ -106,7 +106,7 @@ pub(super) fn rules(gw: &Gateway, live: &Live) -> Response<Body> {
 /// charged by an LLM's usage), under `limit`: `remaining` is what the next
 /// request would leave, so one more is left before it when it would be
 /// admitted.
-fn charged(limit: u64, i: &ratewarden::store::KeyInfo) -> u64 {
+pub(super) fn charged(limit: u64, i: &ratewarden::store::KeyInfo) -> u64 {
     limit.saturating_sub(i.remaining + u64::from(i.admits))
 }
 

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use crate::answer::{Body, problem_response, respond};
 use crate::gateway::Gateway;
 
+mod consumers;
 mod decide;
 mod guard;
 mod keys;
@@ -336,6 +337,9 @@ pub(crate) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Bod
                 },
             }
         }
+        (_, p) if p == "/v1/consumers" || p.starts_with("/v1/consumers/") => {
+            consumers::handle(gw, &live, req).await
+        }
         (Method::GET, "/v1/keys") => top_keys(gw, &live, &query(&req)).await,
         (m, p) if p.starts_with("/v1/keys/") && (m == Method::GET || m == Method::DELETE) => {
             let rest = &p["/v1/keys/".len()..];
@@ -372,6 +376,7 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
         "/v1/explain" => "GET, POST",
         "/v1/bans" => "GET, POST",
         "/v1/overrides" => "GET",
+        "/v1/consumers" => "GET, POST",
         p if p.starts_with("/v1/overrides/") => "GET, PUT, DELETE",
         p if p.starts_with("/v1/bans/") => "DELETE",
         "/v1/check" | "/v1/report" => "POST",

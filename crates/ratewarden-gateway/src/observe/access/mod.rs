@@ -65,6 +65,9 @@ pub struct Record<'a> {
     /// The key the refusing rule counted, if a rule refused (the identity
     /// with the rule's other key parts).
     pub key: Option<&'a str>,
+    /// The consumer the request's API key named (`consumers:`), never the
+    /// key; JSON only, and only then.
+    pub consumer: Option<&'a str>,
     /// The rule that refused it, if one did.
     pub rule: Option<&'a str>,
     /// The tier of that rule in force, if it has tiers (`override` for a
@@ -514,6 +517,10 @@ fn render(cache: &mut Cache, out: &mut Vec<u8>, r: &Record<'_>, format: Format) 
             }
             out.extend_from_slice(b",\"key\":");
             json_opt(out, r.key.map(str::as_bytes));
+            if let Some(c) = r.consumer {
+                out.extend_from_slice(b",\"consumer\":");
+                json_opt(out, Some(c.as_bytes()));
+            }
             out.extend_from_slice(b",\"referer\":");
             json_opt(out, r.referer);
             out.extend_from_slice(b",\"user_agent\":");

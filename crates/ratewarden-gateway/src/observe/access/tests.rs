@@ -17,6 +17,7 @@ fn record() -> Record<'static> {
         request_id: id,
         identity: Some("203.0.113.7"),
         key: None,
+        consumer: None,
         rule: Some("per-ip"),
         tier: None,
         referer: None,

@@ -55,8 +55,31 @@ pub(crate) fn refusal_answer(
             );
             r
         }
+        Refusal::NoConsumer => {
+            let mut r = problem_body(
+                refusal.status(config.status),
+                refusal.problem(config.status),
+            );
+            r.headers_mut()
+                .insert(http::header::WWW_AUTHENTICATE, api_key_challenge(config));
+            r
+        }
         other => problem_body(other.status(config.status), other.problem(config.status)),
     }
+}
+
+/// The `WWW-Authenticate` of a request without a valid API key: a Bearer
+/// challenge where the key is a bearer token, else one naming where the
+/// key goes (`ApiKey header="X-Api-Key"`, `ApiKey query="api_key"`).
+fn api_key_challenge(config: &Config) -> http::HeaderValue {
+    use crate::config::ApiKeyFrom;
+    let text = match config.consumers.as_ref().map(|c| &c.from) {
+        Some(ApiKeyFrom::Header(h)) => format!("ApiKey header=\"{h}\""),
+        Some(ApiKeyFrom::Query(q)) => format!("ApiKey query=\"{q}\""),
+        _ => "Bearer error=\"invalid_token\"".to_owned(),
+    };
+    http::HeaderValue::from_str(&text)
+        .unwrap_or_else(|_| http::HeaderValue::from_static("ApiKey"))
 }
 
 /// A gRPC request (`content-type: application/grpc[+proto|+json]`), or a
@@ -119,6 +142,7 @@ pub(crate) fn grpc_refusal(refusal: &Refusal, config: &Config, kind: Grpc) -> Re
         Refusal::Denied(_) => (PERMISSION_DENIED, "denied".to_owned()),
         Refusal::Unavailable(_) => (UNAVAILABLE, "rate limiter unavailable".to_owned()),
         Refusal::Unauthenticated => (UNAUTHENTICATED, "a valid token is required".to_owned()),
+        Refusal::NoConsumer => (UNAUTHENTICATED, "a valid API key is required".to_owned()),
         Refusal::NoIdentity(_) | Refusal::MissingPart { .. } => (
             INVALID_ARGUMENT,
             "the request carries no rate-limit key".to_owned(),

@@ -103,6 +103,8 @@ pub(crate) struct Note {
     key: Option<String>,
     /// The refusing rule.
     rule: Option<Rule>,
+    /// The consumer the request's API key named.
+    consumer: Option<String>,
 }
 
 /// What the wire knows for the access log's line.
@@ -210,6 +212,13 @@ impl Flow {
             Ok(c) => c,
             Err(r) => return Decided::Refused(r),
         };
+        let consumer = match gw.consumer(live, &request) {
+            Ok(c) => c,
+            Err(r) => return Decided::Refused(r),
+        };
+        if let (true, Some(c)) = (logged, &consumer) {
+            note.consumer = Some(c.name.clone());
+        }
         // The body's JSON, when a rule reads it (`json:` key parts; a rule
         // charged by an LLM's usage reserves what it asks).
         let costs = &live.config.costs;
@@ -221,6 +230,7 @@ impl Flow {
         let fields = json.as_ref().map(crate::jwt::BodyFields);
         let request = request
             .with_claims(claims.as_ref().map(|c| c as _))
+            .with_consumer(consumer.as_deref())
             .with_body(fields.as_ref().map(|f| f as _));
         let (path, len) = (request.path, body.map_or(0, <[u8]>::len));
         // What a rule charged by an LLM's usage reserves; `cap_max_output`

@@ -247,6 +247,7 @@ impl Wire for H1<'_> {
             sni: self.client.sni(),
             claims: None,
             body: None,
+            consumer: None,
         }
     }
 
