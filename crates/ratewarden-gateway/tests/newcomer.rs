@@ -234,6 +234,44 @@ async fn listen_off_serves_the_hook_without_a_proxy_listener() {
         out.contains("`listen: off` leaves nothing to serve"),
         "{out}"
     );
+    // `rls:` alone is something to serve.
+    let (code, out) = validate(
+        "listen: off\nrls:\n  listen: 127.0.0.1:0\n  domains:\n    - domain: d\n      descriptors:\n        - {key: k, rate_limit: {unit: second, requests_per_unit: 1}}\n",
+    );
+    assert_eq!(code, 0, "{out}");
+    // `listen: null` (or `listen:` with nothing) is not the default.
+    for text in ["listen: null\nupstream: echo\n", "listen:\nupstream: echo\n"] {
+        let (code, out) = validate(text);
+        assert_eq!(code, 2, "{text}: {out}");
+        assert!(out.contains("`listen` is empty (null)"), "{out}");
+    }
+}
+
+/// The rate-limit fields' names are written alike (lowercase) whichever
+/// path answers: the HTTP/1.1 path and hyper's (HTTP/1.0 here), an
+/// admitted request and a refused one.
+#[tokio::test]
+async fn rate_limit_header_names_are_written_alike_on_both_paths() {
+    let up = Upstream::start().await;
+    let gw = support::binary(
+        "rules:\n  - {name: r, algorithm: fixed_window, limit: 2, window: 1h}\n",
+        &up.url(),
+    );
+    let mut heads = vec![];
+    for version in ["1.1", "1.0", "1.1"] {
+        let answer = support::raw(
+            gw.listen,
+            &format!("GET / HTTP/{version}\r\nhost: x\r\nconnection: close\r\n\r\n"),
+        )
+        .await;
+        heads.push(answer);
+    }
+    assert!(heads[2].starts_with("HTTP/1.1 429"), "{}", heads[2]);
+    for head in &heads {
+        assert!(head.contains("\r\nx-ratelimit-limit: 2\r\n"), "{head}");
+        assert!(!head.contains("X-RateLimit"), "{head}");
+    }
+    assert!(heads[2].contains("\r\nretry-after: "), "{}", heads[2]);
 }
 
 /// On the memory store with `state_dir`, overrides survive a restart: set

@@ -36,7 +36,10 @@ pub fn nowhere<T>(value: T) -> Sp<T> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct File {
-    pub listen: Option<Sp<String>>,
+    /// `Some(None)`: written as `listen: null` (an error: `off` says no
+    /// listener), told apart from a file that does not name it.
+    #[serde(default, deserialize_with = "written")]
+    pub listen: Option<Option<Sp<String>>>,
     pub workers: Option<Sp<i64>>,
     #[serde(alias = "target")]
     pub upstream: Option<Sp<String>>,
@@ -735,6 +738,15 @@ pub struct ConditionFile {
     pub regex: Option<Sp<String>>,
     pub present: Option<Sp<bool>>,
     pub invert: Option<Sp<bool>>,
+}
+
+/// A key's value where `null` must be told apart from the key's absence.
+fn written<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// Parses a config file (not yet validated, `${VAR}` already replaced).

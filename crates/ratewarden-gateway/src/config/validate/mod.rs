@@ -139,6 +139,7 @@ fn opt<S, T>(v: &Option<S>, f: impl FnOnce(&S) -> Option<T>) -> Option<Option<T>
 }
 
 pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Config> {
+    let has_rls = f.rls.is_some();
     let rls = match f.rls.take() {
         None => Some(None),
         Some(r) => rls::rls_spec(d, r).map(Some),
@@ -146,8 +147,8 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
     let listen = match (&o.listen, &f.listen) {
         (Some(l), _) => listeners::flag_addr(d, "--listen", "listen", l).map(Some),
         // No proxy listener: a gateway for the proxies' hooks alone.
-        (None, Some(l)) if l.value == "off" => {
-            if f.authz.is_none() && f.rls.is_none() {
+        (None, Some(Some(l))) if l.value == "off" => {
+            if f.authz.is_none() && !has_rls {
                 d.error(
                     "listen",
                     Some(&l.referenced),
@@ -158,7 +159,16 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
                 Some(None)
             }
         }
-        (None, Some(l)) => listeners::socket_addr(d, "listen", l).map(Some),
+        (None, Some(Some(l))) => listeners::socket_addr(d, "listen", l).map(Some),
+        // Written, but empty: not read as the default, which it is not.
+        (None, Some(None)) => {
+            d.error(
+                "listen",
+                None,
+                "`listen` is empty (null): give an address (`127.0.0.1:8080`), or `off` for no proxy listener",
+            );
+            None
+        }
         (None, None) => Some(Some(SocketAddr::from(([127, 0, 0, 1], 8080)))),
     };
     let workers = match (o.workers, &f.workers) {
