@@ -256,6 +256,22 @@ fn the_files_are_written_valid_and_of_the_expected_size() {
         compare.contains("per-client (fixed_window)")
             && compare.contains("login (sliding_window_log)")
     );
+    // Each label on its element's line, as viewers read it (no stray
+    // spaces), and whole numbers without a fraction.
+    assert!(
+        compare.contains(">per-client (fixed_window)</text>") && compare.contains(">10</text>"),
+        "text split over lines"
+    );
+    assert!(!compare.contains("\n</text>"), "text split over lines");
+    // The table's columns line up whatever the run's name.
+    let table = simulate::summary(&report.runs, std::time::Duration::from_secs(1));
+    let at = |line: &str, word: &str| line.find(word).unwrap();
+    let mut lines = table.lines().skip(1);
+    let head = lines.next().unwrap();
+    for row in lines {
+        let rule = row.find(" per-client ").or(row.find(" login ")).unwrap() + 1;
+        assert_eq!(rule, at(head, "rule"), "{table}");
+    }
     // The series: a header and a line per run, rule and second, adding up
     // to the runs' totals.
     let csv = String::from_utf8(read("series.csv")).unwrap();

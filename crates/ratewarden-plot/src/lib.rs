@@ -87,12 +87,49 @@ fn both(
     let png_path = dir.join(format!("{name}.png"));
     write_png(&png_path, size, &rgb)?;
     let svg_path = dir.join(format!("{name}.svg"));
+    let mut text = String::new();
     {
-        let area = SVGBackend::new(&svg_path, size).into_drawing_area();
+        let area = SVGBackend::with_string(&mut text, size).into_drawing_area();
         svg(&area)?;
         area.present().map_err(|e| e.to_string())?;
     }
+    std::fs::write(&svg_path, tight_text(&text))
+        .map_err(|e| format!("{}: {e}", svg_path.display()))?;
     Ok(vec![png_path, svg_path])
+}
+
+/// The SVG with each `<text>`'s content on its element's line: plotters
+/// writes it between newlines, which viewers and text extractors read as
+/// spaces ("per- api- key", "100. 0").
+fn tight_text(svg: &str) -> String {
+    let mut out = String::with_capacity(svg.len());
+    let mut rest = svg;
+    while let Some(at) = rest.find("<text") {
+        let Some(open_end) = rest[at..].find('>').map(|i| at + i + 1) else {
+            break;
+        };
+        let Some(close) = rest[open_end..].find("</text>").map(|i| open_end + i) else {
+            break;
+        };
+        out.push_str(&rest[..open_end]);
+        out.push_str(rest[open_end..close].trim());
+        rest = &rest[close..];
+        let end = "</text>".len();
+        out.push_str(&rest[..end]);
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// An axis label: a whole number without a decimal point, else one
+/// decimal.
+fn number(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v:.1}")
+    }
 }
 
 fn write_png(path: &Path, (w, h): (u32, u32), rgb: &[u8]) -> Result<(), String> {
@@ -142,6 +179,8 @@ fn panel<DB: DrawingBackend>(
         .configure_mesh()
         .x_desc("time (s)")
         .y_desc("requests/s")
+        .x_label_formatter(&|v| number(*v))
+        .y_label_formatter(&|v| number(*v))
         .label_style((FONT, 12))
         .draw()
         .map_err(err)?;
@@ -348,4 +387,19 @@ pub fn retry_after(dir: &Path, run: &Replay<'_>) -> Result<Vec<PathBuf>, String>
         &|a| retry_hist(a, run),
         &|a| retry_hist(a, run),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_sits_on_its_elements_line_and_labels_drop_a_zero_fraction() {
+        let svg = "<svg>\n<text x=\"1\">\nper-api-key (fixed_window)\n</text>\n<text y=\"2\">\n100\n</text>\n</svg>";
+        let tight = tight_text(svg);
+        assert!(tight.contains(">per-api-key (fixed_window)</text>"), "{tight}");
+        assert!(tight.contains(">100</text>"), "{tight}");
+        assert_eq!(number(100.0), "100");
+        assert_eq!(number(2.5), "2.5");
+    }
 }

@@ -235,9 +235,23 @@ pub fn summary(runs: &[(String, Run)], took: Duration) -> String {
             },
         );
     }
+    // Each text column as wide as its longest entry (a run named
+    // `sliding_window_log`, a long rule name), at least its heading's.
+    let widest = |min: usize, items: &mut dyn Iterator<Item = usize>| items.fold(min, usize::max);
+    let w_run = widest(16, &mut runs.iter().map(|(name, _)| name.len()));
+    let w_rule = widest(
+        20,
+        &mut runs.iter().flat_map(|(_, r)| r.rules.iter().map(|n| n.len())),
+    );
+    let w_alg = widest(
+        24,
+        &mut runs
+            .iter()
+            .flat_map(|(_, r)| r.algorithms.iter().map(|n| n.len())),
+    );
     let _ = writeln!(
         s,
-        "{:<16} {:<20} {:<24} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>9} {:>11}",
+        "{:<w_run$} {:<w_rule$} {:<w_alg$} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>9} {:>11}",
         "run",
         "rule",
         "algorithm",
@@ -264,7 +278,7 @@ pub fn summary(runs: &[(String, Run)], took: Duration) -> String {
             };
             let _ = writeln!(
                 s,
-                "{:<16} {:<20} {:<24} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8.1}% {:>11}",
+                "{:<w_run$} {:<w_rule$} {:<w_alg$} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8.1}% {:>11}",
                 name,
                 run.rules[r],
                 run.algorithms[r],
@@ -285,7 +299,7 @@ pub fn summary(runs: &[(String, Run)], took: Duration) -> String {
         if run.refused_otherwise > 0 {
             let _ = writeln!(
                 s,
-                "{name:<16} (refused before any rule: denied or without an identity: {})",
+                "{name:<w_run$} (refused before any rule: denied or without an identity: {})",
                 run.refused_otherwise
             );
         }
