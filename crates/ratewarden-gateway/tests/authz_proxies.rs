@@ -136,3 +136,42 @@ async fn caddy_forward_auth_with_the_readme_recipe() {
     through(addr, &up, false).await;
     gw.shutdown().await;
 }
+
+/// The README's two nginx recipes together, as written: ratewarden's
+/// `authz:` block (with `listen: off`, so nginx's port stays nginx's) run
+/// by the real binary, and nginx's `auth_request` server in front. The
+/// client's address is the identity, named by nginx, a trusted proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_beside_the_binary_with_both_readme_recipes() {
+    let up = Upstream::start().await;
+    let (hook, port) = (free_port(), free_port());
+    let dir = support::scratch_dir("rw-authz-recipe");
+    let file = dir.join("ratewarden.yaml");
+    let yaml = support::recipe("authz").replace("127.0.0.1:8082", &format!("127.0.0.1:{hook}"));
+    std::fs::write(
+        &file,
+        format!(
+            "{yaml}\nadmin: {{listen: 127.0.0.1:0}}\nrules:\n  - {{name: api, algorithm: fixed_window, limit: 2, window: 1h}}\n"
+        ),
+    )
+    .unwrap();
+    let gw = support::spawn_binary_with(&["serve", "-c", &file.display().to_string()], &[], None);
+    assert_eq!(gw.authz, Some(format!("127.0.0.1:{hook}").parse().unwrap()));
+    assert!(gw.lines.lock().unwrap().join("").contains("listen=off"));
+    let server = support::recipe("nginx")
+        .replace("listen 8080;", &format!("listen 127.0.0.1:{port};"))
+        .replace("127.0.0.1:8082", &format!("127.0.0.1:{hook}"))
+        .replace("127.0.0.1:9000", up.url().trim_start_matches("http://"));
+    let _proxy = support::nginx(&server);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_until_up(addr).await;
+    let mut codes = vec![];
+    for _ in 0..3 {
+        codes.push(send(addr, "GET", "/orders", &[], "").await);
+    }
+    assert_eq!(codes[0].status, 200);
+    assert_eq!(codes[1].header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(codes[2].status, 429, "{:?}", codes[2].headers);
+    assert!(codes[2].header("retry-after").is_some());
+    assert_eq!(up.hits(), 2, "the refused request never reached the upstream");
+}

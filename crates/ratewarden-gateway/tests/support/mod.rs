@@ -377,6 +377,8 @@ pub struct Binary {
     pub child: std::process::Child,
     pub listen: SocketAddr,
     pub admin: SocketAddr,
+    /// The authorisation listener, when it has one.
+    pub authz: Option<SocketAddr>,
     /// Its scratch directory, when it holds it (removed after it stops).
     _dir: Option<Scratch>,
     /// Every line the binary wrote to its standard output so far.
@@ -528,7 +530,7 @@ pub fn spawn_command(mut cmd: std::process::Command, dir: Option<Scratch>) -> Bi
         rest[..end].parse().ok()
     };
     let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (listen, admin) = loop {
+    let (listen, admin, authz) = loop {
         let mut line = String::new();
         assert!(
             out.read_line(&mut line).unwrap() > 0,
@@ -537,9 +539,11 @@ pub fn spawn_command(mut cmd: std::process::Command, dir: Option<Scratch>) -> Bi
         );
         lines.lock().unwrap().push(line.clone());
         if line.contains("ratewarden serving") {
+            // `listen=off`: no proxy listener (a gateway of hooks alone).
             break (
-                addr_after(&line, "listen").unwrap(),
+                addr_after(&line, "listen").unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
                 addr_after(&line, "admin").unwrap(),
+                addr_after(&line, "authz"),
             );
         }
     };
@@ -557,6 +561,7 @@ pub fn spawn_command(mut cmd: std::process::Command, dir: Option<Scratch>) -> Bi
         child,
         listen,
         admin,
+        authz,
         _dir: dir,
         lines,
     }
