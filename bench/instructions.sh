@@ -6,6 +6,7 @@
 #   bash bench/instructions.sh CONFIG.yaml BIN_A BIN_B [CONFIG_B.yaml]   # N1=500 N2=2500 requests
 #
 # With CONFIG_B, B runs on that config (BIN_A and BIN_B may be the same file).
+# HEADER='Name: value' adds a header to every request (an API key).
 # H2=1 sends HTTP/2 (h2c) instead, which hyper serves: then everything the
 # process runs is counted (start-up cancels out in the difference below),
 # since `serve_connection` is the HTTP/1.1 path's.
@@ -38,7 +39,7 @@ count() {
     --upstream http://127.0.0.1:$UP --workers 1 > /dev/null 2> "$WORK/valgrind.log" &
   local p=$!
   for _ in $(seq 300); do (echo > /dev/tcp/127.0.0.1/$rw) 2>/dev/null && break; sleep 0.1; done
-  h2load "${proto[@]}" -n "$2" -c 4 -m 1 "http://127.0.0.1:$rw/" | grep -q "$2 succeeded\|$2 done" \
+  h2load "${proto[@]}" ${HEADER:+-H "$HEADER"} -n "$2" -c 4 -m 1 "http://127.0.0.1:$rw/" | grep -q "$2 succeeded\|$2 done" \
     || { echo "h2load did not complete $2 requests" >&2; exit 1; }
   kill -INT $p; wait $p 2>/dev/null || true
   awk '/^summary:/ {print $2}' "$out"

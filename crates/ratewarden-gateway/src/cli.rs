@@ -180,7 +180,10 @@ fn key(action: &str, config: Option<&PathBuf>) -> ExitCode {
             Ok((c, _, _)) => match c.consumers {
                 Some(spec) => spec.hasher,
                 None => {
-                    eprintln!("{}: no `consumers:` section (and so no key hash to make)", path.display());
+                    eprintln!(
+                        "{}: no `consumers:` section (and so no key hash to make)",
+                        path.display()
+                    );
                     return ExitCode::from(2);
                 }
             },
@@ -456,7 +459,9 @@ async fn run(cfg: Config, source: Source) -> ExitCode {
         if let (Some(spec), Some(admin)) = (&cfg_consumers, running.admin) {
             let how = match &spec.from {
                 crate::config::ApiKeyFrom::Header(h) => format!("-H '{h}: KEY'"),
-                crate::config::ApiKeyFrom::Authorization => "-H 'Authorization: Bearer KEY'".to_owned(),
+                crate::config::ApiKeyFrom::Authorization => {
+                    "-H 'Authorization: Bearer KEY'".to_owned()
+                }
                 crate::config::ApiKeyFrom::Query(q) => format!("(and ?{q}=KEY)"),
             };
             println!(

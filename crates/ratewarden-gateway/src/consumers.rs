@@ -223,7 +223,9 @@ pub(crate) async fn create(gw: &Gateway, body: NewBody) -> Result<(Consumer, Str
         Some(d) => {
             let d = parse_duration(d).map_err(Error::Invalid)?;
             if d.is_zero() {
-                return Err(Error::Invalid("`expires_in` must be longer than zero".into()));
+                return Err(Error::Invalid(
+                    "`expires_in` must be longer than zero".into(),
+                ));
             }
             Some(now.saturating_add(Micros::from(d)))
         }
@@ -355,7 +357,12 @@ pub(crate) fn named(gw: &Gateway, name: &str) -> Option<(Arc<Consumer>, &'static
 
 /// Every consumer, by name: the admin API's and the config file's.
 pub(crate) fn all(gw: &Gateway) -> Vec<(Arc<Consumer>, &'static str)> {
-    let mut out: Vec<_> = gw.consumers.list().into_iter().map(|c| (c, "api")).collect();
+    let mut out: Vec<_> = gw
+        .consumers
+        .list()
+        .into_iter()
+        .map(|c| (c, "api"))
+        .collect();
     out.extend(gw.live().file_consumers().map(|c| (c.clone(), "file")));
     out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
     out

@@ -305,7 +305,9 @@ impl Gateway {
             return Ok(None);
         };
         let key = match &spec.from {
-            ApiKeyFrom::Header(h) => request.header_text(h.as_str()).map(std::borrow::Cow::Borrowed),
+            ApiKeyFrom::Header(h) => request
+                .header_text(h.as_str())
+                .map(std::borrow::Cow::Borrowed),
             ApiKeyFrom::Authorization => request
                 .header_text("authorization")
                 .and_then(|v| {

@@ -299,7 +299,10 @@ impl TableFollower {
     /// read (or was never read); `None` when it did not, when `store` is
     /// shared by no one, or when the store could not be asked (the
     /// store's own outage lines say so).
-    pub(crate) async fn changed(&mut self, store: &AnyStore) -> Option<(u64, Vec<(String, String)>)> {
+    pub(crate) async fn changed(
+        &mut self,
+        store: &AnyStore,
+    ) -> Option<(u64, Vec<(String, String)>)> {
         if !store.is_shared() {
             return None;
         }
@@ -320,7 +323,11 @@ impl TableFollower {
 /// Writes `bytes` to `dir/name` whole: a new file, synced, renamed over
 /// the old (a crash leaves one or the other, never half), readable by the
 /// owner only (what is kept there names customers).
-pub(crate) async fn write_state(dir: std::path::PathBuf, name: &'static str, bytes: Vec<u8>) -> std::io::Result<()> {
+pub(crate) async fn write_state(
+    dir: std::path::PathBuf,
+    name: &'static str,
+    bytes: Vec<u8>,
+) -> std::io::Result<()> {
     tokio::task::spawn_blocking(move || {
         use std::io::Write as _;
         use std::os::unix::fs::OpenOptionsExt as _;

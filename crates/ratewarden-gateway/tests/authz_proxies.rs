@@ -173,5 +173,9 @@ async fn nginx_beside_the_binary_with_both_readme_recipes() {
     assert_eq!(codes[1].header("x-ratelimit-remaining"), Some("0"));
     assert_eq!(codes[2].status, 429, "{:?}", codes[2].headers);
     assert!(codes[2].header("retry-after").is_some());
-    assert_eq!(up.hits(), 2, "the refused request never reached the upstream");
+    assert_eq!(
+        up.hits(),
+        2,
+        "the refused request never reached the upstream"
+    );
 }

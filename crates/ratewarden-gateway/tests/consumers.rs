@@ -21,7 +21,7 @@ const SECRET: &str = "0123456789abcdef0123456789abcdef";
 fn yaml(extra: &str) -> String {
     format!(
         "key_secret: {SECRET}\n\
-         consumers: {{from: header:X-Api-Key, unknown: reject}}\n\
+         consumers: {{from: header:X-Api-Key, unknown: reject, max: 2}}\n\
          identity: {{from: consumer, missing: reject}}\n\
          access_log: {{path: stdout, format: json}}\n\
          {extra}\
@@ -65,15 +65,23 @@ async fn consumers_on_memory_are_named_everywhere_and_survive_a_restart() {
     let file = dir.join("ratewarden.yaml");
     let state = dir.join("state");
     std::fs::create_dir_all(&state).unwrap();
-    std::fs::write(
-        &file,
-        yaml(&format!("state_dir: {}\n", state.display())),
-    )
-    .unwrap();
+    std::fs::write(&file, yaml(&format!("state_dir: {}\n", state.display()))).unwrap();
     let gw = support::spawn_binary(&file, &up.url(), &[], None);
     let pro = make(gw.admin, "acme", "pro").await;
     let free = make(gw.admin, "globex", "free").await;
     assert!(pro.starts_with("rw_") && pro.len() == 51, "{pro}");
+    // The bound (`consumers.max: 2`), and a name or key taken: 409.
+    for body in [r#"{"name":"initech"}"#, r#"{"name":"acme"}"#] {
+        let r = send(
+            gw.admin,
+            "POST",
+            "/v1/consumers",
+            &[("content-type", "application/json")],
+            body,
+        )
+        .await;
+        assert_eq!(r.status, 409, "{body}: {}", r.body);
+    }
     // The plan's headers: pro's 5, free's 2.
     let r = send(gw.listen, "GET", "/orders", &[("x-api-key", &pro)], "").await;
     assert_eq!(r.status, 200);
@@ -89,14 +97,20 @@ async fn consumers_on_memory_are_named_everywhere_and_survive_a_restart() {
         Some("ApiKey header=\"x-api-key\"")
     );
     // Usage, as the store holds it: globex used its 2.
-    let usage = json(&send(gw.admin, "GET", "/v1/consumers/globex/usage", &[], "").await.body);
+    let usage = json(
+        &send(gw.admin, "GET", "/v1/consumers/globex/usage", &[], "")
+            .await
+            .body,
+    );
     assert_eq!(usage["rules"][0]["rule"], "api");
     assert_eq!(usage["rules"][0]["tier"], "free");
     assert_eq!(usage["rules"][0]["limit"], 2);
     assert_eq!(usage["rules"][0]["remaining"], 0);
     // Named where a key shows: /v1/keys, /v1/explain, the access log
     // (admitted lines too), the refusal log; the key nowhere.
-    let keys = send(gw.admin, "GET", "/v1/keys/api/globex", &[], "").await.body;
+    let keys = send(gw.admin, "GET", "/v1/keys/api/globex", &[], "")
+        .await
+        .body;
     assert!(keys.contains("\"remaining\":0"), "{keys}");
     let explain = json(
         &send(
@@ -111,20 +125,30 @@ async fn consumers_on_memory_are_named_everywhere_and_survive_a_restart() {
     );
     assert_eq!(explain["consumer"]["name"], "acme", "{explain}");
     assert_eq!(explain["rules"][0]["tier"], "pro", "{explain}");
-    let admitted = gw.wait_for_line(|l| l.contains("\"status\":200") && l.contains("\"consumer\":\"acme\""));
+    let admitted =
+        gw.wait_for_line(|l| l.contains("\"status\":200") && l.contains("\"consumer\":\"acme\""));
     assert!(admitted.contains("\"identity\":\"acme\""), "{admitted}");
     gw.wait_for_line(|l| l.contains("rejected") && l.contains("key=\"globex\""));
     let listed = send(gw.admin, "GET", "/v1/consumers", &[], "").await.body;
     let metrics = send(gw.admin, "GET", "/metrics", &[], "").await.body;
-    assert!(metrics.contains("ratewarden_consumer_unknown_keys_total 1"), "{metrics}");
+    assert!(
+        metrics.contains("ratewarden_consumer_unknown_keys_total 1"),
+        "{metrics}"
+    );
     assert!(!metrics.contains("acme"), "no consumer label");
     let log = gw.lines.lock().unwrap().join("");
     let kept = std::fs::read_to_string(state.join("consumers.json")).unwrap();
     for text in [&listed, &log, &kept, &metrics, &keys] {
-        assert!(!text.contains(&pro) && !text.contains(&free), "a key in clear: {text}");
+        assert!(
+            !text.contains(&pro) && !text.contains(&free),
+            "a key in clear: {text}"
+        );
     }
     use std::os::unix::fs::PermissionsExt as _;
-    let mode = std::fs::metadata(state.join("consumers.json")).unwrap().permissions().mode();
+    let mode = std::fs::metadata(state.join("consumers.json"))
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
     drop(gw);
 
@@ -133,7 +157,11 @@ async fn consumers_on_memory_are_named_everywhere_and_survive_a_restart() {
     let r = send(gw.listen, "GET", "/orders", &[("x-api-key", &pro)], "").await;
     assert_eq!(r.status, 200, "acme's key after a restart");
     assert_eq!(r.header("x-ratelimit-limit"), Some("5"));
-    let one = json(&send(gw.admin, "GET", "/v1/consumers/acme", &[], "").await.body);
+    let one = json(
+        &send(gw.admin, "GET", "/v1/consumers/acme", &[], "")
+            .await
+            .body,
+    );
     assert_eq!(one["tier"], "pro");
     assert_eq!(one["metadata"]["crm"], "4711");
     // A tier change, then a revocation, each kept.
@@ -160,7 +188,11 @@ async fn consumers_on_memory_are_named_everywhere_and_survive_a_restart() {
     assert_eq!(r.header("x-ratelimit-limit"), Some("2"));
     let del = send(gw.admin, "DELETE", "/v1/consumers/globex", &[], "").await;
     assert_eq!(del.status, 200);
-    assert_eq!(statuses(gw.listen, &free, 1).await, [401], "revoked at once");
+    assert_eq!(
+        statuses(gw.listen, &free, 1).await,
+        [401],
+        "revoked at once"
+    );
     drop(gw);
     let gw = support::spawn_binary(&file, &up.url(), &[], None);
     assert_eq!(statuses(gw.listen, &free, 1).await, [401], "still revoked");
@@ -170,7 +202,8 @@ async fn consumers_on_memory_are_named_everywhere_and_survive_a_restart() {
 }
 
 #[tokio::test]
-async fn a_consumer_made_on_one_gateway_is_in_force_on_another_and_its_revocation_within_a_second() {
+async fn a_consumer_made_on_one_gateway_is_in_force_on_another_and_its_revocation_within_a_second()
+{
     let redis = RedisServer::start();
     let up = Upstream::start().await;
     let yaml = yaml(&format!(
@@ -187,11 +220,21 @@ async fn a_consumer_made_on_one_gateway_is_in_force_on_another_and_its_revocatio
     }
     let made = t.elapsed();
     // Shared state: 5 between the two gateways (one already spent on B).
-    let n = statuses(a.listen, &key, 3).await.iter().filter(|&&s| s == 200).count()
-        + statuses(b.listen, &key, 3).await.iter().filter(|&&s| s == 200).count();
+    let n = statuses(a.listen, &key, 3)
+        .await
+        .iter()
+        .filter(|&&s| s == 200)
+        .count()
+        + statuses(b.listen, &key, 3)
+            .await
+            .iter()
+            .filter(|&&s| s == 200)
+            .count();
     assert_eq!(n, 4, "the pro tier's 5, one used by the wait");
     // Listed by its name (found by the SCAN of the tier's keys).
-    let keys = send(a.admin, "GET", "/v1/keys?rule=api", &[], "").await.body;
+    let keys = send(a.admin, "GET", "/v1/keys?rule=api", &[], "")
+        .await
+        .body;
     assert!(keys.contains("\"key\":\"acme\""), "{keys}");
     assert!(!keys.contains(&key), "{keys}");
     // Kept in Redis as its hash only.
@@ -202,7 +245,10 @@ async fn a_consumer_made_on_one_gateway_is_in_force_on_another_and_its_revocatio
     assert_eq!(del.status, 200, "{}", del.body);
     let t = Instant::now();
     while statuses(a.listen, &key, 1).await != [401] {
-        assert!(t.elapsed() < Duration::from_secs(1), "still in force on A after 1 s");
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "still in force on A after 1 s"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     println!(
@@ -244,7 +290,12 @@ async fn key_new_and_key_hash_make_what_consumers_file_takes() {
         .spawn()
         .unwrap();
     use std::io::Write as _;
-    child.stdin.take().unwrap().write_all(key.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(key.as_bytes())
+        .unwrap();
     let again = String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap();
     assert!(again.contains(&hash), "{again} vs {hash}");
     let dir = support::scratch_dir("rw-consumers-file");
@@ -258,7 +309,7 @@ async fn key_new_and_key_hash_make_what_consumers_file_takes() {
     std::fs::write(
         &file,
         yaml("").replace(
-            "unknown: reject}",
+            "unknown: reject, max: 2}",
             &format!("unknown: reject, file: {}}}", list.display()),
         ),
     )
@@ -267,7 +318,11 @@ async fn key_new_and_key_hash_make_what_consumers_file_takes() {
     let r = send(gw.listen, "GET", "/orders", &[("x-api-key", &key)], "").await;
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-ratelimit-limit"), Some("5"));
-    let one = json(&send(gw.admin, "GET", "/v1/consumers/initech", &[], "").await.body);
+    let one = json(
+        &send(gw.admin, "GET", "/v1/consumers/initech", &[], "")
+            .await
+            .body,
+    );
     assert_eq!(one["source"], "file");
     let del = send(gw.admin, "DELETE", "/v1/consumers/initech", &[], "").await;
     assert_eq!(del.status, 409, "{}", del.body);
@@ -338,11 +393,18 @@ async fn the_readme_api_product_runs_as_written() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
     // The call: 200 and the pro plan's limit.
     assert!(lines[0].starts_with("HTTP/1.1 200"), "{text}");
-    assert!(lines[1].eq_ignore_ascii_case("x-ratelimit-limit: 5000"), "{text}");
+    assert!(
+        lines[1].eq_ignore_ascii_case("x-ratelimit-limit: 5000"),
+        "{text}"
+    );
     // Its usage: one of 5000 spent.
     let usage = json(lines[2]);
     assert_eq!(usage["rules"][0]["charged"], 1, "{text}");
@@ -351,5 +413,10 @@ async fn the_readme_api_product_runs_as_written() {
     assert!(lines[3].contains("\"revoked\":true"), "{text}");
     // Revoked: 401, with the challenge.
     assert!(lines[4].starts_with("HTTP/1.1 401"), "{text}");
-    assert!(lines[5].to_ascii_lowercase().starts_with("www-authenticate: apikey"), "{text}");
+    assert!(
+        lines[5]
+            .to_ascii_lowercase()
+            .starts_with("www-authenticate: apikey"),
+        "{text}"
+    );
 }

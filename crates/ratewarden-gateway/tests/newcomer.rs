@@ -240,7 +240,10 @@ async fn listen_off_serves_the_hook_without_a_proxy_listener() {
     );
     assert_eq!(code, 0, "{out}");
     // `listen: null` (or `listen:` with nothing) is not the default.
-    for text in ["listen: null\nupstream: echo\n", "listen:\nupstream: echo\n"] {
+    for text in [
+        "listen: null\nupstream: echo\n",
+        "listen:\nupstream: echo\n",
+    ] {
         let (code, out) = validate(text);
         assert_eq!(code, 2, "{text}: {out}");
         assert!(out.contains("`listen` is empty (null)"), "{out}");

@@ -397,7 +397,10 @@ mod tests {
     fn text_sits_on_its_elements_line_and_labels_drop_a_zero_fraction() {
         let svg = "<svg>\n<text x=\"1\">\nper-api-key (fixed_window)\n</text>\n<text y=\"2\">\n100\n</text>\n</svg>";
         let tight = tight_text(svg);
-        assert!(tight.contains(">per-api-key (fixed_window)</text>"), "{tight}");
+        assert!(
+            tight.contains(">per-api-key (fixed_window)</text>"),
+            "{tight}"
+        );
         assert!(tight.contains(">100</text>"), "{tight}");
         assert_eq!(number(100.0), "100");
         assert_eq!(number(2.5), "2.5");

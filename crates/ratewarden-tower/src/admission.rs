@@ -304,9 +304,7 @@ impl Policy {
                     Missing::Anonymous => ANONYMOUS.to_owned(),
                     // No API key that names a consumer: 401, as an
                     // unknown key is.
-                    Missing::Reject
-                        if matches!(self.identity, IdentitySource::Consumer { .. }) =>
-                    {
+                    Missing::Reject if matches!(self.identity, IdentitySource::Consumer { .. }) => {
                         return Err(Refusal::NoConsumer);
                     }
                     Missing::Reject => {
@@ -469,7 +467,9 @@ impl Policy {
         identity: Option<&str>,
         tier: Option<&str>,
     ) -> Result<Option<Matched<'p>>, NamedError> {
-        let r = self.rule(rule).ok_or_else(|| NamedError::NoRule(rule.to_owned()))?;
+        let r = self
+            .rule(rule)
+            .ok_or_else(|| NamedError::NoRule(rule.to_owned()))?;
         if let Some(t) = &r.tiers
             && t.values[t.pick(tier)].rule.is_none()
         {

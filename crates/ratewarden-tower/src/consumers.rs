@@ -240,7 +240,10 @@ mod tests {
             t.add(consumer("acme", "#z", None)),
             Err(AddError::NameTaken("acme".into()))
         );
-        assert_eq!(t.add(consumer("other", "#a", None)), Err(AddError::KeyTaken));
+        assert_eq!(
+            t.add(consumer("other", "#a", None)),
+            Err(AddError::KeyTaken)
+        );
         let mut changed = consumer("acme", "#a", None);
         changed.tier = Some("free".into());
         assert!(t.update(changed));

@@ -25,8 +25,8 @@ mod validate;
 
 pub use diag::{ConfigError, ConfigErrors, parse_duration, suggest};
 pub use model::*;
-pub(crate) use validate::{consumer_name, distribution};
 pub use validate::{BODY_TIMEOUT, HEADER_TIMEOUT, MAX_BODY_SIZE, parse_size};
+pub(crate) use validate::{consumer_name, distribution};
 
 use diag::{Diag, parse_error};
 

@@ -241,7 +241,9 @@ pub fn summary(runs: &[(String, Run)], took: Duration) -> String {
     let w_run = widest(16, &mut runs.iter().map(|(name, _)| name.len()));
     let w_rule = widest(
         20,
-        &mut runs.iter().flat_map(|(_, r)| r.rules.iter().map(|n| n.len())),
+        &mut runs
+            .iter()
+            .flat_map(|(_, r)| r.rules.iter().map(|n| n.len())),
     );
     let w_alg = widest(
         24,

@@ -78,8 +78,7 @@ fn api_key_challenge(config: &Config) -> http::HeaderValue {
         Some(ApiKeyFrom::Query(q)) => format!("ApiKey query=\"{q}\""),
         _ => "Bearer error=\"invalid_token\"".to_owned(),
     };
-    http::HeaderValue::from_str(&text)
-        .unwrap_or_else(|_| http::HeaderValue::from_static("ApiKey"))
+    http::HeaderValue::from_str(&text).unwrap_or_else(|_| http::HeaderValue::from_static("ApiKey"))
 }
 
 /// A gRPC request (`content-type: application/grpc[+proto|+json]`), or a
