@@ -7,6 +7,7 @@
 #
 # With CONFIG_B, B runs on that config (BIN_A and BIN_B may be the same file).
 # HEADER='Name: value' adds a header to every request (an API key).
+# KEEP=DIR keeps each run's callgrind file there (for callgrind_annotate).
 # H2=1 sends HTTP/2 (h2c) instead, which hyper serves: then everything the
 # process runs is counted (start-up cancels out in the difference below),
 # since `serve_connection` is the HTTP/1.1 path's.
@@ -42,6 +43,7 @@ count() {
   h2load "${proto[@]}" ${HEADER:+-H "$HEADER"} -n "$2" -c 4 -m 1 "http://127.0.0.1:$rw/" | grep -q "$2 succeeded\|$2 done" \
     || { echo "h2load did not complete $2 requests" >&2; exit 1; }
   kill -INT $p; wait $p 2>/dev/null || true
+  [ -z "${KEEP:-}" ] || cp "$out" "$KEEP/$(basename "$1")-$2.out"
   awk '/^summary:/ {print $2}' "$out"
 }
 

@@ -295,15 +295,27 @@ impl Gateway {
     /// `consumers:`. A key that names no one (unknown, revoked, expired)
     /// is refused (401) under `unknown: reject`, and is as no key under
     /// `anonymous`. The key is hashed first; only its hash is looked up.
+    #[inline]
     pub(crate) fn consumer(
         &self,
         live: &Live,
         request: &ratewarden_tower::view::RequestView<'_>,
     ) -> Result<Option<Arc<Consumer>>, Refusal> {
+        // Without `consumers:` (most configs), nothing more: no call.
+        match &live.config.consumers {
+            None => Ok(None),
+            Some(spec) => self.find_consumer(live, spec, request),
+        }
+    }
+
+    /// [`Self::consumer`] under `consumers:`.
+    fn find_consumer(
+        &self,
+        live: &Live,
+        spec: &crate::config::ConsumersSpec,
+        request: &ratewarden_tower::view::RequestView<'_>,
+    ) -> Result<Option<Arc<Consumer>>, Refusal> {
         use crate::config::ApiKeyFrom;
-        let Some(spec) = &live.config.consumers else {
-            return Ok(None);
-        };
         let key = match &spec.from {
             ApiKeyFrom::Header(h) => request
                 .header_text(h.as_str())

@@ -392,13 +392,13 @@ const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// `&str` would be parsed and copied into a new buffer on every response.
 fn header_name(name: &'static str) -> Option<HeaderName> {
     Some(match name {
-        "Retry-After" => header::RETRY_AFTER,
-        "X-RateLimit-Limit" => X_RATELIMIT_LIMIT,
-        "X-RateLimit-Remaining" => X_RATELIMIT_REMAINING,
-        "X-RateLimit-Reset" => X_RATELIMIT_RESET,
-        "X-RateLimit-Retry-After" => X_RATELIMIT_RETRY_AFTER,
-        "RateLimit-Policy" => RATELIMIT_POLICY,
-        "RateLimit" => RATELIMIT,
+        "retry-after" => header::RETRY_AFTER,
+        "x-ratelimit-limit" => X_RATELIMIT_LIMIT,
+        "x-ratelimit-remaining" => X_RATELIMIT_REMAINING,
+        "x-ratelimit-reset" => X_RATELIMIT_RESET,
+        "x-ratelimit-retry-after" => X_RATELIMIT_RETRY_AFTER,
+        "ratelimit-policy" => RATELIMIT_POLICY,
+        "ratelimit" => RATELIMIT,
         other => return HeaderName::from_bytes(other.as_bytes()).ok(),
     })
 }
@@ -413,9 +413,9 @@ fn header_name(name: &'static str) -> Option<HeaderName> {
 /// use ratewarden_tower::insert_headers;
 /// let mut h = http::HeaderMap::new();
 /// insert_headers(&mut h, vec![
-///     ("X-RateLimit-Limit", Number(20)),
-///     ("Retry-After", Number(86_400)),
-///     ("RateLimit", Text("\"api\";r=0;t=3".to_owned())),
+///     ("x-ratelimit-limit", Number(20)),
+///     ("retry-after", Number(86_400)),
+///     ("ratelimit", Text("\"api\";r=0;t=3".to_owned())),
 /// ]);
 /// assert_eq!(h["x-ratelimit-limit"], "20");
 /// assert_eq!(h["retry-after"], "86400");

@@ -161,9 +161,9 @@ impl Decision {
     ///     }],
     /// };
     /// let h = d.headers(HeaderStyle::default());
-    /// assert_eq!(h[0], ("X-RateLimit-Limit", "50".to_string()));
-    /// assert_eq!(h[3], ("RateLimit-Policy", "\"per-client\";q=50;w=60".to_string()));
-    /// assert_eq!(h[4], ("RateLimit", "\"per-client\";r=49;t=60".to_string()));
+    /// assert_eq!(h[0], ("x-ratelimit-limit", "50".to_string()));
+    /// assert_eq!(h[3], ("ratelimit-policy", "\"per-client\";q=50;w=60".to_string()));
+    /// assert_eq!(h[4], ("ratelimit", "\"per-client\";r=49;t=60".to_string()));
     /// ```
     pub fn headers(&self, style: HeaderStyle) -> Vec<(&'static str, String)> {
         self.header_fields(style)
@@ -184,7 +184,7 @@ impl Decision {
     /// #     rule, key: "1.2.3.4".into(), reason: None, remaining: 49,
     /// #     reset_after: Duration::from_secs(60), retry_after: None, lease: None }] };
     /// let h = d.header_fields(HeaderStyle::default());
-    /// assert_eq!(h[1], ("X-RateLimit-Remaining", HeaderField::Number(49)));
+    /// assert_eq!(h[1], ("x-ratelimit-remaining", HeaderField::Number(49)));
     /// assert_eq!(h[4].1.to_string(), "\"per-client\";r=49;t=60");
     /// ```
     pub fn header_fields(&self, style: HeaderStyle) -> Vec<(&'static str, HeaderField)> {
@@ -224,17 +224,17 @@ impl Decision {
         // `format!`: this runs on every limited response.
         let retry = self.retry_after_secs();
         if let Some(secs) = retry {
-            field("Retry-After", Number(secs));
+            field("retry-after", Number(secs));
         }
         if style.legacy
             && let Some(b) = self.binding()
         {
-            field("X-RateLimit-Limit", Number(b.rule.limit()));
-            field("X-RateLimit-Remaining", Number(b.remaining));
+            field("x-ratelimit-limit", Number(b.rule.limit()));
+            field("x-ratelimit-remaining", Number(b.remaining));
             let reset = whole_secs(b.reset_after).max(retry.unwrap_or(0));
-            field("X-RateLimit-Reset", Number(reset));
+            field("x-ratelimit-reset", Number(reset));
             if let Some(secs) = retry {
-                field("X-RateLimit-Retry-After", Number(secs));
+                field("x-ratelimit-retry-after", Number(secs));
             }
         }
         if style.ietf && self.enforced().next().is_some() {
@@ -266,7 +266,7 @@ impl Decision {
                     scratch.push_str(";override");
                 }
             }
-            field("RateLimit-Policy", FieldRef::Text(scratch));
+            field("ratelimit-policy", FieldRef::Text(scratch));
             scratch.clear();
             for r in self.enforced() {
                 if !scratch.is_empty() {
@@ -283,7 +283,7 @@ impl Decision {
                 scratch.push_str(";t=");
                 push_u64(scratch, t);
             }
-            field("RateLimit", FieldRef::Text(scratch));
+            field("ratelimit", FieldRef::Text(scratch));
         }
     }
 

@@ -171,7 +171,7 @@ impl End {
                 request_id: &flow.rid,
                 identity: n.identity.as_deref(),
                 key: n.key.as_deref(),
-                consumer: n.consumer.as_deref(),
+                consumer: n.consumer.as_ref().map(|c| c.name.as_str()),
                 rule: n.rule.as_ref().map(ratewarden::Rule::name),
                 tier: n.rule.as_ref().and_then(|r| {
                     if r.is_override() {

@@ -104,7 +104,7 @@ pub(crate) struct Note {
     /// The refusing rule.
     rule: Option<Rule>,
     /// The consumer the request's API key named.
-    consumer: Option<String>,
+    consumer: Option<std::sync::Arc<ratewarden_tower::consumers::Consumer>>,
 }
 
 /// What the wire knows for the access log's line.
@@ -217,7 +217,7 @@ impl Flow {
             Err(r) => return Decided::Refused(r),
         };
         if let (true, Some(c)) = (logged, &consumer) {
-            note.consumer = Some(c.name.clone());
+            note.consumer = Some(c.clone());
         }
         // The body's JSON, when a rule reads it (`json:` key parts; a rule
         // charged by an LLM's usage reserves what it asks).

@@ -54,22 +54,6 @@ pub(crate) struct RateFields {
     pub(crate) body: String,
 }
 
-/// A rate-limit field's name as every answer writes it: lowercase, as
-/// HTTP/2 and hyper's HTTP/1 write every name, and as this path writes its
-/// others (a gateway's headers read alike whichever path answered).
-fn lowercase(name: &'static str) -> &'static str {
-    match name {
-        "Retry-After" => "retry-after",
-        "X-RateLimit-Limit" => "x-ratelimit-limit",
-        "X-RateLimit-Remaining" => "x-ratelimit-remaining",
-        "X-RateLimit-Reset" => "x-ratelimit-reset",
-        "X-RateLimit-Retry-After" => "x-ratelimit-retry-after",
-        "RateLimit-Policy" => "ratelimit-policy",
-        "RateLimit" => "ratelimit",
-        other => other,
-    }
-}
-
 impl RateFields {
     pub(crate) fn render(
         &mut self,
@@ -94,7 +78,6 @@ impl RateFields {
                     t
                 }
             };
-            let name = lowercase(name);
             push_field(lines, name.as_bytes(), text.as_bytes());
             names.push(name);
         });
