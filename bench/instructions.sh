@@ -7,6 +7,7 @@
 #
 # With CONFIG_B, B runs on that config (BIN_A and BIN_B may be the same file).
 # HEADER='Name: value' adds a header to every request (an API key).
+# LOG=info runs with the log on (default off).
 # KEEP=DIR keeps each run's callgrind file there (for callgrind_annotate).
 # H2=1 sends HTTP/2 (h2c) instead, which hyper serves: then everything the
 # process runs is counted (start-up cancels out in the difference below),
@@ -35,7 +36,7 @@ count() {
   rw=$(port)
   local collect=(--toggle-collect='*serve_connection*') proto=(--h1)
   [ -z "${H2:-}" ] || { collect=(); proto=(); }
-  RUST_LOG=off valgrind --tool=callgrind "${collect[@]}" \
+  RUST_LOG=${LOG:-off} valgrind --tool=callgrind "${collect[@]}" \
     --callgrind-out-file="$out" "$1" serve -c "$CONF" --listen 127.0.0.1:$rw \
     --upstream http://127.0.0.1:$UP --workers 1 > /dev/null 2> "$WORK/valgrind.log" &
   local p=$!

@@ -510,7 +510,13 @@ impl Gateway {
                 }
                 // A flood of refusals is not a flood of lines: a key's first
                 // refusal in each period is logged, the rest summarised.
-                if !crate::observe::refusals::first(r.rule.id(), r.rule.name(), &r.key) {
+                // With INFO off there are neither lines nor summaries to
+                // write: nothing is kept.
+                // (The global level, one atomic load: `enabled!` would ask
+                // the filter each time.)
+                if tracing::level_filters::LevelFilter::current() < tracing::Level::INFO
+                    || !crate::observe::refusals::first(r.rule.id(), r.rule.name(), &r.key)
+                {
                     continue;
                 }
                 match request {
