@@ -108,6 +108,10 @@ struct Remote {
     /// When it was last fetched (or tried); `None` before the first.
     fetched: parking_lot::Mutex<Option<std::time::Instant>>,
     unknown_kid: std::sync::atomic::AtomicBool,
+    /// Moved at each new key set: a cached token verified under another
+    /// set is verified again (a key rotated out is never trusted from the
+    /// cache).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 /// How often a `jwks_url` is fetched again.
@@ -130,6 +134,9 @@ pub struct Verifier {
     issuer: Option<String>,
     audiences: Vec<String>,
     leeway: u64,
+    /// Tokens verified lately, and those that failed ([`TokenCache`]):
+    /// shared by a verifier's clones, made afresh with each config.
+    cache: std::sync::Arc<TokenCache>,
 }
 
 impl std::fmt::Debug for Verifier {
@@ -172,6 +179,7 @@ impl Verifier {
             issuer,
             audiences,
             leeway: leeway_secs,
+            cache: std::sync::Arc::new(TokenCache::new(CACHED_TOKENS)),
         })
     }
 
@@ -205,6 +213,7 @@ impl Verifier {
             keys: arc_swap::ArcSwap::from_pointee(vec![]),
             fetched: parking_lot::Mutex::new(None),
             unknown_kid: std::sync::atomic::AtomicBool::new(false),
+            generation: std::sync::atomic::AtomicU64::new(0),
         }));
         Ok(self)
     }
@@ -222,6 +231,8 @@ impl Verifier {
         let keys = parse_jwks(&fetch(&r.url)?)?;
         *r.fetched.lock() = Some(std::time::Instant::now());
         r.keys.store(std::sync::Arc::new(keys));
+        r.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -261,6 +272,8 @@ impl Verifier {
             Ok(keys) => {
                 tracing::info!(url = r.url, keys = keys.len(), "jwks_url refreshed");
                 r.keys.store(std::sync::Arc::new(keys));
+                r.generation
+                    .fetch_add(1, std::sync::atomic::Ordering::Release);
             }
             Err(e) => {
                 tracing::warn!(url = r.url, error = %e, "jwks_url refresh failed; the last good keys stay")
@@ -419,7 +432,43 @@ impl Verifier {
 
     /// The claims of `token` at `now` (seconds since the epoch), if it is
     /// to be trusted.
+    ///
+    /// A token verified (or refused after its signature was checked) is
+    /// kept, so that a client reusing its token costs one verification, not
+    /// one per request: see [`TokenCache`].
     pub fn verify(&self, token: &str, now: u64) -> Result<Claims, Rejected> {
+        if token.len() > MAX_TOKEN {
+            return Err(Rejected::TooLarge);
+        }
+        let generation = self.generation();
+        if let Some(hit) = self.cache.get(token, now, generation) {
+            return hit;
+        }
+        self.cache
+            .verified
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let result = self.verify_uncached(token, now);
+        self.cache.put(token, now, generation, &result, self.leeway);
+        result
+    }
+
+    /// How many tokens were verified, not found in the cache (a test's
+    /// measure of the cache).
+    pub fn verified(&self) -> u64 {
+        self.cache
+            .verified
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The JWKS's key set's generation (0 without a `jwks_url`).
+    fn generation(&self) -> u64 {
+        self.remote.as_ref().map_or(0, |r| {
+            r.generation.load(std::sync::atomic::Ordering::Acquire)
+        })
+    }
+
+    /// [`Self::verify`] without the cache.
+    fn verify_uncached(&self, token: &str, now: u64) -> Result<Claims, Rejected> {
         if token.len() > MAX_TOKEN {
             return Err(Rejected::TooLarge);
         }
@@ -473,7 +522,7 @@ impl Verifier {
                 return Err(Rejected::Audience);
             }
         }
-        Ok(Claims(claims))
+        Ok(Claims(std::sync::Arc::new(claims)))
     }
 
     fn check_signature(
@@ -565,9 +614,134 @@ impl Verifier {
     }
 }
 
+/// Tokens a verifier keeps, at most this many.
+pub const CACHED_TOKENS: usize = 16_384;
+/// The longest a verified token is kept (its `exp` ends it sooner).
+pub const CACHED_FOR: u64 = 300;
+/// How long a token refused after its signature was checked is kept as
+/// refused: long enough that a flood of one bad token costs one check a
+/// few seconds, short enough that a token refused for `nbf` is soon
+/// tried again.
+pub const CACHED_FAILURE_FOR: u64 = 5;
+
+/// Tokens verified lately, by a keyed hash of the whole token (the token
+/// itself kept beside it and compared: a hash collision never lends one
+/// token another's claims), each with what its verification said:
+/// - a trusted token, until its `exp` (with the leeway) or [`CACHED_FOR`],
+///   whichever is first, and only under the key set it was verified with;
+/// - a token refused after its signature was checked (a bad signature, an
+///   expired or not-yet-valid token, a wrong issuer or audience), for
+///   [`CACHED_FAILURE_FOR`]: a flood of one bad token costs one check.
+///   Tokens refused before (malformed, an unknown `kid`, an algorithm not
+///   taken) are not kept: refusing them costs no signature check, and
+///   keeping them would let garbage push out good tokens.
+///
+/// Bounded: [`SHARDS`] maps of at most `max / SHARDS` tokens each; a full
+/// map drops an entry to take a new one. A token is held in memory as a
+/// request carried it; it is never logged, exported or stored elsewhere.
+#[derive(Debug)]
+pub(crate) struct TokenCache {
+    shards: Vec<parking_lot::Mutex<std::collections::HashMap<u64, Cached>>>,
+    hasher: foldhash::fast::RandomState,
+    per_shard: usize,
+    /// Verifications made (not answered from the cache).
+    verified: std::sync::atomic::AtomicU64,
+}
+
+const SHARDS: usize = 16;
+
+#[derive(Debug)]
+struct Cached {
+    token: Box<str>,
+    generation: u64,
+    /// Seconds since the epoch: kept until then.
+    until: u64,
+    result: Result<Claims, Rejected>,
+}
+
+impl TokenCache {
+    fn new(max: usize) -> Self {
+        Self {
+            shards: (0..SHARDS)
+                .map(|_| parking_lot::Mutex::new(std::collections::HashMap::new()))
+                .collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            per_shard: max.div_ceil(SHARDS),
+            verified: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn key(&self, token: &str) -> u64 {
+        use std::hash::BuildHasher as _;
+        self.hasher.hash_one(token)
+    }
+
+    /// What verifying `token` at `now` under key set `generation` said,
+    /// when it is kept and still holds.
+    fn get(&self, token: &str, now: u64, generation: u64) -> Option<Result<Claims, Rejected>> {
+        let h = self.key(token);
+        let shard = self.shards[h as usize % SHARDS].lock();
+        let c = shard.get(&h)?;
+        (now < c.until && c.generation == generation && *c.token == *token)
+            .then(|| c.result.clone())
+    }
+
+    /// Keeps what verifying `token` said, when it is kept (see the type).
+    fn put(
+        &self,
+        token: &str,
+        now: u64,
+        generation: u64,
+        result: &Result<Claims, Rejected>,
+        leeway: u64,
+    ) {
+        let until = match result {
+            Ok(claims) => {
+                let exp = claims
+                    .0
+                    .get("exp")
+                    .and_then(Value::as_f64)
+                    .map_or(u64::MAX, |e| (e.max(0.0) as u64).saturating_add(leeway));
+                exp.min(now + CACHED_FOR)
+            }
+            Err(
+                Rejected::Signature
+                | Rejected::Expired
+                | Rejected::NotYetValid
+                | Rejected::Issuer
+                | Rejected::Audience,
+            ) => now + CACHED_FAILURE_FOR,
+            Err(_) => return,
+        };
+        if until <= now {
+            return;
+        }
+        let h = self.key(token);
+        let mut shard = self.shards[h as usize % SHARDS].lock();
+        if shard.len() >= self.per_shard && !shard.contains_key(&h) {
+            // Full: those past their time first, else any one.
+            shard.retain(|_, c| now < c.until);
+            if shard.len() >= self.per_shard
+                && let Some(k) = shard.keys().next().copied()
+            {
+                shard.remove(&k);
+            }
+        }
+        shard.insert(
+            h,
+            Cached {
+                token: token.into(),
+                generation,
+                until,
+                result: result.clone(),
+            },
+        );
+    }
+}
+
 /// A verified token's claims.
 #[derive(Debug, Clone)]
-pub struct Claims(Value);
+pub struct Claims(std::sync::Arc<Value>);
 
 impl ratewarden_tower::view::Claims for Claims {
     /// A claim by its path (`sub`, `org.id`): a string, or a number as

@@ -519,6 +519,57 @@ async fn a_rule_can_require_a_token_for_what_it_matches() {
 /// when the config loads; a token signed by a key not yet published is not
 /// trusted (and asks for a refresh); once the server publishes it, a
 /// refresh trusts it; a failed refresh keeps the last good keys.
+/// Issue 51: a token verified once is answered from the verifier's cache
+/// until its `exp` (with the leeway), and no longer; one refused after its
+/// signature was checked is refused from the cache for a few seconds (a
+/// flood of one bad token costs one check); malformed ones cost no check.
+#[test]
+fn verified_tokens_are_kept_until_their_exp_and_bad_ones_briefly() {
+    let k = keys();
+    let v = verifier(&k, None);
+    let rsa = token(&k, json!({"alg": "RS256", "kid": "rsa"}), good_claims());
+    for _ in 0..100 {
+        let c = v.verify(&rsa, NOW).unwrap();
+        assert_eq!(
+            ratewarden_tower::view::Claims::claim(&c, "sub").as_deref(),
+            Some("user-7")
+        );
+    }
+    assert_eq!(v.verified(), 1, "one verification for 100 uses");
+    // exp is NOW + 60, the leeway 30: trusted at NOW + 89, not at + 90.
+    assert!(v.verify(&rsa, NOW + 89).is_ok());
+    assert_eq!(v.verify(&rsa, NOW + 90).err(), Some(Rejected::Expired));
+    assert_eq!(v.verify(&rsa, NOW + 91).err(), Some(Rejected::Expired));
+    assert_eq!(
+        v.verified(),
+        2,
+        "the expired one checked once, then kept as refused"
+    );
+    // A bad signature: checked once, refused from the cache for 5 s, then
+    // checked again.
+    // (The signature's first character changed: still base64.)
+    let at = rsa.rfind('.').unwrap() + 1;
+    let first = &rsa[at..at + 1];
+    let forged = format!(
+        "{}{}{}",
+        &rsa[..at],
+        if first == "A" { "B" } else { "A" },
+        &rsa[at + 1..]
+    );
+    let before = v.verified();
+    for _ in 0..100 {
+        assert_eq!(v.verify(&forged, NOW).err(), Some(Rejected::Signature));
+    }
+    assert_eq!(v.verified() - before, 1);
+    assert_eq!(v.verify(&forged, NOW + 5).err(), Some(Rejected::Signature));
+    assert_eq!(v.verified() - before, 2);
+    // Garbage is refused without a check, and not kept.
+    assert_eq!(v.verify("a.b", NOW).err(), Some(Rejected::Malformed));
+    // Another token of the same claims is its own entry.
+    let other = token(&k, json!({"alg": "ES256", "kid": "p256"}), good_claims());
+    assert!(v.verify(&other, NOW).is_ok());
+}
+
 #[test]
 fn a_jwks_url_is_fetched_and_refreshed_through_rotation() {
     use std::io::{Read, Write};
@@ -568,6 +619,8 @@ fn a_jwks_url_is_fetched_and_refreshed_through_rotation() {
     let rsa = token(&k, json!({"alg": "RS256", "kid": "rsa"}), good_claims());
     let ed = token(&k, json!({"alg": "EdDSA", "kid": "ed"}), good_claims());
     assert!(v.verify(&rsa, NOW).is_ok(), "fetched at load");
+    assert!(v.verify(&rsa, NOW).is_ok(), "and kept");
+    assert_eq!(v.verified(), 1);
     assert_eq!(v.verify(&ed, NOW).err(), Some(Rejected::UnknownKey));
     assert!(!v.refresh_due(), "not within a minute of the last fetch");
     // Rotation: the server publishes the new key and drops the old one.
@@ -577,7 +630,7 @@ fn a_jwks_url_is_fetched_and_refreshed_through_rotation() {
     assert_eq!(
         v.verify(&rsa, NOW).err(),
         Some(Rejected::UnknownKey),
-        "the old one gone"
+        "the old one gone, though its token was kept as trusted"
     );
     // A failed refresh keeps the last good set.
     *served.lock().unwrap() = (500, String::new());
