@@ -115,6 +115,19 @@ impl Live {
             metrics.route(crate::upstream::route::DEFAULT),
             metrics.route(crate::observe::metrics::NO_ROUTE),
         ];
+        // The refusal cache never keeps a rule charged by its answer (a
+        // refund frees units before the refusal's time).
+        if let Some(r) = limiter.store().refusals() {
+            r.exclude(
+                config
+                    .policy
+                    .rules
+                    .iter()
+                    .filter(|r| r.by_answer.is_some())
+                    .map(|r| r.rule.name().to_owned())
+                    .collect(),
+            );
+        }
         let file_consumers = config
             .consumers
             .iter()

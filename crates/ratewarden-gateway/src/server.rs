@@ -526,12 +526,24 @@ async fn sync_overrides(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(crate::overrides::POLL);
+    // A key cleared or unbanned on any gateway: the refusals kept here go.
+    let mut cleared = crate::store::TableFollower::new(crate::store::CLEARED);
     loop {
         tokio::select! {
             _ = stop.changed() => return,
             _ = tick.tick() => {
                 sync.poll(&gw).await;
                 consumers.poll(&gw).await;
+                let live = gw.live();
+                let store = live.limiter.store();
+                if let Some(refusals) = store.refusals()
+                    && let Some((v, _)) = cleared.changed(store).await
+                {
+                    if cleared.read_once() {
+                        refusals.clear();
+                    }
+                    cleared.read(v);
+                }
             }
         }
     }

@@ -67,6 +67,17 @@ async fn json_logs_say_what_happened_and_redis_outages_are_logged_both_ways() {
     ] {
         assert_eq!(line[k], v, "{k} in {line}");
     }
+    // (The key's refusal is kept until the window lets it through, with
+    // no Redis call: cleared, so that the next requests ask Redis.)
+    let cleared = send(
+        bin.admin,
+        "DELETE",
+        "/v1/keys/per-client/127.0.0.1",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(cleared.status, 200, "{}", cleared.body);
     // Redis goes away: one WARN that decisions go local, one when the
     // circuit opens; back: INFO with how long and how many were local.
     redis.kill();

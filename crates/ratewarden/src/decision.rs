@@ -211,7 +211,7 @@ impl Decision {
     /// d.visit_header_fields(HeaderStyle::default(), &mut String::new(), |name, value| {
     ///     lines.push_str(&format!("{name}: {value}\n"));
     /// });
-    /// assert!(lines.ends_with("RateLimit: \"api\";r=4;t=2\n"), "{lines}");
+    /// assert!(lines.ends_with("ratelimit: \"api\";r=4;t=2\n"), "{lines}");
     /// ```
     pub fn visit_header_fields(
         &self,

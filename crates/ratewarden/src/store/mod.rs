@@ -434,6 +434,12 @@ impl<P: Store> Fallback<P> {
         }
     }
 
+    /// Whether the primary is down or broken now: decisions are made as
+    /// the policy says, not by the primary (one atomic load).
+    pub fn in_outage(&self) -> bool {
+        self.outage.on.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether requests are answered as the policy says: always, but while
     /// the primary is down under `deny`, or broken.
     pub fn ready(&self) -> bool {

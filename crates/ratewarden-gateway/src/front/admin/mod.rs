@@ -230,6 +230,11 @@ pub(crate) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Bod
                 memory.len(),
                 memory.full_refusals()
             ));
+            text.push_str(&format!(
+                "# HELP ratewarden_refusals_cached_total Requests refused from the refusals kept (no store call): each its key's refusal by the shared store, still in force.\n\
+                 # TYPE ratewarden_refusals_cached_total counter\nratewarden_refusals_cached_total {}\n",
+                store.refusals().map_or(0, |r| r.hits())
+            ));
             let (grants, local) = store.leases();
             text.push_str(&format!(
                 "# HELP ratewarden_lease_grants_total Slices of leased rules granted by the store to this gateway.\n\
