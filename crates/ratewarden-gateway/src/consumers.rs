@@ -399,47 +399,34 @@ pub(crate) fn to_json(c: &Consumer, source: &str, now: Micros) -> Value {
 /// force, and kept until the restart.
 async fn save(gw: &Gateway) {
     let live = gw.live();
-    let Some(dir) = live.config.state_dir.clone() else {
-        return;
+    let shared = live.limiter.store().is_shared();
+    let table = || -> std::collections::BTreeMap<String, Stored> {
+        gw.consumers
+            .list()
+            .iter()
+            .map(|c| (c.name.clone(), Stored::of(c)))
+            .collect()
     };
-    if live.limiter.store().is_shared() {
-        return;
-    }
-    let table: std::collections::BTreeMap<String, Stored> = gw
-        .consumers
-        .list()
-        .iter()
-        .map(|c| (c.name.clone(), Stored::of(c)))
-        .collect();
-    let text = serde_json::to_vec_pretty(&table).unwrap_or_default();
-    if let Err(e) = crate::store::write_state(dir, FILE, text).await {
-        tracing::error!(error = %e, "consumers not written to state_dir: in force until a restart");
-    }
+    crate::store::save_state(
+        live.config.state_dir.clone(),
+        shared,
+        FILE,
+        "consumers",
+        table,
+    )
+    .await;
 }
 
 /// Reads the consumers `state_dir` kept (memory store only), at start: in
 /// force from the first request.
 pub(crate) fn restore(gw: &Gateway) {
     let live = gw.live();
-    let Some(dir) = &live.config.state_dir else {
+    let dir = live.config.state_dir.as_deref();
+    let shared = live.limiter.store().is_shared();
+    let Some(table) = crate::store::read_state(dir, shared, FILE, "consumers") else {
         return;
     };
-    if live.limiter.store().is_shared() {
-        return;
-    }
-    let path = dir.join(FILE);
-    let text = match crate::store::read_state(dir, FILE) {
-        Ok(Some(t)) => t,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::error!(file = %path.display(), error = %e, "consumers not read from state_dir");
-            return;
-        }
-    };
-    let Ok(table) = serde_json::from_str::<std::collections::BTreeMap<String, Value>>(&text) else {
-        tracing::error!(file = %path.display(), "consumers file is not what ratewarden writes: not read");
-        return;
-    };
+    let path = dir.map(|d| d.join(FILE)).unwrap_or_default();
     let fields = table
         .into_iter()
         .map(|(name, v)| (name, v.to_string()))

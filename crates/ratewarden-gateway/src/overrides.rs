@@ -266,22 +266,22 @@ const FILE: &str = "overrides.json";
 /// is logged: the override is in force, and kept until the restart.
 async fn save(gw: &Gateway) {
     let live = gw.live();
-    let Some(dir) = live.config.state_dir.clone() else {
-        return;
+    let shared = live.limiter.store().is_shared();
+    let table = || -> std::collections::BTreeMap<String, Stored> {
+        gw.overrides
+            .list(None)
+            .iter()
+            .map(|(rule, key, o)| (field(rule, key), Stored::from(o)))
+            .collect()
     };
-    if live.limiter.store().is_shared() {
-        return;
-    }
-    let table: std::collections::BTreeMap<String, Stored> = gw
-        .overrides
-        .list(None)
-        .iter()
-        .map(|(rule, key, o)| (field(rule, key), Stored::from(o)))
-        .collect();
-    let text = serde_json::to_vec_pretty(&table).unwrap_or_default();
-    if let Err(e) = crate::store::write_state(dir, FILE, text).await {
-        tracing::error!(error = %e, "overrides not written to state_dir: in force until a restart");
-    }
+    crate::store::save_state(
+        live.config.state_dir.clone(),
+        shared,
+        FILE,
+        "overrides",
+        table,
+    )
+    .await;
 }
 
 /// Reads the overrides `state_dir` kept (memory store only), at start: in
@@ -289,25 +289,12 @@ async fn save(gw: &Gateway) {
 /// config, or that cannot be read, is left out and said.
 pub(crate) fn restore(gw: &Gateway) {
     let live = gw.live();
-    let Some(dir) = &live.config.state_dir else {
+    let dir = live.config.state_dir.as_deref();
+    let shared = live.limiter.store().is_shared();
+    let Some(table) = crate::store::read_state(dir, shared, FILE, "overrides") else {
         return;
     };
-    if live.limiter.store().is_shared() {
-        return;
-    }
-    let path = dir.join(FILE);
-    let text = match crate::store::read_state(dir, FILE) {
-        Ok(Some(t)) => t,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::error!(file = %path.display(), error = %e, "overrides not read from state_dir");
-            return;
-        }
-    };
-    let Ok(table) = serde_json::from_str::<std::collections::BTreeMap<String, Value>>(&text) else {
-        tracing::error!(file = %path.display(), "overrides file is not what ratewarden writes: not read");
-        return;
-    };
+    let path = dir.map(|d| d.join(FILE)).unwrap_or_default();
     let read = table.into_iter().map(|(f, v)| {
         let o = serde_json::from_value::<Stored>(v).ok().map(Override::from);
         (f, o)

@@ -384,12 +384,52 @@ pub(crate) async fn write_state(
     .map_err(std::io::Error::other)?
 }
 
-/// `dir/name`'s text, `Ok(None)` when there is no such file.
-pub(crate) fn read_state(dir: &std::path::Path, name: &str) -> std::io::Result<Option<String>> {
-    match std::fs::read_to_string(dir.join(name)) {
-        Ok(t) => Ok(Some(t)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+/// A table `state_dir` keeps (overrides, consumers), read at start: the
+/// file `name`'s entries, `None` without `state_dir`, on a shared store
+/// (which keeps its own), without the file, or when it cannot be read
+/// (logged, naming `what`).
+pub(crate) fn read_state(
+    dir: Option<&std::path::Path>,
+    shared: bool,
+    name: &str,
+    what: &str,
+) -> Option<std::collections::BTreeMap<String, serde_json::Value>> {
+    let dir = dir.filter(|_| !shared)?;
+    let path = dir.join(name);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::error!(file = %path.display(), error = %e, "{what} not read from state_dir");
+            return None;
+        }
+    };
+    match serde_json::from_str(&text) {
+        Ok(table) => Some(table),
+        Err(_) => {
+            tracing::error!(file = %path.display(), "{what} file is not what ratewarden writes: not read");
+            None
+        }
+    }
+}
+
+/// Writes a table to `state_dir` whole (memory store only: a shared store
+/// keeps its own), with [`write_state`]. A failure is logged, naming
+/// `what`: the change is in force, and kept until the restart. `table` is
+/// made only when it is written.
+pub(crate) async fn save_state<T: serde::Serialize>(
+    dir: Option<std::path::PathBuf>,
+    shared: bool,
+    name: &'static str,
+    what: &str,
+    table: impl FnOnce() -> std::collections::BTreeMap<String, T>,
+) {
+    let Some(dir) = dir.filter(|_| !shared) else {
+        return;
+    };
+    let text = serde_json::to_vec_pretty(&table()).unwrap_or_default();
+    if let Err(e) = write_state(dir, name, text).await {
+        tracing::error!(error = %e, "{what} not written to state_dir: in force until a restart");
     }
 }
 
