@@ -15,6 +15,7 @@
 # 127.0.0.1, bounded by D, stopped at the end. Needs nginx and wrk (see gateway.sh).
 # LOG=info: the gateway logs as it would in production (default off).
 # HEADER='Authorization: Bearer ...': every request carries this header.
+# WRK_SCRIPT=FILE.lua: wrk runs this script (e.g. to vary a header).
 # BUDGET=0.5: the proxy also limited to half of CPU 0 (see gateway.sh), so
 # that it, not wrk, limits the run.
 set -euo pipefail
@@ -37,7 +38,7 @@ for _ in $(seq "$ROUNDS"); do
     P=$!
     wait_port "$RW"
     t0=$(awk '{print $14 + $15}' /proc/$P/stat)
-    out=$(taskset -c 1 wrk -t2 -c64 -d${D}s ${HEADER:+-H "$HEADER"} http://127.0.0.1:$RW/)
+    out=$(taskset -c 1 wrk -t2 -c64 -d${D}s ${HEADER:+-H "$HEADER"} ${WRK_SCRIPT:+-s "$WRK_SCRIPT"} http://127.0.0.1:$RW/)
     t1=$(awk '{print $14 + $15}' /proc/$P/stat)
     kill $P; wait $P 2>/dev/null || true
     n=$(awk '/requests in/ {print $1}' <<< "$out")

@@ -284,7 +284,7 @@ impl Gateway {
             return None;
         }
         let token = live.config.jwt.as_ref()?.token(request)?;
-        self.verify_token(live, &token)
+        self.verify_token(live, &token, request)
     }
 
     /// [`Self::claims`], refused when the config requires a trusted token
@@ -360,8 +360,15 @@ impl Gateway {
         }
     }
 
-    /// The claims of `token`, if it is to be trusted (see [`Self::claims`]).
-    pub(crate) fn verify_token(&self, live: &Live, token: &str) -> Option<crate::jwt::Claims> {
+    /// The claims of `token`, if it is to be trusted (see [`Self::claims`]),
+    /// carried by `request` (whose client's bad signatures are counted: see
+    /// [`crate::jwt::Verifier::verify_from`]).
+    pub(crate) fn verify_token(
+        &self,
+        live: &Live,
+        token: &str,
+        request: &ratewarden_tower::view::RequestView<'_>,
+    ) -> Option<crate::jwt::Claims> {
         let verifier = live.config.jwt.as_ref()?;
         let now = match &self.clock {
             Some(c) => c.now().get() / 1_000_000,
@@ -369,7 +376,14 @@ impl Gateway {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         };
-        match verifier.verify(token, now) {
+        let client = || {
+            let peer = request.peer?;
+            Some(match live.config.policy.identity.client_ip() {
+                Some(c) => c.resolve(peer, request.fields),
+                None => peer,
+            })
+        };
+        match verifier.verify_from(token, now, client) {
             Ok(c) => Some(c),
             Err(reason) => {
                 self.metrics.jwt_rejected(reason.as_str());

@@ -67,6 +67,9 @@ pub enum Rejected {
     Audience,
     /// A `crit` header.
     Critical,
+    /// Not checked: its client sent [`FAILURES_PER_CLIENT`] tokens with bad
+    /// signatures within [`FAILURE_WINDOW`] (see [`FailureBudget`]).
+    TooManyFailures,
 }
 
 impl Rejected {
@@ -83,6 +86,7 @@ impl Rejected {
             Rejected::Issuer => "issuer",
             Rejected::Audience => "audience",
             Rejected::Critical => "crit",
+            Rejected::TooManyFailures => "too_many_failures",
         }
     }
 }
@@ -137,6 +141,9 @@ pub struct Verifier {
     /// Tokens verified lately, and those that failed ([`TokenCache`]):
     /// shared by a verifier's clones, made afresh with each config.
     cache: std::sync::Arc<TokenCache>,
+    /// Bad signatures per client lately ([`FailureBudget`]), shared with
+    /// the cache.
+    failures: std::sync::Arc<FailureBudget>,
 }
 
 impl std::fmt::Debug for Verifier {
@@ -180,6 +187,7 @@ impl Verifier {
             audiences,
             leeway: leeway_secs,
             cache: std::sync::Arc::new(TokenCache::new(CACHED_TOKENS)),
+            failures: std::sync::Arc::new(FailureBudget::new(FAILING_CLIENTS)),
         })
     }
 
@@ -437,6 +445,23 @@ impl Verifier {
     /// kept, so that a client reusing its token costs one verification, not
     /// one per request: see [`TokenCache`].
     pub fn verify(&self, token: &str, now: u64) -> Result<Claims, Rejected> {
+        self.verify_from(token, now, || None)
+    }
+
+    /// [`Self::verify`], for a request from `client` (asked only when the
+    /// token is not in the cache): a client that sent
+    /// [`FAILURES_PER_CLIENT`] tokens with bad signatures within
+    /// [`FAILURE_WINDOW`] has its further tokens refused unchecked until
+    /// the window ends ([`Rejected::TooManyFailures`]), so that a flood of
+    /// distinct forged tokens from one client costs at most that many
+    /// signature checks a window. Tokens it had verified before stay
+    /// trusted from the cache.
+    pub fn verify_from(
+        &self,
+        token: &str,
+        now: u64,
+        client: impl FnOnce() -> Option<std::net::IpAddr>,
+    ) -> Result<Claims, Rejected> {
         if token.len() > MAX_TOKEN {
             return Err(Rejected::TooLarge);
         }
@@ -444,10 +469,19 @@ impl Verifier {
         if let Some(hit) = self.cache.get(token, now, generation) {
             return hit;
         }
+        let client = client().map(FailureBudget::client);
+        if let Some(c) = client
+            && self.failures.spent(c, now)
+        {
+            return Err(Rejected::TooManyFailures);
+        }
         self.cache
             .verified
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let result = self.verify_uncached(token, now);
+        if let (Some(c), Err(Rejected::Signature)) = (client, &result) {
+            self.failures.fail(c, now);
+        }
         self.cache.put(token, now, generation, &result, self.leeway);
         result
     }
@@ -736,6 +770,85 @@ impl TokenCache {
                 result: result.clone(),
             },
         );
+    }
+}
+
+/// Tokens with bad signatures one client may send within
+/// [`FAILURE_WINDOW`] before its further unknown tokens go unchecked.
+pub const FAILURES_PER_CLIENT: u32 = 16;
+/// The window of [`FAILURES_PER_CLIENT`], in seconds.
+pub const FAILURE_WINDOW: u64 = 10;
+/// Clients whose failures are counted at once, at most.
+pub const FAILING_CLIENTS: usize = 65_536;
+
+/// Bad signatures per client over a fixed window of [`FAILURE_WINDOW`]:
+/// what bounds the CPU that a flood of distinct forged tokens costs (each
+/// would otherwise be one signature check, RSA's the dearest, and one
+/// entry pushing a good token out of the [`TokenCache`]).
+///
+/// A client is its address, an IPv6 one by its /64 (what one host is
+/// commonly given). Only clients that failed are held, at most `max`; when
+/// that many are failing within their windows at once, a new one is not
+/// counted (its tokens are checked, each at one check's cost: the bound per
+/// client holds for those counted, and a check per request for the rest).
+#[derive(Debug)]
+pub(crate) struct FailureBudget {
+    shards: Vec<parking_lot::Mutex<std::collections::HashMap<u128, (u64, u32)>>>,
+    per_shard: usize,
+}
+
+impl FailureBudget {
+    fn new(max: usize) -> Self {
+        Self {
+            shards: (0..SHARDS)
+                .map(|_| parking_lot::Mutex::new(std::collections::HashMap::new()))
+                .collect(),
+            per_shard: max.div_ceil(SHARDS),
+        }
+    }
+
+    /// The client `ip` is counted as.
+    fn client(ip: std::net::IpAddr) -> u128 {
+        match ip {
+            std::net::IpAddr::V4(v4) => u128::from(u32::from(v4)),
+            std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => u128::from(u32::from(v4)),
+                None => u128::from(v6) & !((1u128 << 64) - 1),
+            },
+        }
+    }
+
+    fn shard(
+        &self,
+        client: u128,
+    ) -> &parking_lot::Mutex<std::collections::HashMap<u128, (u64, u32)>> {
+        // Fibonacci hashing of both halves: the shard from the top bits.
+        let h = ((client >> 64) as u64 ^ client as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        &self.shards[(h >> 60) as usize % SHARDS]
+    }
+
+    /// Whether `client` has no checks left in its window at `now`.
+    fn spent(&self, client: u128, now: u64) -> bool {
+        self.shard(client)
+            .lock()
+            .get(&client)
+            .is_some_and(|&(start, n)| now < start + FAILURE_WINDOW && n >= FAILURES_PER_CLIENT)
+    }
+
+    /// Counts one bad signature from `client` at `now`.
+    fn fail(&self, client: u128, now: u64) {
+        let mut shard = self.shard(client).lock();
+        if shard.len() >= self.per_shard && !shard.contains_key(&client) {
+            shard.retain(|_, &mut (start, _)| now < start + FAILURE_WINDOW);
+            if shard.len() >= self.per_shard {
+                return;
+            }
+        }
+        let e = shard.entry(client).or_insert((now, 0));
+        if now >= e.0 + FAILURE_WINDOW {
+            *e = (now, 0);
+        }
+        e.1 += 1;
     }
 }
 

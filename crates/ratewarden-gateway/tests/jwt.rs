@@ -570,6 +570,87 @@ fn verified_tokens_are_kept_until_their_exp_and_bad_ones_briefly() {
     assert!(v.verify(&other, NOW).is_ok());
 }
 
+/// Issue 51: a flood of *distinct* forged tokens from one client costs at
+/// most `FAILURES_PER_CLIENT` signature checks a `FAILURE_WINDOW`; the rest
+/// are refused unchecked (and not kept, so they push no good token out of
+/// the cache). Another client is not touched; the client's own token
+/// verified before stays trusted; its window ends and it is checked again.
+/// An IPv6 client is counted by its /64.
+#[test]
+fn a_flood_of_distinct_forged_tokens_costs_a_bounded_number_of_checks() {
+    use ratewarden_gateway::jwt::{FAILURE_WINDOW, FAILURES_PER_CLIENT};
+    let k = keys();
+    let v = verifier(&k, None);
+    let attacker: std::net::IpAddr = "203.0.113.9".parse().unwrap();
+    let other: std::net::IpAddr = "198.51.100.4".parse().unwrap();
+    // The attacker's own good token, verified before the flood.
+    let mine = token(&k, json!({"alg": "RS256", "kid": "rsa"}), good_claims());
+    assert!(v.verify_from(&mine, NOW, || Some(attacker)).is_ok());
+    // 1,000 distinct forgeries: each a real token's claims with another sub,
+    // signed by nobody (a signature of the right length, all wrong).
+    let good = token(&k, json!({"alg": "RS256", "kid": "rsa"}), good_claims());
+    let sig = &good[good.rfind('.').unwrap() + 1..];
+    let forge = |i: u32| {
+        let mut claims = good_claims();
+        claims["sub"] = json!(format!("forged-{i}"));
+        let t = token(&k, json!({"alg": "RS256", "kid": "rsa"}), claims);
+        format!("{}.{sig}", &t[..t.rfind('.').unwrap()])
+    };
+    let before = v.verified();
+    let mut unchecked = 0;
+    for i in 0..1000 {
+        match v.verify_from(&forge(i), NOW, || Some(attacker)) {
+            Err(Rejected::Signature) => {}
+            Err(Rejected::TooManyFailures) => unchecked += 1,
+            r => panic!("forgery {i}: {r:?}"),
+        }
+    }
+    assert_eq!(v.verified() - before, u64::from(FAILURES_PER_CLIENT));
+    assert_eq!(unchecked, 1000 - FAILURES_PER_CLIENT);
+    // Its token verified before is still trusted (from the cache); a new
+    // good one of its is not checked until the window ends.
+    assert!(v.verify_from(&mine, NOW + 1, || Some(attacker)).is_ok());
+    let mut later = good_claims();
+    later["sub"] = json!("user-8");
+    let fresh = token(&k, json!({"alg": "ES256", "kid": "p256"}), later);
+    assert_eq!(
+        v.verify_from(&fresh, NOW + 1, || Some(attacker)).err(),
+        Some(Rejected::TooManyFailures)
+    );
+    // Another client is checked as ever.
+    assert!(v.verify_from(&fresh, NOW + 1, || Some(other)).is_ok());
+    assert_eq!(
+        v.verify_from(&forge(5000), NOW + 1, || Some(other)).err(),
+        Some(Rejected::Signature)
+    );
+    // The window ends: the attacker is checked again.
+    let next = NOW + FAILURE_WINDOW;
+    assert_eq!(
+        v.verify_from(&forge(6000), next, || Some(attacker)).err(),
+        Some(Rejected::Signature)
+    );
+    // IPv6: the addresses of one /64 are one client; another /64 is not.
+    let v = verifier(&k, None);
+    for i in 0..u64::from(FAILURES_PER_CLIENT) {
+        let ip: std::net::IpAddr = format!("2001:db8:1:2::{:x}", i + 1).parse().unwrap();
+        assert_eq!(
+            v.verify_from(&forge(7000 + i as u32), NOW, || Some(ip))
+                .err(),
+            Some(Rejected::Signature)
+        );
+    }
+    let same: std::net::IpAddr = "2001:db8:1:2:ffff::1".parse().unwrap();
+    let apart: std::net::IpAddr = "2001:db8:1:3::1".parse().unwrap();
+    assert_eq!(
+        v.verify_from(&forge(8000), NOW, || Some(same)).err(),
+        Some(Rejected::TooManyFailures)
+    );
+    assert_eq!(
+        v.verify_from(&forge(8001), NOW, || Some(apart)).err(),
+        Some(Rejected::Signature)
+    );
+}
+
 #[test]
 fn a_jwks_url_is_fetched_and_refreshed_through_rotation() {
     use std::io::{Read, Write};

@@ -279,7 +279,10 @@ pub(super) async fn check(gw: &Gateway, live: &Live, body: CheckBody) -> Respons
                 Ok(d) => d,
                 Err(answer) => return *answer,
             };
-            let claims = r.jwt.as_deref().and_then(|t| gw.verify_token(live, t));
+            let claims = r
+                .jwt
+                .as_deref()
+                .and_then(|t| gw.verify_token(live, t, &described.view()));
             let given = r.body.as_ref().map(GivenBody::of_value).unwrap_or_default();
             let fields = given.json.as_ref().map(crate::jwt::BodyFields);
             // The consumer its API key names, as the proxy finds it.
@@ -518,7 +521,7 @@ pub(super) async fn explain(
         Err(answer) => return *answer,
     };
     // `jwt=TOKEN`: verified as the proxy verifies a request's token.
-    let claims = param(q, "jwt").and_then(|t| gw.verify_token(live, t));
+    let claims = param(q, "jwt").and_then(|t| gw.verify_token(live, t, &described.view()));
     let fields = given.json.as_ref().map(crate::jwt::BodyFields);
     // The consumer the described request's API key names (never the key
     // in the answer: its name).
