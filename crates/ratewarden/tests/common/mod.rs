@@ -502,3 +502,4 @@ impl RedisCluster {
         format!("{{type: redis, cluster: [{}]}}", seeds.join(", "))
     }
 }
+pub mod fault;

@@ -8,13 +8,27 @@ use std::time::Duration;
 use super::*;
 
 /// A late call when nothing has been answered for this long (and at least
-/// twice the timeout) replaces the connections: a server that drops
-/// packets rather than refusing them is found down by the next connection
-/// attempt, not waited on for ever.
+/// twice the timeout) asks whether the server is there: a ping allowed
+/// [`SILENCE`] more. Answered, however late, the server is slow, not gone:
+/// the connections are kept and calls stay late (refused, never decided
+/// locally). Unanswered, the connections are replaced: a server that
+/// drops packets rather than refusing them is found down by the next
+/// connection attempt, not waited on for ever (issue 52: replacing them on
+/// silence alone sent a slow link's decisions local, as a new connection
+/// could not be made within one call's timeout).
 pub(super) const SILENCE: Duration = Duration::from_secs(3);
 
 /// The kinds of [`StoreError`], as counted.
 pub(super) const KINDS: [&str; 5] = StoreError::KINDS;
+
+/// How long a call redirected by a moving slot waits before it tries
+/// again (the slot table's refresh, a migration's next step).
+const REDIRECT_PAUSE: Duration = Duration::from_millis(2);
+
+/// Whether `e` is a cluster redirect: nothing was applied.
+fn redirected(e: &redis::RedisError) -> bool {
+    matches!(e.code(), Some("MOVED" | "ASK"))
+}
 
 pub(super) fn no_functions(e: &redis::RedisError) -> bool {
     let m = e.to_string().to_ascii_lowercase();
@@ -26,6 +40,8 @@ pub(super) fn no_functions(e: &redis::RedisError) -> bool {
 ///   says it cannot serve now (`LOADING`, `BUSY`, `TRYAGAIN`,
 ///   `CLUSTERDOWN`, `MASTERDOWN`, `READONLY` after a failover) is
 ///   [`StoreError::Unavailable`], an outage;
+/// - a redirect (`MOVED`, `ASK`) left over is [`StoreError::Late`]: nothing
+///   applied, the cluster there, a slot moving;
 /// - a connection that broke is an outage too ([`StoreError::Unavailable`]):
 ///   the server went away (a call in flight then may have been applied,
 ///   which the README's outage bound counts);
@@ -38,12 +54,16 @@ pub fn classify(e: redis::RedisError) -> StoreError {
     if e.is_connection_refusal() {
         return StoreError::unavailable_from(e);
     }
-    if let Some(
-        "LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "READONLY" | "MOVED"
-        | "ASK",
-    ) = e.code()
+    if let Some("LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "READONLY") =
+        e.code()
     {
         return StoreError::unavailable_from(e);
+    }
+    // A redirect left over (the decision's call follows them within its
+    // timeout): nothing applied, the cluster there, its slot moving. Late,
+    // refused: never decided locally because of it (issue 52).
+    if redirected(&e) {
+        return StoreError::Late(e.to_string());
     }
     if e.is_timeout() {
         return StoreError::Late(e.to_string());
@@ -136,30 +156,53 @@ impl RedisStore {
         keys.extend(key);
         args.extend_from_slice(extra);
         self.guarded(async {
-            let mut conn = self.conn().await?;
-            if self.inner.functions.load(Ordering::Relaxed) != 2 {
-                match self.fcall(&mut conn, &keys, &args).await {
-                    Err(e) if no_functions(&e) => {
-                        self.inner.functions.store(2, Ordering::Relaxed);
-                        tracing::info!(redis = %self.target(), "redis has no Functions (FCALL): the script goes by EVALSHA");
+            // A redirect (`MOVED`, `ASK`: a slot moving between masters)
+            // means nothing was applied: tried again, within the timeout,
+            // never decided locally because of it. The cluster client
+            // follows one redirect itself; two concurrent ones can still
+            // come back as `MOVED` (it sends `ASKING` as a request of its
+            // own on a shared connection, and two callers' `ASKING ASKING
+            // cmd cmd` spend the one-shot flag on the first command).
+            loop {
+                match self.script_once(&keys, &args).await? {
+                    Err(e) if redirected(&e) => {
+                        tokio::time::sleep(REDIRECT_PAUSE).await;
                     }
                     other => return other.map_err(classify),
                 }
             }
-            let mut inv = self.inner.script.prepare_invoke();
-            for k in &keys {
-                inv.key(k);
-            }
-            for a in &args {
-                inv.arg(a);
-            }
-            match conn {
-                Conn::Single(mut c) => inv.invoke_async(&mut c).await,
-                Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
-            }
-            .map_err(classify)
         })
         .await
+    }
+
+    /// One try of [`run_with`](Self::run_with)'s call: `Err` when no
+    /// connection could be had, else what the server said.
+    async fn script_once<T: redis::FromRedisValue>(
+        &self,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<redis::RedisResult<T>, StoreError> {
+        let mut conn = self.conn().await?;
+        if self.inner.functions.load(Ordering::Relaxed) != 2 {
+            match self.fcall(&mut conn, keys, args).await {
+                Err(e) if no_functions(&e) => {
+                    self.inner.functions.store(2, Ordering::Relaxed);
+                    tracing::info!(redis = %self.target(), "redis has no Functions (FCALL): the script goes by EVALSHA");
+                }
+                other => return Ok(other),
+            }
+        }
+        let mut inv = self.inner.script.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        for a in args {
+            inv.arg(a);
+        }
+        Ok(match conn {
+            Conn::Single(mut c) => inv.invoke_async(&mut c).await,
+            Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
+        })
     }
 
     /// A new connection's servers get the script before the first decision
@@ -329,9 +372,10 @@ impl RedisStore {
                     self.inner.clock.now().saturating_sub(Micros::new(
                         self.inner.last_answer.load(Ordering::Relaxed),
                     ));
-                if silent.as_duration() >= SILENCE.max(timeout * 2) && self.pick().is_some() {
-                    tracing::warn!(redis = %self.target(), error = %e, silent = ?silent.as_duration(), "redis silent: connecting afresh");
-                    self.reconnect();
+                if silent.as_duration() >= SILENCE.max(timeout * 2)
+                    && let Some(conn) = self.pick()
+                {
+                    self.ask_if_alive(conn, e, silent.as_duration());
                 }
             }
             e => {
@@ -353,6 +397,40 @@ impl RedisStore {
             }
         }
         error
+    }
+
+    /// After [`SILENCE`] without an answer in time: a `PING` on `conn`,
+    /// allowed [`SILENCE`] (one at a time, in a task of its own). An
+    /// answer, however late, is proof of life: the connections are kept
+    /// and the silence restarts from it. No answer: connect afresh.
+    pub(super) fn ask_if_alive(&self, mut conn: Conn, error: &str, silent: Duration) {
+        if self.inner.asking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let store = self.clone();
+        let error = error.to_owned();
+        tokio::spawn(async move {
+            let asked = std::time::Instant::now();
+            let ping = tokio::time::timeout(
+                SILENCE,
+                query::<redis::Value>(&mut conn, &redis::cmd("PING")),
+            )
+            .await;
+            match ping {
+                Ok(Ok(_)) => {
+                    tracing::warn!(redis = %store.target(), error = %error, silent = ?silent, answered_after = ?asked.elapsed(), "redis slow: answering, but not within the timeout; calls stay late (refused)");
+                    store
+                        .inner
+                        .last_answer
+                        .store(store.inner.clock.now().get(), Ordering::Relaxed);
+                }
+                _ => {
+                    tracing::warn!(redis = %store.target(), error = %error, silent = ?silent, "redis silent: no answer to a ping either; connecting afresh");
+                    store.reconnect();
+                }
+            }
+            store.inner.asking.store(false, Ordering::Release);
+        });
     }
 
     /// Groups of ops that can go in one script call: all of them on a

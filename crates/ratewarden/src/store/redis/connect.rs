@@ -9,6 +9,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 
+use super::call::SILENCE;
 use super::*;
 
 /// Connections to a standalone server, taken in turn by the calls: with
@@ -102,8 +103,12 @@ impl RedisStore {
                     })??,
                 _ => self.client().map_err(StoreError::unavailable_from)?,
             };
+            // Each call is bounded by the timeout itself (`guarded`); the
+            // connection waits longer, so that the ping asking a silent
+            // server whether it is there can take its time over a slow link
+            // (`ask_if_alive`).
             let cfg = ConnectionManagerConfig::new()
-                .set_response_timeout(Some(t))
+                .set_response_timeout(Some(t.max(SILENCE) * 2))
                 .set_connection_timeout(Some(connect_t))
                 .set_number_of_retries(1);
             let mut conns = Vec::with_capacity(SINGLE_CONNECTIONS);

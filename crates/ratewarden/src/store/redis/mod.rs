@@ -72,8 +72,11 @@ struct Inner {
     clock: Arc<dyn Clock>,
     topology: Topology,
     /// When a call was last answered (µs on `clock`): a late call after
-    /// [`SILENCE`] without any answer replaces the connections.
+    /// [`SILENCE`] without any answer asks whether the server is there
+    /// ([`RedisStore::ask_if_alive`]).
     last_answer: AtomicU64,
+    /// Whether a liveness ping is under way.
+    asking: std::sync::atomic::AtomicBool,
     /// Gateways that announced themselves in the store within
     /// [`INSTANCE_TTL`], as last read ([`RedisStore::instances`]).
     instances: AtomicU64,
@@ -148,6 +151,7 @@ impl RedisStore {
                 breaker: Breaker::new(clock.clone()),
                 errors: Default::default(),
                 last_answer: AtomicU64::new(clock.now().get()),
+                asking: std::sync::atomic::AtomicBool::new(false),
                 clock,
                 config,
                 topology,
