@@ -11,6 +11,8 @@
 #
 #   bash bench/redis_cpu.sh [N]       # N=300000 calls per redis-benchmark run
 #   bash bench/redis_cpu.sh overrides [ROUNDS]   # only: overrides on/off (below)
+#   bash bench/redis_cpu.sh product [ROUNDS]     # only: the product beside its references (below;
+#                                                # BIN=path: another ratewarden build)
 #
 # `overrides`: Redis CPU per decision of one rule through the product
 # (POST /v1/check describing a request, so the proxy's matching and its
@@ -19,12 +21,21 @@
 # polled every 250 ms, none set) and on with one override set on another
 # key; ROUNDS (3) rounds alternating, the ratio to `off` per round.
 #
+# `product`: ROUNDS (3) rounds on one server, flushed before each figure: the minimal script
+# (-P 16 and unpipelined), envoyproxy/ratelimit's fixed-window pattern
+# (INCRBY then EXPIRE of the descriptor's key, two commands a decision,
+# -P 16 and unpipelined), the store's FCALL gcra (-P 16), then the product
+# at 64 in flight: POST /v1/check, Envoy RLS, and plain GETs through the
+# proxy keyed by a header (the echo upstream answers), all over 100k keys;
+# each figure's ratio to the minimal script's -P 16 and unpipelined.
+#
 # redis-server on CPU 0; redis-benchmark (-c 64, -P 16 and unpipelined) and
 # the load generator on CPU 1; the gateway (--workers 1) on CPU 1 too, so
 # that Redis has a core of its own. Loopback only; stopped at the end.
 set -euo pipefail
 MODE=all
 if [ "${1:-}" = overrides ]; then MODE=overrides; shift; fi
+if [ "${1:-}" = product ]; then MODE=product; shift; fi
 N=${1:-300000}
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -43,6 +54,7 @@ if [ $MODE = overrides ]; then
     local admin; admin=$(port)
     cat > "$WORK/o.yaml" <<YAML
 admin: {listen: 127.0.0.1:$admin}
+upstream: echo
 store: {type: redis, url: 'redis://127.0.0.1:$PORT', timeout: 1s}
 $2
 rules:
@@ -76,6 +88,10 @@ YAML
   done
   exit 0
 fi
+if [ $MODE = product ]; then
+  ROUNDS=${1:-3}
+  N=200000
+fi
 cargo build --release -q -p ratewarden --example redis_argv
 cargo build --release -q -p ratewarden-gateway --bin ratewarden --example rls_load
 FN=$(target/release/examples/redis_argv "$WORK/decide.lua" "$WORK/library.lua" 2>&1 > "$WORK/argv")
@@ -106,9 +122,65 @@ bench() {
   rps=$(taskset -c 1 redis-benchmark -p "$PORT" -c 64 -P "$pipe" -n "$N" -q "$@" \
     | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -1 | cut -d' ' -f1)
   after=$(cpu)
-  printf '%-40s -P %-2s %9s calls/s  %6.2f us Redis CPU/decision\n' "$label" "$pipe" "$rps" \
-    "$(echo "($after - $before) * 1000000 / $N" | bc -l)"
+  US=$(echo "($after - $before) * 1000000 / $N" | bc -l)
+  printf '%-40s -P %-2s %9s calls/s  %6.2f us Redis CPU/decision\n' "$label" "$pipe" "$rps" "$US"
 }
+
+if [ $MODE = product ]; then
+  GCRA_ARGS=$(awk '$1 == "gcra" { $1 = ""; $2 = ""; print }' "$WORK/argv")
+  ADMIN=$(port); LISTEN=$(port); RLS=$(port)
+  cat > "$WORK/p.yaml" <<YAML
+admin: {listen: 127.0.0.1:$ADMIN}
+upstream: echo
+identity: {from: header, header: X-Key}
+store: {type: redis, url: 'redis://127.0.0.1:$PORT', timeout: 1s}
+rules:
+  - {name: r, algorithm: gcra, limit: 1000000, window: 1s}
+rls:
+  listen: 127.0.0.1:$RLS
+  domains:
+    - domain: ns
+      descriptors:
+        - key: k
+          rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: gcra}
+YAML
+  RUST_LOG=warn taskset -c 1 "${BIN:-target/release/ratewarden}" serve -c "$WORK/p.yaml" \
+    --listen 127.0.0.1:$LISTEN --workers 1 > /dev/null & PIDS+=($!)
+  wait_port "$ADMIN"; wait_port "$RLS"; wait_port "$LISTEN"
+  # through LABEL ARGS...: the product's load, 5 s; sets US.
+  through() {
+    local label=$1; shift
+    cli flushall > /dev/null
+    local before after out calls
+    before=$(cpu)
+    out=$(taskset -c 1 target/release/examples/rls_load "$@" --seconds 5 --keys 100000)
+    after=$(cpu)
+    calls=$(load_field calls "$out")
+    US=$(echo "($after - $before) * 1000000 / $calls" | bc -l)
+    printf '%-40s       %9s calls/s  %6.2f us Redis CPU/decision  (%s over)\n' "$label" \
+      "$(load_field rate "$out")" "$US" "$(load_field over "$out")"
+  }
+  ratio() { printf '    / minimal -P 16: %.3f   / minimal -P 1: %.3f\n' "$(echo "$1 / $M16" | bc -l)" "$(echo "$1 / $M1" | bc -l)"; }
+  R=(-r 100000); K='k:__rand_int__'
+  for r in $(seq "$ROUNDS"); do
+    echo "round $r"
+    bench "minimal gcra script, 100k keys" 16 "${R[@]}" evalsha "$MINIMAL" 1 "{$K}" 1 1000000; M16=$US
+    bench "minimal gcra script, 100k keys" 1 "${R[@]}" evalsha "$MINIMAL" 1 "{$K}" 1 1000000; M1=$US
+    for pipe in 16 1; do
+      bench "envoy fixed window: INCRBY" "$pipe" "${R[@]}" incrby "$K" 1; E=$US
+      bench "                  + EXPIRE" "$pipe" "${R[@]}" expire "$K" 60
+      E=$(echo "$E + $US" | bc -l)
+      printf '%-40s -P %-2s            %6.2f us Redis CPU/decision\n' "envoy fixed window: both" "$pipe" "$E"
+      ratio "$E"
+    done
+    # shellcheck disable=SC2086
+    bench "FCALL gcra, 100k keys" 16 "${R[@]}" fcall "$FN" 1 "{$K}:s" $GCRA_ARGS; ratio "$US"
+    through "product: POST /v1/check gcra" http "http://127.0.0.1:$ADMIN/v1/check"; ratio "$US"
+    through "product: RLS gcra" grpc "http://127.0.0.1:$RLS"; ratio "$US"
+    through "product: proxy GET, X-Key" http "http://127.0.0.1:$LISTEN/" --header X-Key; ratio "$US"
+  done
+  exit 0
+fi
 
 for pipe in 16 1; do
   for keys in one 100k; do

@@ -8,7 +8,9 @@
 //! Options: `--inflight N` (64), `--seconds S` (5), `--keys M` (10000:
 //! values `v0`..`v{M-1}`, in turn), `--domain D` (`ns`), `--key K` (`k`),
 //! `--channels C` (4 HTTP/2 connections for grpc), `--body T` (for http:
-//! the body, `{v}` replaced by the value; default `{"rule":"r","key":"{v}"}`).
+//! the body, `{v}` replaced by the value; default `{"rule":"r","key":"{v}"}`),
+//! `--header H` (for http: a plain `GET URL` through the proxy instead,
+//! the value in header `H`).
 //!
 //! Prints one line: `calls=… ok=… over=… errors=… rate=…/s p50_us=… p99_us=…`.
 
@@ -32,13 +34,14 @@ struct Args {
     key: String,
     channels: usize,
     body: String,
+    header: Option<String>,
 }
 
 fn args() -> Args {
     let mut a = std::env::args().skip(1);
     let usage = || -> ! {
         eprintln!(
-            "usage: rls_load grpc|http URL [--inflight N] [--seconds S] [--keys M] [--domain D] [--key K] [--channels C] [--body T]"
+            "usage: rls_load grpc|http URL [--inflight N] [--seconds S] [--keys M] [--domain D] [--key K] [--channels C] [--body T] [--header H]"
         );
         std::process::exit(2)
     };
@@ -58,6 +61,7 @@ fn args() -> Args {
         key: "k".into(),
         channels: 4,
         body: r#"{"rule":"r","key":"{v}"}"#.into(),
+        header: None,
     };
     while let Some(flag) = a.next() {
         let v = a.next().unwrap_or_else(|| usage());
@@ -70,6 +74,7 @@ fn args() -> Args {
             "--domain" => out.domain = v,
             "--key" => out.key = v,
             "--body" => out.body = v,
+            "--header" => out.header = Some(v),
             _ => usage(),
         }
     }
@@ -138,14 +143,21 @@ async fn main() {
         for t in 0..a.inflight {
             let client = client.clone();
             let (url, body, keys) = (a.url.clone(), a.body.clone(), a.keys);
+            let header = a.header.clone();
             tasks.push(tokio::spawn(async move {
                 let mut tally = Tally::default();
                 let mut i = t;
                 while Instant::now() < deadline {
-                    let req = http::Request::post(&url)
-                        .header("content-type", "application/json")
-                        .body(Full::from(body.replace("{v}", &format!("v{}", i % keys))))
-                        .expect("a request");
+                    let value = format!("v{}", i % keys);
+                    let req = match &header {
+                        Some(h) => http::Request::get(&url)
+                            .header(h.as_str(), value)
+                            .body(Full::default()),
+                        None => http::Request::post(&url)
+                            .header("content-type", "application/json")
+                            .body(Full::from(body.replace("{v}", &value))),
+                    }
+                    .expect("a request");
                     i += 1;
                     let at = Instant::now();
                     match client.request(req).await {
