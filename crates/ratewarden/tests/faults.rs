@@ -246,3 +246,335 @@ async fn a_slot_moving_under_traffic_admits_no_more_than_the_limit() {
         assert_eq!(cluster.master_of(0, &key), Some(dst), "the slot moved");
     }
 }
+
+/// Two gateways' stores, each behind its own fault proxy to one server.
+struct Two {
+    _server: RedisServer,
+    proxies: [FaultProxy; 2],
+    stores: [Arc<Fallback<RedisStore>>; 2],
+}
+
+fn two(prefix: &str, timeout: Duration) -> Two {
+    let server = RedisServer::start();
+    let proxies = [
+        FaultProxy::start(server.port),
+        FaultProxy::start(server.port),
+    ];
+    let mk = |p: &FaultProxy| {
+        store(RedisConfig {
+            url: Some(p.url()),
+            key_prefix: prefix.into(),
+            timeout,
+            ..RedisConfig::default()
+        })
+    };
+    let stores = [mk(&proxies[0]), mk(&proxies[1])];
+    Two {
+        _server: server,
+        proxies,
+        stores,
+    }
+}
+
+/// What traffic on both gateways saw: admissions per key, and each
+/// decision's time.
+#[derive(Default)]
+struct Seen {
+    admitted: std::collections::HashMap<&'static str, u64>,
+    micros: Vec<u64>,
+    errors: u64,
+}
+
+impl Seen {
+    fn p99(&mut self) -> Duration {
+        self.micros.sort_unstable();
+        let i = (self.micros.len() * 99 / 100).min(self.micros.len().saturating_sub(1));
+        Duration::from_micros(self.micros.get(i).copied().unwrap_or(0))
+    }
+
+    fn max(&self) -> Duration {
+        Duration::from_micros(self.micros.iter().copied().max().unwrap_or(0))
+    }
+}
+
+/// `n` admissions on `key` through each store, then a wait for both to
+/// have announced themselves and read that there are two (`N = 2`).
+async fn prime(stores: &[Arc<Fallback<RedisStore>>], r: &Rule, key: &str, n: u64) {
+    for s in stores {
+        for _ in 0..n {
+            let op = [Op::new(r, key)];
+            assert!(s.decide(&op, 1, Mode::Apply).await.unwrap()[0].allowed());
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    for s in stores {
+        assert_eq!(s.primary().instances(), 2);
+    }
+}
+
+/// `tasks` callers per store in `stores`, each deciding `rule` on `keys`
+/// in turn for `for_how_long`, 10 ms apart.
+async fn traffic(
+    stores: &[Arc<Fallback<RedisStore>>],
+    r: &Arc<Rule>,
+    keys: &'static [&'static str],
+    tasks: usize,
+    for_how_long: Duration,
+) -> Seen {
+    let until = Instant::now() + for_how_long;
+    let mut all = vec![];
+    for s in stores {
+        for t in 0..tasks {
+            let (s, r) = (s.clone(), r.clone());
+            all.push(tokio::spawn(async move {
+                let mut seen = Seen::default();
+                let mut i = t;
+                while Instant::now() < until {
+                    let key = keys[i % keys.len()];
+                    i += 1;
+                    let op = [Op::new(&r, key)];
+                    let at = Instant::now();
+                    match s.decide(&op, 1, Mode::Apply).await {
+                        Ok(v) if v[0].allowed() => *seen.admitted.entry(key).or_default() += 1,
+                        Ok(_) => {}
+                        Err(_) => seen.errors += 1,
+                    }
+                    seen.micros.push(at.elapsed().as_micros() as u64);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                seen
+            }));
+        }
+    }
+    let mut out = Seen::default();
+    for t in all {
+        let s = t.await.unwrap();
+        for (k, n) in s.admitted {
+            *out.admitted.entry(k).or_default() += n;
+        }
+        out.micros.extend(s.micros);
+        out.errors += s.errors;
+    }
+    out
+}
+
+/// Latency of 20, 200 and 2,000 ms there and back, with jitter, on both
+/// gateways' links, 4 callers each on two keys at a limit of 20 that is
+/// reached. Below the 1 s timeout: exact, every key at its limit, nothing
+/// decided locally. Above it: the late-call rule, every call refused, none
+/// decided locally, and the limit held once healed. The p99 each caller saw
+/// is printed (README: "The faults a real network brings").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_under_latency_below_and_above_the_timeout() {
+    const KEYS: &[&str] = &["a", "b"];
+    for (rtt, jitter, secs) in [(20, 10, 2), (200, 50, 3), (2_000, 200, 7)] {
+        let t = two(&format!("l{rtt}:"), Duration::from_secs(1));
+        let r = Arc::new(rule("lat", 20));
+        // Connected first: latency that grows on links in use. (A gateway
+        // that starts over a link slower than its timeout never reaches
+        // Redis, and decides locally as the README's outage bound says.)
+        for s in &t.stores {
+            let op = [Op::new(&r, "warm")];
+            assert!(s.decide(&op, 1, Mode::Apply).await.unwrap()[0].allowed());
+        }
+        for p in &t.proxies {
+            p.delay(
+                Duration::from_millis(rtt / 2),
+                Duration::from_millis(jitter / 2),
+            );
+        }
+        let mut seen = traffic(&t.stores, &r, KEYS, 4, Duration::from_secs(secs)).await;
+        let p99 = seen.p99();
+        eprintln!(
+            "added {rtt} ms ± {} ms: admitted {:?}, p99 {:?}, max {:?}, late {}",
+            jitter / 2,
+            seen.admitted,
+            p99,
+            seen.max(),
+            t.stores[0].late_answers() + t.stores[1].late_answers()
+        );
+        for s in &t.stores {
+            assert!(s.local().is_empty(), "{rtt} ms: decided locally");
+            assert!(!s.primary().circuit_open(), "{rtt} ms");
+        }
+        assert_eq!(seen.errors, 0);
+        assert!(
+            seen.max() < Duration::from_millis(1_300),
+            "{rtt} ms: {:?}",
+            seen.max()
+        );
+        if rtt < 1_000 {
+            for k in KEYS {
+                assert_eq!(seen.admitted.get(k), Some(&20), "{rtt} ms, key {k}");
+            }
+        } else {
+            assert!(seen.admitted.is_empty(), "{:?}", seen.admitted);
+            for p in &t.proxies {
+                p.heal();
+            }
+            // Redis applied the late calls as they arrived.
+            tokio::time::sleep(Duration::from_millis(2_500)).await;
+            let after = traffic(&t.stores, &r, KEYS, 2, Duration::from_millis(500)).await;
+            for k in KEYS {
+                assert!(
+                    after.admitted.get(k).copied().unwrap_or(0) <= 20,
+                    "{:?}",
+                    after.admitted
+                );
+            }
+        }
+    }
+}
+
+/// A partition between the gateways' halves: gateway A keeps its link to
+/// Redis, gateway B's stalls without closing for 10 s (a blackhole). B
+/// finds it down after the silence and an unanswered ping (stated: about 6
+/// s at a 200 ms timeout), decides locally at its share meanwhile, and no
+/// decision waits past the timeout for the store; A stays on Redis. The
+/// total admitted on the key stays within the README's outage bound,
+/// `limit + max(limit, N) + F`; healed, B is on Redis again within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_of_one_gateway_stays_within_the_outage_bound() {
+    const KEYS: &[&str] = &["p"];
+    let timeout = Duration::from_millis(200);
+    let t = two("p:", timeout);
+    let r = Arc::new(rule("part", 20));
+    // 10 admitted on Redis first, both announced (N = 2).
+    prime(&t.stores, &r, "p", 5).await;
+    let before = 10;
+    let [a, b] = &t.stores;
+    let cut = Instant::now();
+    t.proxies[1].stall(true, true);
+    let watch = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            while !b.in_outage() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            cut.elapsed()
+        })
+    };
+    let mut during = traffic(&t.stores, &r, KEYS, 4, Duration::from_secs(10)).await;
+    let found = watch.await.unwrap();
+    let p99 = during.p99();
+    eprintln!(
+        "partition: found down after {found:?}; admitted during {:?}; max decision {:?}; p99 {:?}",
+        during.admitted,
+        during.max(),
+        p99
+    );
+    assert!(found < Duration::from_secs(7), "{found:?}");
+    assert!(!a.in_outage(), "A kept its link");
+    assert!(
+        during.max() < timeout + Duration::from_millis(150),
+        "{:?}",
+        during.max()
+    );
+    let admitted = before + during.admitted.get("p").copied().unwrap_or(0);
+    // limit + max(limit, N) + F, F at most B's 4 callers.
+    assert!(admitted <= 20 + 20 + 4, "{admitted}");
+    t.proxies[1].heal();
+    let healed = Instant::now();
+    let op = [Op::new(&r, "p")];
+    loop {
+        let _ = b.decide(&op, 1, Mode::Peek).await;
+        if !b.in_outage() {
+            break;
+        }
+        assert!(
+            healed.elapsed() < Duration::from_secs(1),
+            "B not back on Redis within 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "partition: B back on Redis {:?} after the heal",
+        healed.elapsed()
+    );
+}
+
+/// 1% of the commands sent to Redis have their connection reset right
+/// after they reach the server, before the answer comes back: the calls
+/// that were applied but not answered are the bound's `F`. No decision
+/// fails (no 5xx), the reached key stays within the bound, and `F` is
+/// measured on a key whose limit is never reached: Redis's count plus the
+/// local decisions, less the requests made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_after_the_script_ran_are_the_bounds_f() {
+    let t = two("r:", Duration::from_millis(500));
+    let reached = Arc::new(rule("reached", 20));
+    let wide = Arc::new(rule("wide", 1_000_000));
+    prime(&t.stores, &wide, "warm", 1).await;
+    for p in &t.proxies {
+        p.reset_after_send(10_000);
+    }
+    let seen_reached = traffic(&t.stores, &reached, &["k"], 2, Duration::from_secs(3));
+    let seen_wide = traffic(&t.stores, &wide, &["w"], 2, Duration::from_secs(3));
+    let (reached_seen, wide_seen) = tokio::join!(seen_reached, seen_wide);
+    let resets: u64 = t.proxies.iter().map(FaultProxy::resets).sum();
+    for p in &t.proxies {
+        p.heal();
+    }
+    assert_eq!(
+        reached_seen.errors + wide_seen.errors,
+        0,
+        "a decision failed"
+    );
+    assert!(resets > 0, "no reset happened");
+    let requests = wide_seen.micros.len() as u64;
+    let op = [Op::new(&wide, "w")];
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let on_redis = 1_000_000
+        - t.stores[0].decide(&op, 1, Mode::Peek).await.unwrap()[0]
+            .check
+            .remaining;
+    // A local decision costs the gateway's share, N = 2.
+    let mut local = 0;
+    for s in &t.stores {
+        let left = match s.local().decide(&op, 1, Mode::Peek).await {
+            Ok(v) => v[0].check.remaining,
+            Err(_) => 1_000_000,
+        };
+        local += (1_000_000 - left) / 2;
+    }
+    let f = on_redis + local - requests;
+    eprintln!(
+        "resets: {resets} connections reset; {requests} requests on the wide key, {on_redis} counted by Redis, {local} decided locally: F = {f}; reached key admitted {:?}",
+        reached_seen.admitted
+    );
+    assert!(f <= resets, "F {f} over the resets {resets}");
+    let admitted = reached_seen.admitted.get("k").copied().unwrap_or(0);
+    assert!(admitted <= 20 + 20 + resets, "{admitted}");
+}
+
+/// Replies lost, requests still arriving (one direction cut) for 8 s on
+/// both gateways, then healed: Redis counts requests whose answers never
+/// came back; the callers are refused as late, then, once the link is
+/// found down (the ping unanswered too), decide locally at their share.
+/// The README's bound for this case: `limit + max(limit, N) + F`, as for
+/// an outage (the late calls Redis counted were refused: the safe side).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_cut_then_healed_stay_within_the_bound() {
+    let t = two("c:", Duration::from_millis(200));
+    let r = Arc::new(rule("cut", 20));
+    prime(&t.stores, &r, "c", 5).await;
+    let before = 10;
+    for p in &t.proxies {
+        p.stall(false, true);
+    }
+    let during = traffic(&t.stores, &r, &["c"], 4, Duration::from_secs(8)).await;
+    for p in &t.proxies {
+        p.heal();
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let after = traffic(&t.stores, &r, &["c"], 2, Duration::from_millis(500)).await;
+    let total = before
+        + during.admitted.get("c").copied().unwrap_or(0)
+        + after.admitted.get("c").copied().unwrap_or(0);
+    eprintln!(
+        "one direction cut: before {before}, during {:?}, after {:?}; total {total}",
+        during.admitted, after.admitted
+    );
+    assert_eq!(during.errors, 0);
+    assert!(total <= 20 + 20 + 8, "{total}");
+}

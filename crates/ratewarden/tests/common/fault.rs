@@ -23,6 +23,11 @@ struct Faults {
     stall_down: AtomicBool,
     /// Moved by [`FaultProxy::cut`]: connections of an older one close.
     epoch: AtomicU64,
+    /// Per million chunks sent to the server: the connection is closed
+    /// right after the chunk is delivered, before any answer comes back.
+    reset_after_send: AtomicU64,
+    /// Connections closed so.
+    resets: AtomicU64,
 }
 
 /// A relay on `127.0.0.1:port` to a server's port, with faults to turn on.
@@ -80,10 +85,24 @@ impl FaultProxy {
         self.faults.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// No delay, nothing held.
+    /// Closes a connection right after `per_million` of the chunks sent to
+    /// the server were delivered (the command ran; its answer is lost).
+    pub fn reset_after_send(&self, per_million: u64) {
+        self.faults
+            .reset_after_send
+            .store(per_million, Ordering::SeqCst);
+    }
+
+    /// Connections closed by [`FaultProxy::reset_after_send`] so far.
+    pub fn resets(&self) -> u64 {
+        self.faults.resets.load(Ordering::SeqCst)
+    }
+
+    /// No delay, nothing held, no resets.
     pub fn heal(&self) {
         self.delay(Duration::ZERO, Duration::ZERO);
         self.stall(false, false);
+        self.reset_after_send(0);
     }
 }
 
@@ -143,6 +162,13 @@ fn pump(from: &TcpStream, to: &TcpStream, f: Arc<Faults>, up: bool, epoch: u64) 
             }
             last = due;
             if to_w.write_all(&bytes).is_err() {
+                break;
+            }
+            let reset = f.reset_after_send.load(Ordering::SeqCst);
+            if up && reset > 0 && seed % 1_000_000 < reset {
+                f.resets.fetch_add(1, Ordering::SeqCst);
+                // Let the command reach the server before the cut.
+                std::thread::sleep(Duration::from_millis(1));
                 break;
             }
         }
