@@ -148,6 +148,28 @@ async fn a_blackhole_is_still_an_outage_and_heals() {
     }
 }
 
+/// Moves `slot` from `src` to `dst` as an operator would, with pauses for
+/// traffic to meet each step: `SETSLOT … IMPORTING` on `dst`, `MIGRATING`
+/// on `src`, `MIGRATE` of its keys, then `SETSLOT … NODE` on every node of
+/// `nodes`. What `MIGRATE` said.
+fn move_slot(nodes: &[&RedisServer], slot: &str, src: &RedisServer, dst: &RedisServer) -> String {
+    let (src_id, dst_id) = (src.cli(&["cluster", "myid"]), dst.cli(&["cluster", "myid"]));
+    std::thread::sleep(Duration::from_millis(30));
+    dst.cli(&["cluster", "setslot", slot, "importing", &src_id]);
+    src.cli(&["cluster", "setslot", slot, "migrating", &dst_id]);
+    std::thread::sleep(Duration::from_millis(40));
+    let keys = src.cli(&["cluster", "getkeysinslot", slot, "100"]);
+    let port = dst.port.to_string();
+    let mut args = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
+    args.extend(keys.lines());
+    let out = src.cli(&args);
+    std::thread::sleep(Duration::from_millis(40));
+    for n in nodes {
+        n.cli(&["cluster", "setslot", slot, "node", &dst_id]);
+    }
+    out
+}
+
 /// The slot of a hot key moves between masters while 120 concurrent
 /// requests at a limit of 20 are decided (`SETSLOT … IMPORTING` /
 /// `MIGRATING`, `MIGRATE`, `SETSLOT … NODE`): a `MOVED` or `ASK` means
@@ -188,10 +210,6 @@ async fn a_slot_moving_under_traffic_admits_no_more_than_the_limit() {
             .map(|n| n.port)
             .find(|p| *p != src)
             .unwrap();
-        let (src_id, dst_id) = (
-            at(src).cli(&["cluster", "myid"]),
-            at(dst).cli(&["cluster", "myid"]),
-        );
         let admitted = Arc::new(AtomicU64::new(1));
         let mut calls = vec![];
         for i in 0..120u64 {
@@ -207,25 +225,8 @@ async fn a_slot_moving_under_traffic_admits_no_more_than_the_limit() {
             }));
         }
         let moving = {
-            let (src_n, dst_n) = (at(src), at(dst));
-            let others: Vec<&RedisServer> = cluster.nodes.iter().collect();
-            tokio::task::block_in_place(|| {
-                std::thread::sleep(Duration::from_millis(30));
-                dst_n.cli(&["cluster", "setslot", &slot, "importing", &src_id]);
-                src_n.cli(&["cluster", "setslot", &slot, "migrating", &dst_id]);
-                std::thread::sleep(Duration::from_millis(40));
-                let keys = src_n.cli(&["cluster", "getkeysinslot", &slot, "100"]);
-                let keys: Vec<&str> = keys.lines().collect();
-                let port = dst.to_string();
-                let mut args = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
-                args.extend(keys.iter().copied());
-                let out = src_n.cli(&args);
-                std::thread::sleep(Duration::from_millis(40));
-                for n in &others {
-                    n.cli(&["cluster", "setslot", &slot, "node", &dst_id]);
-                }
-                out
-            })
+            let nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
+            tokio::task::block_in_place(|| move_slot(&nodes, &slot, at(src), at(dst)))
         };
         assert!(
             moving.contains("OK") || moving.contains("NOKEY"),
@@ -577,4 +578,138 @@ async fn replies_cut_then_healed_stay_within_the_bound() {
     );
     assert_eq!(during.errors, 0);
     assert!(total <= 20 + 20 + 8, "{total}");
+}
+
+/// A manual `CLUSTER FAILOVER` (sent to the replica of the key's master)
+/// under traffic loses no decision: every admission acknowledged is in the
+/// new master's count, and none was decided locally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_cluster_failover_under_traffic_loses_no_decision() {
+    let cluster = RedisCluster::start_with_replicas();
+    let s = store(RedisConfig {
+        cluster: cluster.urls(),
+        key_prefix: "mf:".into(),
+        timeout: Duration::from_millis(500),
+        ..RedisConfig::default()
+    });
+    let r = Arc::new(rule("mf", 1_000_000));
+    let state_key = s.primary().key_names(&Op::new(&r, "k")).0;
+    let op = [Op::new(&r, "k")];
+    assert!(s.decide(&op, 1, Mode::Apply).await.unwrap()[0].allowed());
+    let old = cluster.master_of(0, &state_key).unwrap();
+    let replica = cluster
+        .nodes
+        .iter()
+        .find(|n| n.replicates(old))
+        .expect("the master's replica");
+    let load = traffic(
+        std::slice::from_ref(&s),
+        &r,
+        &["k"],
+        8,
+        Duration::from_secs(4),
+    );
+    let switch = async {
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        let said = tokio::task::block_in_place(|| replica.cli(&["cluster", "failover"]));
+        assert_eq!(said, "OK");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cluster.master_of(0, &state_key) != Some(replica.port) {
+            assert!(Instant::now() < deadline, "the replica never took over");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let (seen, ()) = tokio::join!(load, switch);
+    let admitted = 1 + seen.admitted.get("k").copied().unwrap_or(0);
+    let count = replica.state(&state_key).get(1).copied().unwrap_or(0);
+    eprintln!(
+        "manual failover: {admitted} admitted, the new master counts {count}, {} late",
+        s.late_answers()
+    );
+    assert_eq!(seen.errors, 0);
+    assert!(
+        s.local().is_empty(),
+        "decided locally during a manual failover"
+    );
+    assert!(admitted > 100, "traffic ran: {admitted}");
+    // Late calls may have been counted and not answered: never fewer.
+    assert!(
+        count >= admitted,
+        "{count} counted < {admitted} admitted: decisions lost"
+    );
+}
+
+/// A node that joins the cluster (`CLUSTER MEET`) is used once its slots
+/// are assigned: the hot key's slot moved to it under 120 concurrent
+/// requests at a limit of 20, the newcomer holds the key's count, and no
+/// more than 20 are admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_joins_is_used_once_its_slots_are_assigned() {
+    let cluster = RedisCluster::start();
+    let newcomer = RedisServer::start_any(true);
+    cluster.nodes[0].cli(&["cluster", "meet", "127.0.0.1", &newcomer.port.to_string()]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while newcomer.cli(&["cluster", "nodes"]).lines().count() < 4
+        || cluster.nodes[1].cli(&["cluster", "nodes"]).lines().count() < 4
+        || cluster.nodes[2].cli(&["cluster", "nodes"]).lines().count() < 4
+        || !newcomer
+            .cli(&["cluster", "info"])
+            .contains("cluster_state:ok")
+    {
+        assert!(Instant::now() < deadline, "the newcomer never joined");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let s = store(RedisConfig {
+        cluster: cluster.urls(),
+        key_prefix: "j:".into(),
+        timeout: Duration::from_millis(500),
+        ..RedisConfig::default()
+    });
+    let r = Arc::new(rule("join", 20));
+    let state_key = s.primary().key_names(&Op::new(&r, "k")).0;
+    let op = [Op::new(&r, "k")];
+    for _ in 0..5 {
+        assert!(s.decide(&op, 1, Mode::Apply).await.unwrap()[0].allowed());
+    }
+    let slot = cluster.nodes[0].cli(&["cluster", "keyslot", &state_key]);
+    let src = cluster.master_of(0, &state_key).unwrap();
+    let src = cluster.nodes.iter().find(|n| n.port == src).unwrap();
+    let admitted = Arc::new(AtomicU64::new(5));
+    let mut calls = vec![];
+    for i in 0..120u64 {
+        let (s, r, admitted) = (s.clone(), r.clone(), admitted.clone());
+        calls.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(i % 40 * 5)).await;
+            let op = [Op::new(&r, "k")];
+            if let Ok(v) = s.decide(&op, 1, Mode::Apply).await
+                && v[0].allowed()
+            {
+                admitted.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let moved = {
+        let mut nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
+        nodes.push(&newcomer);
+        tokio::task::block_in_place(|| move_slot(&nodes, &slot, src, &newcomer))
+    };
+    assert!(moved.contains("OK"), "{moved}");
+    for c in calls {
+        c.await.unwrap();
+    }
+    // And after it, on the newcomer.
+    for _ in 0..10 {
+        let v = s.decide(&op, 1, Mode::Apply).await.unwrap();
+        admitted.fetch_add(u64::from(v[0].allowed()), Ordering::Relaxed);
+    }
+    let admitted = admitted.load(Ordering::Relaxed);
+    let count = newcomer.state(&state_key).get(1).copied().unwrap_or(0);
+    eprintln!(
+        "a node joins: {admitted} admitted, the newcomer counts {count}; errors {:?}, local {}",
+        s.primary().errors_by_kind(),
+        !s.local().is_empty()
+    );
+    assert!(admitted <= 20, "{admitted} admitted on a limit of 20");
+    assert!(s.local().is_empty(), "decided locally while a node joined");
+    assert!(count >= 20, "the newcomer holds the key's count: {count}");
 }

@@ -261,10 +261,25 @@ impl RedisStore {
                     Err(e) => return Err(e),
                 }
                 let answer = query(conn, &call).await;
-                if answer.is_ok() {
-                    self.inner.functions.store(1, Ordering::Relaxed);
+                match answer {
+                    // On a cluster, "every master" is every master the
+                    // client knows of: a node that joined since (its slots
+                    // given to it, its keys moved in; functions do not move
+                    // with them) may not be among them until the client's
+                    // slot table is refreshed. The call then goes as the
+                    // script itself (`EVAL`), which any node runs.
+                    Err(e) if e.to_string().contains("Function not found") => {
+                        let mut eval = redis::cmd("EVAL");
+                        eval.arg(SCRIPT).arg(keys.len()).arg(keys).arg(args);
+                        query(conn, &eval).await
+                    }
+                    answer => {
+                        if answer.is_ok() {
+                            self.inner.functions.store(1, Ordering::Relaxed);
+                        }
+                        answer
+                    }
                 }
-                answer
             }
             other => {
                 if other.is_ok() {
@@ -282,10 +297,11 @@ impl RedisStore {
     /// against the breaker. A late call says nothing of the server's
     /// health, since a busy host makes answers late; it is reported as
     /// [`StoreError::Late`], and only when nothing at all has been
-    /// answered for [`SILENCE`] are the connections replaced, so that a
-    /// server that silently drops packets is found down by the next
-    /// connection attempt. A call that timed out before any connection
-    /// was made sent nothing: that is unavailable, not late.
+    /// answered for [`SILENCE`], and a ping is not answered either, are
+    /// the connections replaced, so that a server that silently drops
+    /// packets is found down by the next connection attempt. A call that
+    /// timed out before any connection was made sent nothing: that is
+    /// unavailable, not late.
     pub(super) async fn guarded<T>(
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
