@@ -30,6 +30,11 @@ fn redirected(e: &redis::RedisError) -> bool {
     matches!(e.code(), Some("MOVED" | "ASK"))
 }
 
+/// Whether `e` is a connection that broke (not one refused).
+fn broken(e: &redis::RedisError) -> bool {
+    (e.is_io_error() || e.is_connection_dropped()) && !e.is_connection_refusal()
+}
+
 pub(super) fn no_functions(e: &redis::RedisError) -> bool {
     let m = e.to_string().to_ascii_lowercase();
     m.contains("unknown command") && (m.contains("fcall") || m.contains("function"))
@@ -163,10 +168,20 @@ impl RedisStore {
             // come back as `MOVED` (it sends `ASKING` as a request of its
             // own on a shared connection, and two callers' `ASKING ASKING
             // cmd cmd` spend the one-shot flag on the first command).
+            //
+            // A connection that broke under the call is tried once more on
+            // a fresh one: a single reset is not the server going away.
+            // The call may have been applied before the break; applied
+            // twice, it over-counts (the safe side), never over-admits.
+            let mut broke = false;
             loop {
                 match self.script_once(&keys, &args).await? {
                     Err(e) if redirected(&e) => {
                         tokio::time::sleep(REDIRECT_PAUSE).await;
+                    }
+                    Err(e) if !broke && broken(&e) => {
+                        broke = true;
+                        self.reconnect();
                     }
                     other => return other.map_err(classify),
                 }
