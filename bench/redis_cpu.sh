@@ -126,6 +126,21 @@ bench() {
   printf '%-40s -P %-2s %9s calls/s  %6.2f us Redis CPU/decision\n' "$label" "$pipe" "$rps" "$US"
 }
 
+# product LABEL ARGS...: the product's load (rls_load ARGS), 5 s, 100k
+# keys; prints and sets US (Redis CPU µs per decision).
+product() {
+  local label=$1; shift
+  cli flushall > /dev/null
+  local before after out calls
+  before=$(cpu)
+  out=$(taskset -c 1 target/release/examples/rls_load "$@" --seconds 5 --keys 100000)
+  after=$(cpu)
+  calls=$(load_field calls "$out")
+  US=$(echo "($after - $before) * 1000000 / $calls" | bc -l)
+  printf '%-40s       %9s calls/s  %6.2f us Redis CPU/decision  (%s over)\n' "$label" \
+    "$(load_field rate "$out")" "$US" "$(load_field over "$out")"
+}
+
 if [ $MODE = product ]; then
   GCRA_ARGS=$(awk '$1 == "gcra" { $1 = ""; $2 = ""; print }' "$WORK/argv")
   ADMIN=$(port); LISTEN=$(port); RLS=$(port)
@@ -147,19 +162,6 @@ YAML
   RUST_LOG=warn taskset -c 1 "${BIN:-target/release/ratewarden}" serve -c "$WORK/p.yaml" \
     --listen 127.0.0.1:$LISTEN --workers 1 > /dev/null & PIDS+=($!)
   wait_port "$ADMIN"; wait_port "$RLS"; wait_port "$LISTEN"
-  # through LABEL ARGS...: the product's load, 5 s; sets US.
-  through() {
-    local label=$1; shift
-    cli flushall > /dev/null
-    local before after out calls
-    before=$(cpu)
-    out=$(taskset -c 1 target/release/examples/rls_load "$@" --seconds 5 --keys 100000)
-    after=$(cpu)
-    calls=$(load_field calls "$out")
-    US=$(echo "($after - $before) * 1000000 / $calls" | bc -l)
-    printf '%-40s       %9s calls/s  %6.2f us Redis CPU/decision  (%s over)\n' "$label" \
-      "$(load_field rate "$out")" "$US" "$(load_field over "$out")"
-  }
   ratio() { printf '    / minimal -P 16: %.3f   / minimal -P 1: %.3f\n' "$(echo "$1 / $M16" | bc -l)" "$(echo "$1 / $M1" | bc -l)"; }
   R=(-r 100000); K='k:__rand_int__'
   for r in $(seq "$ROUNDS"); do
@@ -175,9 +177,9 @@ YAML
     done
     # shellcheck disable=SC2086
     bench "FCALL gcra, 100k keys" 16 "${R[@]}" fcall "$FN" 1 "{$K}:s" $GCRA_ARGS; ratio "$US"
-    through "product: POST /v1/check gcra" http "http://127.0.0.1:$ADMIN/v1/check"; ratio "$US"
-    through "product: RLS gcra" grpc "http://127.0.0.1:$RLS"; ratio "$US"
-    through "product: proxy GET, X-Key" http "http://127.0.0.1:$LISTEN/" --header X-Key; ratio "$US"
+    product "product: POST /v1/check gcra" http "http://127.0.0.1:$ADMIN/v1/check"; ratio "$US"
+    product "product: RLS gcra" grpc "http://127.0.0.1:$RLS"; ratio "$US"
+    product "product: proxy GET, X-Key" http "http://127.0.0.1:$LISTEN/" --header X-Key; ratio "$US"
   done
   exit 0
 fi
@@ -220,18 +222,6 @@ YAML
   wait_port "$ADMIN"; wait_port "$RLS"
 }
 rw_serve "{type: redis, url: 'redis://127.0.0.1:$PORT', timeout: 1s}"
-product() {
-  local label=$1; shift
-  cli flushall > /dev/null
-  local before after out calls
-  before=$(cpu)
-  out=$(taskset -c 1 target/release/examples/rls_load "$@" --seconds 5 --keys 100000)
-  after=$(cpu)
-  calls=$(load_field calls "$out")
-  printf '%-40s       %9s calls/s  %6.2f us Redis CPU/decision\n' "$label" \
-    "$(load_field rate "$out")" \
-    "$(echo "($after - $before) * 1000000 / $calls" | bc -l)"
-}
 product "product: POST /v1/check gcra, 100k keys" http "http://127.0.0.1:$ADMIN/v1/check"
 product "product: RLS gcra, 100k keys" grpc "http://127.0.0.1:$RLS"
 # The same at one cluster node's share of the load: the cluster below

@@ -148,6 +148,29 @@ async fn a_blackhole_is_still_an_outage_and_heals() {
     }
 }
 
+/// 120 concurrent decisions on key `k`, spread over 200 ms (40 start
+/// times, 5 ms apart), each admission counted in `admitted`.
+fn burst(
+    s: &Arc<Fallback<RedisStore>>,
+    r: &Arc<Rule>,
+    admitted: &Arc<AtomicU64>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..120u64)
+        .map(|i| {
+            let (s, r, admitted) = (s.clone(), r.clone(), admitted.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(i % 40 * 5)).await;
+                let op = [Op::new(&r, "k")];
+                if let Ok(v) = s.decide(&op, 1, Mode::Apply).await
+                    && v[0].allowed()
+                {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect()
+}
+
 /// Moves `slot` from `src` to `dst` as an operator would, with pauses for
 /// traffic to meet each step: `SETSLOT … IMPORTING` on `dst`, `MIGRATING`
 /// on `src`, `MIGRATE` of its keys, then `SETSLOT … NODE` on every node of
@@ -211,19 +234,7 @@ async fn a_slot_moving_under_traffic_admits_no_more_than_the_limit() {
             .find(|p| *p != src)
             .unwrap();
         let admitted = Arc::new(AtomicU64::new(1));
-        let mut calls = vec![];
-        for i in 0..120u64 {
-            let (s, r, admitted) = (s.clone(), r.clone(), admitted.clone());
-            calls.push(tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(i % 40 * 5)).await;
-                let op = [Op::new(&r, "k")];
-                if let Ok(v) = s.decide(&op, 1, Mode::Apply).await
-                    && v[0].allowed()
-                {
-                    admitted.fetch_add(1, Ordering::Relaxed);
-                }
-            }));
-        }
+        let calls = burst(&s, &r, &admitted);
         let moving = {
             let nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
             tokio::task::block_in_place(|| move_slot(&nodes, &slot, at(src), at(dst)))
@@ -679,19 +690,7 @@ async fn a_node_that_joins_is_used_once_its_slots_are_assigned() {
     let src = cluster.master_of(0, &state_key).unwrap();
     let src = cluster.nodes.iter().find(|n| n.port == src).unwrap();
     let admitted = Arc::new(AtomicU64::new(5));
-    let mut calls = vec![];
-    for i in 0..120u64 {
-        let (s, r, admitted) = (s.clone(), r.clone(), admitted.clone());
-        calls.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(i % 40 * 5)).await;
-            let op = [Op::new(&r, "k")];
-            if let Ok(v) = s.decide(&op, 1, Mode::Apply).await
-                && v[0].allowed()
-            {
-                admitted.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
+    let calls = burst(&s, &r, &admitted);
     let moved = {
         let mut nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
         nodes.push(&newcomer);
