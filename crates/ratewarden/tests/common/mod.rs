@@ -503,3 +503,4 @@ impl RedisCluster {
     }
 }
 pub mod fault;
+pub mod netns;
