@@ -19,6 +19,31 @@ use crate::upstream::route::Router;
 use ratewarden_tower::consumers::{Consumer, Consumers};
 use ratewarden_tower::overrides::Overrides;
 
+/// The store's system and node, as a store span names them: the host and
+/// port of its URL (never its credentials), a cluster's first seed, or the
+/// sentinels' master's name.
+fn store_node(spec: &crate::config::StoreSpec) -> (&'static str, Option<String>) {
+    use crate::config::StoreSpec;
+    let host_port = |url: &str| {
+        let rest = url.split_once("://").map_or(url, |(_, r)| r);
+        let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+        rest.split(['/', '?']).next().unwrap_or_default().to_owned()
+    };
+    match spec {
+        StoreSpec::Memory { .. } => ("memory", None),
+        StoreSpec::Redis { url: Some(u), .. } => ("redis", Some(host_port(u))),
+        StoreSpec::Redis {
+            cluster, sentinel, ..
+        } => (
+            "redis",
+            cluster
+                .first()
+                .map(|u| host_port(u))
+                .or_else(|| sentinel.as_ref().map(|s| s.master.clone())),
+        ),
+    }
+}
+
 /// The configuration in force and the limiter it runs on; swapped whole on reload.
 pub struct Live {
     /// The validated configuration.
@@ -46,6 +71,8 @@ pub struct Live {
     pub(crate) unrouted: [Arc<crate::observe::metrics::RouteCounts>; 2],
     /// The consumers `consumers.file` names, by key hash.
     file_consumers: std::collections::HashMap<String, Arc<Consumer>>,
+    /// Spans go through it, when tracing is on.
+    pub(crate) tracer: Option<crate::observe::trace::Tracer>,
 }
 
 impl std::fmt::Debug for Live {
@@ -134,7 +161,13 @@ impl Live {
             .flat_map(|c| &c.file)
             .map(|c| (c.key_hash.clone(), Arc::new(c.clone())))
             .collect();
+        let tracer = crate::observe::trace::Tracer::start(
+            &config.tracing,
+            metrics.trace_dropped.clone(),
+            store_node(&config.store),
+        );
         Self {
+            tracer,
             config,
             limiter,
             router,

@@ -58,6 +58,7 @@ pub struct File {
     pub upstream_tls: Option<Sp<UpstreamTlsFile>>,
     pub log: Option<Sp<LogFile>>,
     pub access_log: Option<Sp<AccessLogFile>>,
+    pub tracing: Option<Sp<TracingFile>>,
     #[serde(default = "default_admin")]
     pub admin: Option<AdminFile>,
     pub store: Option<StoreFile>,
@@ -305,6 +306,21 @@ pub fn default_admin() -> Option<AdminFile> {
 pub struct LogFile {
     pub format: Option<Sp<String>>,
     pub level: Option<Sp<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingFile {
+    pub otlp: Option<Sp<OtlpFile>>,
+    pub sample: Option<Sp<f64>>,
+    pub service_name: Option<Sp<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpFile {
+    pub endpoint: Sp<String>,
+    pub protocol: Option<Sp<String>>,
 }
 
 #[derive(Debug, Deserialize)]

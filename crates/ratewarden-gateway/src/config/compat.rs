@@ -244,6 +244,7 @@ pub(super) fn translate(f: CompatFile, d: &Diag<'_>, o: &Overrides) -> Option<Co
         upstream_tls: None,
         log: None,
         access_log: None,
+        tracing: None,
         admin: default_admin(),
         store: None,
         identity,

@@ -125,6 +125,9 @@ pub struct Config {
     pub log: LogSpec,
     /// The access log, if any (read at start).
     pub access_log: Option<AccessSpec>,
+    /// OpenTelemetry traces (`tracing:`, and the `OTEL_*` variables, which
+    /// win): off when neither names an endpoint.
+    pub tracing: TraceSpec,
     /// Routes to other upstreams, tried in order before the default.
     pub routes: Vec<RouteSpec>,
     /// The store.
@@ -280,6 +283,63 @@ impl Config {
             Upstream::Echo => None,
         }
     }
+}
+
+/// `tracing:` with the `OTEL_*` variables applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSpec {
+    /// Where spans go; `None`: tracing is off.
+    pub endpoint: Option<TraceEndpoint>,
+    /// gRPC or protobuf over HTTP.
+    pub protocol: TraceProtocol,
+    /// For traces that start here (a sampled parent is always followed).
+    pub sampler: TraceSampler,
+    /// `service.name` (`OTEL_SERVICE_NAME` wins).
+    pub service_name: String,
+    /// `OTEL_RESOURCE_ATTRIBUTES`.
+    pub resource: Vec<(String, String)>,
+    /// `OTEL_EXPORTER_OTLP_HEADERS`.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Default for TraceSpec {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            protocol: TraceProtocol::Grpc,
+            sampler: TraceSampler::Ratio(1.0),
+            service_name: "ratewarden".into(),
+            resource: vec![],
+            headers: vec![],
+        }
+    }
+}
+
+/// How spans are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceProtocol {
+    /// OTLP over gRPC (port 4317).
+    Grpc,
+    /// OTLP's protobuf over HTTP (port 4318, `/v1/traces`).
+    HttpProtobuf,
+}
+
+/// Which traces that start here are recorded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TraceSampler {
+    /// This share, by trace id (0 to 1).
+    Ratio(f64),
+    /// Only those a parent sampled (`parentbased_always_off`).
+    Off,
+}
+
+/// A collector's address and the path spans are sent to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceEndpoint {
+    /// `host:port`.
+    pub authority: String,
+    /// `/v1/traces` over HTTP; gRPC's method path.
+    pub path: String,
 }
 
 /// `log:`: how the gateway's own log is written.

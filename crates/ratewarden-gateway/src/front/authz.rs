@@ -313,6 +313,14 @@ impl Wire for Hook {
         self.rid.as_ref().map(HeaderValue::as_bytes)
     }
 
+    fn trace_fields(&self) -> (Option<&[u8]>, Option<&[u8]>) {
+        let h = &self.asked.headers;
+        (
+            h.get("traceparent").map(HeaderValue::as_bytes),
+            h.get("tracestate").map(HeaderValue::as_bytes),
+        )
+    }
+
     fn method(&self) -> &Method {
         &self.asked.method
     }

@@ -190,6 +190,9 @@ pub struct Metrics {
     upstream: Histogram,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
+    /// Spans dropped: the queue full, or a batch the collector did not
+    /// take. Kept across reloads (each configuration's tracer adds to it).
+    pub(crate) trace_dropped: Arc<AtomicU64>,
     /// TLS handshakes with clients that failed or timed out.
     tls_failures: AtomicU64,
     /// API keys that named no consumer (unknown, revoked, expired).
@@ -560,6 +563,11 @@ impl Metrics {
             "# HELP ratewarden_config_reloads_total Config reloads.\n# TYPE ratewarden_config_reloads_total counter\nratewarden_config_reloads_total{{result=\"success\"}} {}\nratewarden_config_reloads_total{{result=\"failure\"}} {}",
             self.reloads_ok.load(Ordering::Relaxed),
             self.reloads_failed.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ratewarden_trace_spans_dropped_total Spans not sent: the queue to the exporter full, or a batch the collector did not take.\n# TYPE ratewarden_trace_spans_dropped_total counter\nratewarden_trace_spans_dropped_total {}",
+            self.trace_dropped.load(Ordering::Relaxed)
         );
         let mut rls: Vec<_> = self
             .rls

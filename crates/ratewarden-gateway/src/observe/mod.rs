@@ -6,3 +6,4 @@ pub(crate) mod access;
 pub(crate) mod metrics;
 pub(crate) mod refusals;
 pub(crate) mod request_id;
+pub(crate) mod trace;

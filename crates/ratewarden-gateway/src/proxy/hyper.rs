@@ -265,6 +265,14 @@ impl Wire for Hyper {
             .map(HeaderValue::as_bytes)
     }
 
+    fn trace_fields(&self) -> (Option<&[u8]>, Option<&[u8]>) {
+        let h = &self.parts.headers;
+        (
+            h.get("traceparent").map(HeaderValue::as_bytes),
+            h.get("tracestate").map(HeaderValue::as_bytes),
+        )
+    }
+
     fn edge(&self) -> Option<Edge> {
         self.edge
     }
@@ -366,7 +374,7 @@ impl Wire for Hyper {
         if self.upgrade.is_some() {
             let mut headers =
                 super::tunnel::request_fields(std::mem::take(&mut self.parts.headers));
-            forwarding_fields(&mut headers, &forwarding, &flow.rid);
+            forwarding_fields(&mut headers, &forwarding, flow);
             self.parts.headers = headers;
             return Ok(());
         }
@@ -388,7 +396,7 @@ impl Wire for Hyper {
         let mut parts = std::mem::replace(&mut self.parts, kept);
         parts.version = Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
-        forwarding_fields(&mut parts.headers, &forwarding, &flow.rid);
+        forwarding_fields(&mut parts.headers, &forwarding, flow);
         self.outgoing = Some(Request::from_parts(parts, body));
         Ok(())
     }
@@ -670,7 +678,14 @@ struct Forwarding {
 /// `-Port` (see [`forward::X_FORWARDED`]: a client's replaced, a trusted
 /// proxy's kept), the request id, and `Host` as asked where the request
 /// had none (HTTP/2: `:authority`), for `preserve_host`.
-fn forwarding_fields(h: &mut HeaderMap, f: &Forwarding, rid: &RequestId) {
+fn forwarding_fields(h: &mut HeaderMap, f: &Forwarding, flow: &Flow) {
+    let rid = &flow.rid;
+    // A sampled request's upstream gets our span as its parent.
+    if let Some(t) = flow.trace.as_ref().and_then(|t| t.upstream_traceparent())
+        && let Ok(v) = HeaderValue::from_bytes(&t)
+    {
+        h.insert("traceparent", v);
+    }
     let mut xff = Vec::new();
     // (The incoming chain is looked up only when it is kept.)
     let chain = f.keep_chain.then(|| h.get_all(X_FORWARDED_FOR));

@@ -23,6 +23,7 @@ mod rls;
 mod routes;
 mod rules;
 mod store;
+mod tracing;
 
 pub(crate) use consumers::valid_name as consumer_name;
 pub(crate) use rules::distribution;
@@ -271,6 +272,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
     let route_names: Vec<String> = f.routes.iter().map(|r| r.name.value.clone()).collect();
     let log = listeners::log_spec(d, f.log.as_ref());
     let access_log = opt(&f.access_log, |a| listeners::access_spec(d, a));
+    let trace = tracing::trace_spec(d, f.tracing.as_ref(), &|name| std::env::var(name).ok());
     let admin_token_for_probes = f
         .admin
         .as_ref()
@@ -497,6 +499,7 @@ pub(crate) fn validate(mut f: File, d: &Diag<'_>, o: &Overrides) -> Option<Confi
         admin_hosts: admin_hosts?,
         log: log?,
         access_log: access_log?,
+        tracing: trace?,
         routes: routes?,
         tls: tls?,
         admin_tls: admin_tls?,

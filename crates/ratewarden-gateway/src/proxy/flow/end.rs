@@ -60,9 +60,10 @@ impl End {
         gw: &std::sync::Arc<crate::gateway::Gateway>,
         live: &std::sync::Arc<crate::gateway::Live>,
         given: Option<&[u8]>,
+        trace: (Option<&[u8]>, Option<&[u8]>),
     ) -> Self {
         Self {
-            flow: Flow::start(gw, live, given),
+            flow: Flow::start(gw, live, given, trace),
             settlement: None,
             held: None,
             tap: Tap::default(),
@@ -129,8 +130,15 @@ impl End {
             Some(Read::Cost(c)) => AnswerCost::Known(c),
             Some(Read::Missing(_)) | None => AnswerCost::Unknown,
         };
-        if let Some(log) = &flow.gw.access {
-            let line = line();
+        let traced = self.flow.trace.take();
+        let flow = &self.flow;
+        let line = (flow.gw.access.is_some() || traced.is_some()).then(line);
+        if let (Some(t), Some(line), Some(tracer)) = (traced, &line, &flow.live.tracer) {
+            let target = String::from_utf8_lossy(line.target);
+            let path = target.split('?').next().unwrap_or_default();
+            tracer.send(t.spans(status, line.method, path, &tracer.store));
+        }
+        if let (Some(log), Some(line)) = (&flow.gw.access, line) {
             let n = &flow.note;
             let (time, duration) = crate::observe::access::since(flow.arrival);
             // An LLM call's account: its usage, what was reserved and what

@@ -34,6 +34,7 @@ mod reserve;
 mod run;
 pub(crate) mod shaped;
 pub(crate) mod tap;
+mod traced;
 
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -82,6 +83,8 @@ pub(crate) struct Flow {
     /// The model an LLM request's body names (read only when a rule is
     /// charged by an LLM's usage).
     pub(crate) llm_model: Option<String>,
+    /// Its spans, when it is sampled.
+    pub(crate) trace: Option<Box<traced::Traced>>,
 }
 
 /// Whose answer counts the request's answer.
@@ -104,7 +107,7 @@ pub(crate) struct Note {
     /// The refusing rule.
     rule: Option<Rule>,
     /// The consumer the request's API key named.
-    consumer: Option<std::sync::Arc<ratewarden_tower::consumers::Consumer>>,
+    pub(crate) consumer: Option<std::sync::Arc<ratewarden_tower::consumers::Consumer>>,
 }
 
 /// What the wire knows for the access log's line.
@@ -147,9 +150,20 @@ impl Flow {
     /// Phase 1: a request arrives under `live`, carrying `X-Request-Id`
     /// `given` (kept when valid).
     #[inline]
-    pub(crate) fn start(gw: &Arc<Gateway>, live: &Arc<Live>, given: Option<&[u8]>) -> Self {
+    pub(crate) fn start(
+        gw: &Arc<Gateway>,
+        live: &Arc<Live>,
+        given: Option<&[u8]>,
+        (traceparent, tracestate): (Option<&[u8]>, Option<&[u8]>),
+    ) -> Self {
         let arrival = crate::observe::access::arrived();
+        let trace = live
+            .tracer
+            .as_ref()
+            .and_then(|t| t.begin(traceparent, tracestate))
+            .map(|ids| traced::Traced::new(ids, arrival));
         Self {
+            trace,
             gw: gw.clone(),
             live: live.clone(),
             rid: RequestId::keep_or_make(given, arrival),
@@ -205,9 +219,10 @@ impl Flow {
             rid,
             note,
             llm_model,
+            trace,
             ..
         } = self;
-        let logged = gw.access.is_some();
+        let logged = gw.access.is_some() || trace.is_some();
         let claims = match gw.required_claims(live, &request, route) {
             Ok(c) => c,
             Err(r) => return Decided::Refused(r),

@@ -76,6 +76,10 @@ pub(crate) trait Wire {
     fn edge(&self) -> Option<Edge> {
         None
     }
+    /// The request's `traceparent` and `tracestate`, as sent.
+    fn trace_fields(&self) -> (Option<&[u8]>, Option<&[u8]>) {
+        (None, None)
+    }
     /// The request's method.
     fn method(&self) -> &Method;
     /// The target as the client sent it (origin form, or `*`).
@@ -155,7 +159,7 @@ pub(crate) async fn run<W: Wire + Send>(
     live: &Arc<Live>,
     wire: &mut W,
 ) -> io::Result<W::Done> {
-    let mut end = End::start(gw, live, wire.request_id());
+    let mut end = End::start(gw, live, wire.request_id(), wire.trace_fields());
     if let Some(e) = wire.edge() {
         return answered(wire, &mut end, Own::Edge(e)).await;
     }
@@ -177,7 +181,17 @@ pub(crate) async fn run<W: Wire + Send>(
         let request = wire.view(&path, target);
         let (route, target) = wire.route(&mut end.flow, live, &request);
         let body = wire.body();
-        (target, end.flow.decide(request, route, body).await)
+        let from = end.flow.trace.is_some().then(quanta::Instant::now);
+        let decided = end.flow.decide(request, route, body).await;
+        if let (Some(t), Some(from)) = (&mut end.flow.trace, from) {
+            let (decision, refusal) = match &decided {
+                Decided::Refused(r) => (None, Some(r)),
+                Decided::Admitted(p) => (p.decision.as_ref(), None),
+            };
+            let consumer = end.flow.note.consumer.as_ref().map(|c| c.name.as_str());
+            t.decided(from, decision, refusal, consumer, route);
+        }
+        (target, decided)
     };
     let mut pass = match decided {
         Decided::Refused(r) => return answered(wire, &mut end, Own::Refused(&r)).await,
@@ -196,6 +210,9 @@ pub(crate) async fn run<W: Wire + Send>(
         Target::Itself => return answered(wire, &mut end, Own::Admitted(&pass)).await,
         Target::Upstream(g) => g,
     };
+    if let Some(t) = &mut end.flow.trace {
+        t.upstream_begins();
+    }
     if let Err(e) = wire.prepare(&end.flow) {
         return answered(wire, &mut end, Own::Edge(e)).await;
     }
@@ -208,7 +225,18 @@ pub(crate) async fn run<W: Wire + Send>(
             Ok(c) => c,
             Err(failed) => break Err(*failed),
         };
-        match wire.attempt(&end.flow, &chosen, &group).await {
+        let tried = wire.attempt(&end.flow, &chosen, &group).await;
+        if let Some(t) = &mut end.flow.trace {
+            let server = &chosen.server().label;
+            match &tried {
+                Tried::Answered(_) => t.tried(server, None),
+                Tried::Unsent(e) => t.retried(server, &e.to_string()),
+                Tried::TimedOut => t.tried(server, Some(format!("no answer within {timeout:?}"))),
+                Tried::Broke(why, _) => t.tried(server, Some(why.to_string())),
+                Tried::Answer(_) | Tried::ClientGone => {}
+            }
+        }
+        match tried {
             Tried::Answered(head) => {
                 attempts.answered(&chosen);
                 break Ok((head, chosen));

@@ -195,6 +195,10 @@ impl Wire for H1<'_> {
         self.field(b"x-request-id")
     }
 
+    fn trace_fields(&self) -> (Option<&[u8]>, Option<&[u8]>) {
+        (self.field(b"traceparent"), self.field(b"tracestate"))
+    }
+
     fn method(&self) -> &Method {
         &self.head.method
     }
@@ -511,6 +515,8 @@ impl Conn {
         let mut forwarded_chain: SmallVec<[&[u8]; 2]> = SmallVec::new();
         // An edited body goes with its own length.
         let replaced_body = replaced.is_some();
+        // A sampled request's upstream gets our span as its parent.
+        let traceparent = flow.trace.as_ref().and_then(|t| t.upstream_traceparent());
         for (name, value) in &self.fields {
             let (name, value) = (&input[name.clone()], &input[value.clone()]);
             if name.eq_ignore_ascii_case(b"x-forwarded-for") {
@@ -525,6 +531,8 @@ impl Conn {
                 }
             } else if name.eq_ignore_ascii_case(b"x-request-id") {
                 // Ours goes instead (the client's, when it was valid).
+            } else if traceparent.is_some() && name.eq_ignore_ascii_case(b"traceparent") {
+                // Ours goes instead.
             } else if let Some(i) = x_forwarded_index(name) {
                 // A client's is replaced; a trusted proxy's first is kept.
                 if trusted && !kept[i] && !(edits && extra.replaces(name)) {
@@ -573,6 +581,9 @@ impl Conn {
             );
         }
         push_field(out, b"x-request-id", flow.rid.as_bytes());
+        if let Some(t) = &traceparent {
+            push_field(out, b"traceparent", t);
+        }
         let mut port = itoa::Buffer::new();
         let ours = x_forwarded_values(client, asked, &mut port);
         for (i, v) in ours.into_iter().enumerate() {

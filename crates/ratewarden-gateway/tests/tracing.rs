@@ -1,0 +1,379 @@
+//! OpenTelemetry traces (issue 50), against an OTLP receiver made from the
+//! official protobuf definitions (`tests/sdk/otlp_receiver.py`: PyPI's
+//! `opentelemetry-proto`, gRPC through `grpcio`), over HTTP and gRPC: the
+//! span tree of a forwarded request under the client's `traceparent`, a
+//! refused request's attributes, the `OTEL_*` variables over the file, and
+//! a dead collector that leaves the request path alone.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{Upstream, scratch_dir, send, spawn_binary, wait_for_metric};
+
+/// The Python with the OTLP definitions (`./test` makes one in
+/// `target/sdk-venv` and names it in `RATEWARDEN_SDK_PYTHON`).
+fn python() -> String {
+    std::env::var("RATEWARDEN_SDK_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "this test needs a Python with `opentelemetry-proto` and `grpcio`: run ./test \
+             (it makes target/sdk-venv), or `python3 -m venv v && v/bin/pip install \
+             opentelemetry-proto grpcio` and set RATEWARDEN_SDK_PYTHON=v/bin/python"
+        )
+    })
+}
+
+/// The receiver, its spans as they arrive; stopped when dropped.
+struct Receiver {
+    child: Child,
+    port: u16,
+    spans: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Receiver {
+    fn start(mode: &str) -> Self {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/otlp_receiver.py");
+        let mut child = Command::new(python())
+            .args([script, mode])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the receiver's Python");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        let port = first
+            .trim()
+            .strip_prefix("port=")
+            .unwrap_or_else(|| {
+                panic!("the receiver said {first:?}: is opentelemetry-proto installed?")
+            })
+            .parse()
+            .unwrap();
+        let spans = Arc::new(Mutex::new(vec![]));
+        let s = spans.clone();
+        std::thread::spawn(move || {
+            for line in out.lines() {
+                let Ok(line) = line else { return };
+                if let Ok(v) = serde_json::from_str(&line) {
+                    s.lock().unwrap().push(v);
+                }
+            }
+        });
+        Self { child, port, spans }
+    }
+
+    /// Waits (at most 10 s) until `n` spans with `pred` have arrived.
+    fn wait(&self, n: usize, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let got: Vec<Value> = self
+                .spans
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|s| pred(s))
+                .cloned()
+                .collect();
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {n} spans arrived: {:#?}",
+                got.len(),
+                self.spans.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT: &str = "00f067aa0ba902b7";
+
+fn attr<'a>(span: &'a Value, key: &str) -> &'a Value {
+    &span["attrs"][key]
+}
+
+/// A forwarded request under the client's sampled `traceparent`: the
+/// server span is the client span's child, in its trace, with the HTTP
+/// conventions and the decision; the decision's span (the store) and the
+/// upstream's span (kind client) are the server span's children; the
+/// upstream received the upstream span as its parent, and the client's
+/// `tracestate`. A refused request's span names the rule and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_request_and_a_refused_one_as_spans_over_http() {
+    let receiver = Receiver::start("http");
+    let up = Upstream::start().await;
+    let dir = scratch_dir("rw-trace");
+    let file = dir.join("rw.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "tracing:\n  otlp: {{endpoint: 'http://127.0.0.1:{}', protocol: http/protobuf}}\n  sample: 1\n  service_name: edge\nrules:\n  - {{name: per-ip, key: [identity], limit: 2, window: 1m}}\n",
+            receiver.port
+        ),
+    )
+    .unwrap();
+    let gw = spawn_binary(&file, &up.url(), &[], Some(dir));
+    let sent = format!("00-{TRACE}-{PARENT}-01");
+    let r = send(
+        gw.listen,
+        "GET",
+        "/headers",
+        &[("traceparent", &sent), ("tracestate", "vendor=abc")],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let received = r
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("traceparent: "))
+        .expect("the upstream received a traceparent")
+        .to_owned();
+    assert!(r.body.contains("tracestate: vendor=abc"), "{}", r.body);
+    assert!(received.starts_with(&format!("00-{TRACE}-")), "{received}");
+    assert!(received.ends_with("-01"), "{received}");
+    assert_ne!(
+        &received[36..52],
+        PARENT,
+        "the gateway's span, not the client's"
+    );
+    // Two more: the third is refused.
+    assert_eq!(send(gw.listen, "GET", "/x", &[], "").await.status, 200);
+    assert_eq!(send(gw.listen, "GET", "/x", &[], "").await.status, 429);
+
+    let servers = receiver.wait(3, |s| s["kind"] == 2);
+    let server = servers
+        .iter()
+        .find(|s| s["trace_id"] == TRACE)
+        .expect("the client's trace");
+    assert_eq!(server["parent"], PARENT);
+    assert_eq!(server["trace_state"], "vendor=abc");
+    assert_eq!(attr(server, "http.request.method"), "GET");
+    assert_eq!(attr(server, "url.path"), "/headers");
+    assert_eq!(attr(server, "http.response.status_code"), 200);
+    assert_eq!(attr(server, "ratewarden.rule"), "per-ip");
+    assert_eq!(attr(server, "ratewarden.limited"), false);
+    assert_eq!(attr(server, "ratewarden.remaining"), 1);
+    assert_eq!(attr(server, "ratewarden.key"), "127.0.0.1");
+    assert!(attr(server, "ratewarden.reset_after").as_i64().unwrap() > 0);
+    assert_eq!(server["resource"]["service.name"], "edge");
+    let id = server["span_id"].as_str().unwrap();
+    let children = receiver.wait(2, |s| s["parent"] == id);
+    let store = children
+        .iter()
+        .find(|s| s["name"] == "ratewarden decide")
+        .expect("a store span");
+    assert_eq!(attr(store, "db.system.name"), "memory");
+    assert_eq!(store["kind"], 3);
+    let upstream = children
+        .iter()
+        .find(|s| s["name"] == "GET")
+        .expect("an upstream span");
+    assert_eq!(upstream["kind"], 3);
+    assert_eq!(
+        upstream["span_id"],
+        &received[36..52],
+        "the upstream's parent is this span"
+    );
+    assert_eq!(
+        attr(upstream, "server.address"),
+        up.addr.to_string().as_str()
+    );
+    assert!(server["start"].as_u64() <= store["start"].as_u64());
+    assert!(store["end"].as_u64() <= upstream["start"].as_u64());
+    assert!(upstream["end"].as_u64() <= server["end"].as_u64());
+
+    let refused = servers
+        .iter()
+        .find(|s| attr(s, "http.response.status_code") == 429)
+        .expect("the refused request's span");
+    assert_eq!(attr(refused, "ratewarden.limited"), true);
+    assert_eq!(attr(refused, "ratewarden.remaining"), 0);
+    assert_eq!(refused["status"]["code"], 2, "an error");
+    let why = refused["status"]["message"].as_str().unwrap();
+    assert!(why.contains("per-ip"), "{why}");
+    // A refused request went nowhere: no upstream span under it.
+    let rid = refused["span_id"].as_str().unwrap();
+    std::thread::sleep(Duration::from_millis(1_200));
+    let under: Vec<_> = receiver
+        .spans
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s["parent"] == rid)
+        .cloned()
+        .collect();
+    assert_eq!(under.len(), 1, "only the decision's span: {under:#?}");
+}
+
+/// The standard variables win over the file: the endpoint and protocol
+/// (gRPC here, the file says HTTP to a dead port), the service's name and
+/// resource attributes, and the sampler: `parentbased_traceidratio` at 0
+/// records no trace that starts here, and still every one a parent
+/// sampled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_otel_variables_win_over_the_file_over_grpc() {
+    let receiver = Receiver::start("grpc");
+    let up = Upstream::start().await;
+    let dir = scratch_dir("rw-trace");
+    let file = dir.join("rw.yaml");
+    std::fs::write(
+        &file,
+        "tracing:\n  otlp: {endpoint: 'http://127.0.0.1:1', protocol: http/protobuf}\n  sample: 1\n  service_name: from-file\n",
+    )
+    .unwrap();
+    let endpoint = format!("http://127.0.0.1:{}", receiver.port);
+    let gw = spawn_binary(
+        &file,
+        &up.url(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_SERVICE_NAME", "from-env"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment=test,team=edge%20ops",
+            ),
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0"),
+        ],
+        Some(dir),
+    );
+    for _ in 0..5 {
+        assert_eq!(
+            send(gw.listen, "GET", "/unsampled", &[], "").await.status,
+            200
+        );
+    }
+    let sent = format!("00-{TRACE}-{PARENT}-01");
+    assert_eq!(
+        send(gw.listen, "GET", "/sampled", &[("traceparent", &sent)], "")
+            .await
+            .status,
+        200
+    );
+    // Unsampled by its parent: not recorded, and passed on as it came.
+    let unsampled = format!("00-{TRACE}-{PARENT}-00");
+    let r = send(
+        gw.listen,
+        "GET",
+        "/headers",
+        &[("traceparent", &unsampled)],
+        "",
+    )
+    .await;
+    assert!(
+        r.body.contains(&format!("traceparent: {unsampled}")),
+        "{}",
+        r.body
+    );
+    let got = receiver.wait(1, |s| s["kind"] == 2);
+    std::thread::sleep(Duration::from_millis(1_500));
+    let servers: Vec<Value> = receiver
+        .spans
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s["kind"] == 2)
+        .cloned()
+        .collect();
+    assert_eq!(
+        servers.len(),
+        1,
+        "only the sampled parent's request: {servers:#?}"
+    );
+    let s = &got[0];
+    assert_eq!(attr(s, "url.path"), "/sampled");
+    assert_eq!(s["resource"]["service.name"], "from-env");
+    assert_eq!(s["resource"]["deployment.environment"], "test");
+    assert_eq!(s["resource"]["team"], "edge ops");
+    assert_eq!(s["scope"], "ratewarden");
+}
+
+/// RSS of `pid`, in kB.
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A collector that is not there: every request still answered as before
+/// (the spans wait in a bounded queue, off the request's thread), the
+/// spans that could not go counted as dropped, and the gateway's memory
+/// flat while it lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_collector_costs_the_request_path_nothing_and_memory_stays_flat() {
+    let up = Upstream::start().await;
+    let dir = scratch_dir("rw-trace");
+    let file = dir.join("rw.yaml");
+    // A port with nothing on it.
+    let dead = support::free_port();
+    std::fs::write(
+        &file,
+        format!("tracing:\n  otlp: {{endpoint: 'http://127.0.0.1:{dead}', protocol: grpc}}\n  sample: 1\n"),
+    )
+    .unwrap();
+    let gw = spawn_binary(&file, &up.url(), &[], Some(dir));
+    let pid = gw.child.id();
+    let burst = |n: usize| async move {
+        let mut tasks = vec![];
+        for t in 0..8 {
+            tasks.push(tokio::spawn(async move {
+                let mut ok = 0;
+                for i in 0..n / 8 {
+                    let r = send(gw_listen(), "GET", &format!("/p/{t}/{i}"), &[], "").await;
+                    ok += usize::from(r.status == 200);
+                }
+                ok
+            }));
+        }
+        let mut ok = 0;
+        for t in tasks {
+            ok += t.await.unwrap();
+        }
+        ok
+    };
+    LISTEN.set(gw.listen).ok();
+    assert_eq!(burst(4_000).await, 4_000);
+    let warm = rss_kb(pid);
+    assert_eq!(burst(12_000).await, 12_000);
+    let after = rss_kb(pid);
+    wait_for_metric(gw.admin, "ratewarden_trace_spans_dropped_total").await;
+    let m = send(gw.admin, "GET", "/metrics", &[], "").await.body;
+    let dropped: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("ratewarden_trace_spans_dropped_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    eprintln!(
+        "dead collector: RSS {warm} kB after 4,000 requests, {after} kB after 16,000; {dropped} spans dropped"
+    );
+    assert!(dropped > 0, "spans dropped are counted");
+    // 12,000 requests' spans (3 each) would be megabytes if kept.
+    assert!(after < warm + 4_096, "RSS grew from {warm} to {after} kB");
+}
+
+static LISTEN: std::sync::OnceLock<std::net::SocketAddr> = std::sync::OnceLock::new();
+
+fn gw_listen() -> std::net::SocketAddr {
+    *LISTEN.get().unwrap()
+}
