@@ -744,3 +744,36 @@ pub fn llm_usage(data: &[u8]) {
         }
     }
 }
+
+/// The trace context (`traceparent`, `tracestate`): a value read is
+/// written back to the same trace and span with the same flag, a value
+/// that is not read leaves no parent, and nothing panics.
+pub fn traceparent(data: &[u8]) {
+    use crate::observe::trace::{parse_traceparent, traceparent, valid_tracestate};
+    if let Some(p) = parse_traceparent(data) {
+        assert_ne!(p.trace_id, [0; 16]);
+        assert_ne!(p.span_id, [0; 8]);
+        let again = traceparent(&p.trace_id, &p.span_id, p.sampled);
+        assert_eq!(parse_traceparent(&again), Some(p));
+        if data.starts_with(b"00") {
+            assert_eq!(
+                &again[..53],
+                &data[..53],
+                "version 00's ids are read as written"
+            );
+        }
+    }
+    if valid_tracestate(data) {
+        assert!(data.len() <= 512 && data.iter().all(u8::is_ascii_graphic_or_space));
+    }
+}
+
+trait GraphicOrSpace {
+    fn is_ascii_graphic_or_space(&self) -> bool;
+}
+
+impl GraphicOrSpace for u8 {
+    fn is_ascii_graphic_or_space(&self) -> bool {
+        self.is_ascii_graphic() || *self == b' '
+    }
+}

@@ -91,3 +91,8 @@ fn authz_dialect() {
 fn llm_usage() {
     corpus("llm_usage", ratewarden_gateway::fuzzing::llm_usage);
 }
+
+#[test]
+fn traceparent() {
+    corpus("traceparent", ratewarden_gateway::fuzzing::traceparent);
+}

@@ -377,3 +377,130 @@ static LISTEN: std::sync::OnceLock<std::net::SocketAddr> = std::sync::OnceLock::
 fn gw_listen() -> std::net::SocketAddr {
     *LISTEN.get().unwrap()
 }
+
+/// Exemplars: the real Prometheus (Debian's), with exemplar storage on,
+/// scrapes `/metrics` (asking for OpenMetrics, as it does) and keeps a
+/// sampled request's trace id beside the refusing rule's count and the
+/// decision histogram's bucket; read back through its API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_keeps_a_refusals_trace_as_an_exemplar() {
+    let prometheus = support::tool("prometheus", "prometheus");
+    let receiver = Receiver::start("http");
+    let up = Upstream::start().await;
+    let dir = scratch_dir("rw-trace");
+    let file = dir.join("rw.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "tracing:\n  otlp: {{endpoint: 'http://127.0.0.1:{}', protocol: http/protobuf}}\nrules:\n  - {{name: tight, key: [identity], limit: 1, window: 1h}}\n",
+            receiver.port
+        ),
+    )
+    .unwrap();
+    let gw = spawn_binary(&file, &up.url(), &[], Some(dir));
+    // OpenMetrics when asked: counters named without `_total`, `# EOF`.
+    let om = send(
+        gw.admin,
+        "GET",
+        "/metrics",
+        &[("accept", "application/openmetrics-text; version=1.0.0")],
+        "",
+    )
+    .await;
+    assert_eq!(
+        om.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    assert!(om.body.ends_with("# EOF\n"));
+    assert!(
+        om.body.contains("# TYPE ratewarden_requests counter"),
+        "{}",
+        om.body
+    );
+    assert_eq!(send(gw.listen, "GET", "/a", &[], "").await.status, 200);
+    let sent = format!("00-{TRACE}-{PARENT}-01");
+    assert_eq!(
+        send(gw.listen, "GET", "/b", &[("traceparent", &sent)], "")
+            .await
+            .status,
+        429
+    );
+    let om = send(
+        gw.admin,
+        "GET",
+        "/metrics",
+        &[("accept", "application/openmetrics-text")],
+        "",
+    )
+    .await
+    .body;
+    let line = om
+        .lines()
+        .find(|l| l.starts_with("ratewarden_requests_total{rule=\"tight\",decision=\"rejected\"}"))
+        .unwrap();
+    assert!(
+        line.contains(&format!("# {{trace_id=\"{TRACE}\"}} 1 ")),
+        "{line}"
+    );
+
+    let work = scratch_dir("rw-prom");
+    let port = support::free_port();
+    std::fs::write(
+        work.join("prometheus.yml"),
+        format!(
+            "global: {{scrape_interval: 1s}}\nscrape_configs:\n  - job_name: ratewarden\n    static_configs: [{{targets: ['{}']}}]\n",
+            gw.admin
+        ),
+    )
+    .unwrap();
+    let child = Command::new(&prometheus)
+        .arg(format!(
+            "--config.file={}",
+            work.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            work.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--enable-feature=exemplar-storage")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _prom = support::Stopped(child, Some(work));
+    let api: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    support::wait_until_up(api).await;
+    let now = support::now() / 1_000_000;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let q = format!(
+            "/api/v1/query_exemplars?query=ratewarden_requests_total&start={}&end={}",
+            now - 600,
+            now + 600
+        );
+        let r = send(api, "GET", &q, &[], "").await;
+        if r.body.contains(TRACE) {
+            let v: Value = serde_json::from_str(&r.body).unwrap();
+            let series = &v["data"][0];
+            assert_eq!(series["seriesLabels"]["rule"], "tight", "{v:#}");
+            assert_eq!(series["seriesLabels"]["decision"], "rejected", "{v:#}");
+            assert_eq!(series["exemplars"][0]["labels"]["trace_id"], TRACE, "{v:#}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no exemplar in Prometheus: {}",
+            r.body
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The decision histogram's too.
+    let q = format!(
+        "/api/v1/query_exemplars?query=ratewarden_decision_duration_seconds_bucket&start={}&end={}",
+        now - 600,
+        now + 600
+    );
+    let r = send(api, "GET", &q, &[], "").await;
+    assert!(r.body.contains(TRACE), "{}", r.body);
+}

@@ -91,6 +91,16 @@ impl Histogram {
     }
 }
 
+/// A sampled trace's observation, shown beside its series (OpenMetrics'
+/// exemplar): a spike of refusals in a dashboard leads to a trace.
+#[derive(Debug, Clone, Copy)]
+struct Exemplar {
+    trace_id: [u8; 16],
+    value: f64,
+    /// Unix seconds.
+    at: f64,
+}
+
 /// One rule's decisions: allowed, rejected, shadow_rejected, not_charged.
 #[derive(Default, Debug)]
 pub struct RuleCounts([AtomicU64; 4]);
@@ -193,6 +203,10 @@ pub struct Metrics {
     /// Spans dropped: the queue full, or a batch the collector did not
     /// take. Kept across reloads (each configuration's tracer adds to it).
     pub(crate) trace_dropped: Arc<AtomicU64>,
+    /// The last sampled trace per series that keeps one (the decision
+    /// histogram's buckets, each rule's refusals), by the series as
+    /// written: OpenMetrics exemplars.
+    exemplars: Mutex<HashMap<String, Exemplar>>,
     /// TLS handshakes with clients that failed or timed out.
     tls_failures: AtomicU64,
     /// API keys that named no consumer (unknown, revoked, expired).
@@ -268,6 +282,96 @@ impl Metrics {
     /// Time spent deciding.
     pub fn decision_time(&self, d: Duration) {
         self.decision.observe(d);
+    }
+
+    /// A sampled request's decision took `d`: its trace is the exemplar
+    /// of the bucket `d` falls in.
+    pub(crate) fn decision_exemplar(&self, d: Duration, trace_id: [u8; 16]) {
+        let s = d.as_secs_f64();
+        let series = match BUCKETS.iter().find(|b| s <= **b) {
+            Some(b) => format!("ratewarden_decision_duration_seconds_bucket{{le=\"{b}\"}}"),
+            None => "ratewarden_decision_duration_seconds_bucket{le=\"+Inf\"}".to_owned(),
+        };
+        self.exemplar(series, trace_id, s);
+    }
+
+    /// A sampled request was refused by `rule`: its trace is the exemplar
+    /// of the rule's refusals.
+    pub(crate) fn refusal_exemplar(&self, rule: &str, trace_id: [u8; 16]) {
+        self.exemplar(
+            format!("ratewarden_requests_total{{rule=\"{rule}\",decision=\"rejected\"}}"),
+            trace_id,
+            1.0,
+        );
+    }
+
+    fn exemplar(&self, series: String, trace_id: [u8; 16], value: f64) {
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        // Never waited for: a sample lost to a scrape under way is no loss.
+        if let Some(mut e) = self.exemplars.try_lock() {
+            e.insert(
+                series,
+                Exemplar {
+                    trace_id,
+                    value,
+                    at,
+                },
+            );
+        }
+    }
+
+    /// `text` (the Prometheus text format, as [`Self::render`] and the
+    /// admin API write it) as OpenMetrics 1.0: counters named without
+    /// their `_total` (a counter without one is `unknown`), the exemplars
+    /// beside their series, and `# EOF`.
+    pub(crate) fn openmetrics(&self, text: &str) -> String {
+        let counters: std::collections::HashSet<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.strip_suffix(" counter"))
+            .collect();
+        let exemplars = self.exemplars.lock().clone();
+        let mut out = String::with_capacity(text.len() + 64 * exemplars.len() + 8);
+        let mut seen = std::collections::HashSet::new();
+        for line in text.lines() {
+            if let Some(rest) = line
+                .strip_prefix("# TYPE ")
+                .or_else(|| line.strip_prefix("# HELP "))
+            {
+                let kind = &line[..7];
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let family = match name.strip_suffix("_total") {
+                    Some(base) if counters.contains(name) => base,
+                    _ => name,
+                };
+                // A family's metadata once (OpenMetrics refuses a second).
+                if !seen.insert((kind.to_owned(), family.to_owned())) {
+                    continue;
+                }
+                let tail = if kind == "# TYPE " && tail == "counter" && family == name {
+                    "unknown"
+                } else {
+                    tail
+                };
+                let _ = writeln!(out, "{kind}{family} {tail}");
+                continue;
+            }
+            out.push_str(line);
+            if let Some((series, _)) = line.rsplit_once(' ')
+                && let Some(e) = exemplars.get(series)
+            {
+                out.push_str(" # {trace_id=\"");
+                for b in e.trace_id {
+                    let _ = write!(out, "{b:02x}");
+                }
+                let _ = write!(out, "\"}} {} {:.3}", e.value, e.at);
+            }
+            out.push('\n');
+        }
+        out.push_str("# EOF\n");
+        out
     }
 
     /// Time the upstream took to answer (headers).

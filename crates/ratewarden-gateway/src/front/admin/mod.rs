@@ -202,27 +202,35 @@ pub(crate) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Bod
     match (req.method().clone(), path.as_str()) {
         (Method::GET, "/healthz") => respond(StatusCode::OK, "text/plain", "ok\n"),
         (Method::GET, "/readyz") => readyz(store).await,
-        (Method::GET, "/metrics") => respond(StatusCode::OK, "text/plain; version=0.0.4", {
-            let mut text = gw.metrics.render(&store.errors(), gw.access_dropped());
-            let (_, health, _) = store.health();
-            text.push_str("# HELP ratewarden_store_state The store's state: up, down (an outage: decisions follow on_error) or broken (errors a retry will not mend).\n# TYPE ratewarden_store_state gauge\n");
-            for h in [
-                ratewarden::Health::Up,
-                ratewarden::Health::Down,
-                ratewarden::Health::Broken,
-            ] {
-                let on = u8::from(h == health);
+        (Method::GET, "/metrics") => {
+            // OpenMetrics (with exemplars) when the scraper asks for it, as
+            // Prometheus does.
+            let openmetrics = req.headers().get_all(http::header::ACCEPT).iter().any(|v| {
+                v.as_bytes()
+                    .windows(28)
+                    .any(|w| w == b"application/openmetrics-text")
+            });
+            let text = {
+                let mut text = gw.metrics.render(&store.errors(), gw.access_dropped());
+                let (_, health, _) = store.health();
+                text.push_str("# HELP ratewarden_store_state The store's state: up, down (an outage: decisions follow on_error) or broken (errors a retry will not mend).\n# TYPE ratewarden_store_state gauge\n");
+                for h in [
+                    ratewarden::Health::Up,
+                    ratewarden::Health::Down,
+                    ratewarden::Health::Broken,
+                ] {
+                    let on = u8::from(h == health);
+                    text.push_str(&format!(
+                        "ratewarden_store_state{{state=\"{}\"}} {on}\n",
+                        h.as_str()
+                    ));
+                }
                 text.push_str(&format!(
-                    "ratewarden_store_state{{state=\"{}\"}} {on}\n",
-                    h.as_str()
-                ));
-            }
-            text.push_str(&format!(
                 "# HELP ratewarden_store_gateways Gateways announced in the shared store lately, as this one last read (each takes its share of a limit during an outage).\n# TYPE ratewarden_store_gateways gauge\nratewarden_store_gateways {}\n",
                 store.instances()
             ));
-            let memory = store.memory();
-            text.push_str(&format!(
+                let memory = store.memory();
+                text.push_str(&format!(
                 "# HELP ratewarden_memory_keys States the in-process store holds (the memory store, or Redis's local fallback), at most store.max_keys.\n\
                  # TYPE ratewarden_memory_keys gauge\nratewarden_memory_keys {}\n\
                  # HELP ratewarden_memory_full_total New keys refused because every state of their shard was a ban or a key at its limit (never evicted for another key).\n\
@@ -230,21 +238,31 @@ pub(crate) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Bod
                 memory.len(),
                 memory.full_refusals()
             ));
-            text.push_str(&format!(
+                text.push_str(&format!(
                 "# HELP ratewarden_refusals_cached_total Requests refused from the refusals kept (no store call): each its key's refusal by the shared store, still in force.\n\
                  # TYPE ratewarden_refusals_cached_total counter\nratewarden_refusals_cached_total {}\n",
                 store.refusals().map_or(0, |r| r.hits())
             ));
-            let (grants, local) = store.leases();
-            text.push_str(&format!(
+                let (grants, local) = store.leases();
+                text.push_str(&format!(
                 "# HELP ratewarden_lease_grants_total Slices of leased rules granted by the store to this gateway.\n\
                  # TYPE ratewarden_lease_grants_total counter\nratewarden_lease_grants_total {grants}\n\
                  # HELP ratewarden_lease_local_decisions_total Decisions answered from leased slices, without a store call.\n\
                  # TYPE ratewarden_lease_local_decisions_total counter\nratewarden_lease_local_decisions_total {local}\n"
             ));
-            live.router.render(&mut text);
-            text
-        }),
+                live.router.render(&mut text);
+                text
+            };
+            if openmetrics {
+                respond(
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    gw.metrics.openmetrics(&text),
+                )
+            } else {
+                respond(StatusCode::OK, "text/plain; version=0.0.4", text)
+            }
+        }
         (Method::POST, "/v1/check") => match read_json::<CheckBody>(req).await {
             Ok(body) => check(gw, &live, body).await,
             Err(r) => r,

@@ -190,6 +190,15 @@ pub(crate) async fn run<W: Wire + Send>(
             };
             let consumer = end.flow.note.consumer.as_ref().map(|c| c.name.as_str());
             t.decided(from, decision, refusal, consumer, route);
+            // The trace as an exemplar of the decision's time and of the
+            // refusing rule's count.
+            let metrics = &end.flow.gw.metrics;
+            metrics.decision_exemplar(from.elapsed(), t.ids.trace_id);
+            if let Some(Refusal::Limited(d)) = refusal
+                && let Some(by) = d.rules.iter().find(|r| !r.allowed())
+            {
+                metrics.refusal_exemplar(by.rule.name(), t.ids.trace_id);
+            }
         }
         (target, decided)
     };
