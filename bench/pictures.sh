@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's pictures: one per seed scenario, each `ratewarden simulate`
 # of the seed's example config (examples/seed-*.yaml) under a traffic that
-# shows what the seed is about. Writes docs/img/seed-NNN.svg (the SVG:
+# shows what the seed is about. Writes docs/src/img/seed-NNN.svg (the SVG:
 # a tenth of the PNG's size, and drawn sharp at any width).
 #
 #   bash bench/pictures.sh
@@ -16,8 +16,8 @@ WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
 draw() { # draw SEED STEP TRAFFIC
   local seed=$1 step=$2 traffic=$3
   "$BIN" simulate -c examples/seed-$seed-*.yaml --traffic "$traffic" --step "$step" --out "$WORK/$seed" > "$WORK/$seed.txt"
-  cp "$WORK/$seed/admitted.svg" "docs/img/seed-$seed.svg"
-  echo "docs/img/seed-$seed.svg"; sed -n '1p' "$WORK/$seed.txt"
+  cp "$WORK/$seed/admitted.svg" "docs/src/img/seed-$seed.svg"
+  echo "docs/src/img/seed-$seed.svg"; sed -n '1p' "$WORK/$seed.txt"
 }
 # 000: a user keeps trying wrong coupon codes, one every 10 s: ten failures
 # in five minutes freeze them for ten.

@@ -2,7 +2,7 @@
 //! from YAML, every value with its location (`Sp`), unknown keys refused,
 //! and nothing checked beyond its type. The gateway's `config` module
 //! validates them into the configuration it runs (`ratewarden-gateway`'s
-//! `config::validate`), and its README is their reference: each field is
+//! `config::validate`), and the book (`docs/src/reference/configuration.md`) is their reference: each field is
 //! the key of the same name.
 //!
 //! A crate of its own for the build's time (issue 38): serde's code for
@@ -15,7 +15,7 @@
 //! [`rls::file`]) are where serde-saphyr is instantiated, so that none of
 //! it is compiled again in the gateway.
 
-// Each field is the config key of the same name, documented in the README.
+// Each field is the config key of the same name, documented in the book (`docs/src/reference/configuration.md`).
 #![allow(missing_docs)]
 
 use serde::Deserialize;

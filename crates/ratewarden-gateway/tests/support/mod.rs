@@ -652,13 +652,25 @@ pub(crate) use both_paths;
 /// `<!-- /recipe:NAME -->`, without its code fence: what the recipe
 /// tests run as written.
 pub fn recipe(name: &str) -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    // The README and every page of the book, whichever holds it.
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    let mut readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let mut dirs = vec![root.join("docs/src")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "md") {
+                readme.push_str(&std::fs::read_to_string(&p).unwrap());
+            }
+        }
+    }
     let start = format!("<!-- recipe:{name} -->");
     let end = format!("<!-- /recipe:{name} -->");
     let at = readme
         .find(&start)
-        .unwrap_or_else(|| panic!("no {start} in the README"))
+        .unwrap_or_else(|| panic!("no {start} in the README or the book"))
         + start.len();
     let block = &readme[at..at + readme[at..].find(&end).unwrap()];
     let body = block.trim().split_once('\n').unwrap().1;
