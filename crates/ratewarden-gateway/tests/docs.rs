@@ -269,3 +269,68 @@ fn the_reference_names_every_key_the_loader_knows() {
         }
     }
 }
+
+/// The book's Kubernetes manifests pass `kubernetes-validate --strict`
+/// against the version the page names, and the config their ConfigMap
+/// carries passes `ratewarden validate`.
+#[test]
+fn the_kubernetes_manifests_are_valid() {
+    let python = std::env::var("RATEWARDEN_SDK_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "this test needs `kubernetes-validate` (PyPI): run ./test (it installs it into \
+             target/sdk-venv), or `pip install kubernetes-validate` into a venv and set \
+             RATEWARDEN_SDK_PYTHON to its python"
+        )
+    });
+    let tool = Path::new(&python).with_file_name("kubernetes-validate");
+    let page = root().join("docs/src/guides/kubernetes.md");
+    let text = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        text.contains("Kubernetes 1.30"),
+        "the page names its version"
+    );
+    let manifests = blocks(&text, "yaml,kubernetes");
+    assert!(!manifests.is_empty());
+    let dir = std::env::temp_dir().join(format!("rw-k8s-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (n, (line, body)) in manifests.iter().enumerate() {
+        let file = dir.join(format!("m{n}.yaml"));
+        std::fs::write(&file, body).unwrap();
+        let out = std::process::Command::new(&tool)
+            .args(["--strict", "--quiet", "-k", "1.30.0"])
+            .arg(&file)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("{}: {e} (pip install kubernetes-validate)", tool.display())
+            });
+        assert!(
+            out.status.success(),
+            "kubernetes.md:{line}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The ConfigMap's config, as the gateway will read it.
+        if let Some(at) = body.find("ratewarden.yaml: |\n") {
+            let config: String = body[at..]
+                .lines()
+                .skip(1)
+                .take_while(|l| l.starts_with("    "))
+                .map(|l| format!("{}\n", &l[4..]))
+                .collect();
+            let file = dir.join(format!("c{n}.yaml"));
+            std::fs::write(&file, &config).unwrap();
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
+                .arg("validate")
+                .arg(&file)
+                .env("ADMIN_TOKEN", "docs-admin-token")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "kubernetes.md:{line}: the ConfigMap's config: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
