@@ -334,3 +334,119 @@ fn the_kubernetes_manifests_are_valid() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every transcript in the book (```` ```console,transcript ````: `$ `
+/// lines are commands, the lines after them what they print) runs, and
+/// prints what the page says. Its commands are `ratewarden`'s, run in a
+/// scratch directory holding the page's ```` ```yaml,file=NAME ```` blocks;
+/// every such block is used by a transcript of its page.
+#[test]
+fn every_transcript_prints_what_the_book_says() {
+    let mut ran = 0;
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let transcripts = blocks(&text, "console,transcript");
+        if transcripts.is_empty() {
+            continue;
+        }
+        let dir = std::env::temp_dir().join(format!("rw-transcript-{}-{ran}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut files = vec![];
+        for line in text.lines() {
+            if let Some(name) = line.strip_prefix("```yaml,file=") {
+                files.push(name.trim().to_owned());
+            }
+        }
+        for name in &files {
+            let (_, body) = blocks(&text, &format!("yaml,file={name}")).remove(0);
+            std::fs::write(dir.join(name), body).unwrap();
+            assert!(
+                transcripts.iter().any(|(_, t)| t.contains(name.as_str())),
+                "{}: `{name}` is used by no transcript",
+                page.display()
+            );
+        }
+        for (line, transcript) in &transcripts {
+            let mut steps: Vec<(String, String)> = vec![];
+            for l in transcript.lines() {
+                match l.strip_prefix("$ ") {
+                    Some(cmd) => steps.push((cmd.to_owned(), String::new())),
+                    None => {
+                        let (_, out) = steps.last_mut().expect("a transcript starts with `$ `");
+                        out.push_str(l);
+                        out.push('\n');
+                    }
+                }
+            }
+            for (cmd, want) in steps {
+                let mut words = cmd.split_whitespace();
+                assert_eq!(
+                    words.next(),
+                    Some("ratewarden"),
+                    "{}:{line}: `{cmd}`",
+                    page.display()
+                );
+                let out = std::process::Command::new(env!("CARGO_BIN_EXE_ratewarden"))
+                    .args(words)
+                    .current_dir(&dir)
+                    .env("RUST_LOG", "off")
+                    .output()
+                    .unwrap();
+                let got = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                assert_eq!(
+                    got.trim_end(),
+                    want.trim_end(),
+                    "{}:{line}: `{cmd}` printed something else",
+                    page.display()
+                );
+                ran += 1;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    assert!(ran >= 2, "only {ran} transcript commands in the book");
+}
+
+/// `mdbook build docs` makes the book, warning of nothing, with a page
+/// for every chapter.
+#[test]
+fn the_book_builds() {
+    let mdbook = std::env::var("RATEWARDEN_MDBOOK").unwrap_or_else(|_| {
+        panic!(
+            "this test needs mdbook 0.5.4: run ./test (it installs it into target/mdbook), or \
+             `cargo install mdbook --version 0.5.4 --no-default-features --locked` and set \
+             RATEWARDEN_MDBOOK to it"
+        )
+    });
+    let out_dir = std::env::temp_dir().join(format!("rw-book-{}", std::process::id()));
+    let out = std::process::Command::new(&mdbook)
+        .arg("build")
+        .arg(root().join("docs"))
+        .arg("-d")
+        .arg(&out_dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{mdbook}: {e}"));
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "mdbook build failed:\n{log}");
+    assert!(!log.contains("WARN") && !log.contains("ERROR"), "{log}");
+    let src = root().join("docs/src");
+    for page in pages() {
+        let rel = page.strip_prefix(&src).unwrap().with_extension("html");
+        if rel.to_string_lossy() != "SUMMARY.html" {
+            assert!(
+                out_dir.join(&rel).exists(),
+                "no {} in the built book",
+                rel.display()
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+}

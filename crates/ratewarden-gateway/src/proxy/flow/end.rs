@@ -56,11 +56,11 @@ impl End {
     /// The end of a request that arrives under `live` with `X-Request-Id`
     /// `given`: its flow starts (phase 1).
     #[inline]
-    pub(crate) fn start(
+    pub(crate) fn start<'w>(
         gw: &std::sync::Arc<crate::gateway::Gateway>,
         live: &std::sync::Arc<crate::gateway::Live>,
         given: Option<&[u8]>,
-        trace: (Option<&[u8]>, Option<&[u8]>),
+        trace: impl FnOnce() -> (Option<&'w [u8]>, Option<&'w [u8]>),
     ) -> Self {
         Self {
             flow: Flow::start(gw, live, given, trace),

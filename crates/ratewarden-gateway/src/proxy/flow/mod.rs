@@ -150,18 +150,18 @@ impl Flow {
     /// Phase 1: a request arrives under `live`, carrying `X-Request-Id`
     /// `given` (kept when valid).
     #[inline]
-    pub(crate) fn start(
+    pub(crate) fn start<'w>(
         gw: &Arc<Gateway>,
         live: &Arc<Live>,
         given: Option<&[u8]>,
-        (traceparent, tracestate): (Option<&[u8]>, Option<&[u8]>),
+        trace_fields: impl FnOnce() -> (Option<&'w [u8]>, Option<&'w [u8]>),
     ) -> Self {
         let arrival = crate::observe::access::arrived();
-        let trace = live
-            .tracer
-            .as_ref()
-            .and_then(|t| t.begin(traceparent, tracestate))
-            .map(|ids| traced::Traced::new(ids, arrival));
+        let trace = live.tracer.as_ref().and_then(|t| {
+            let (traceparent, tracestate) = trace_fields();
+            t.begin(traceparent, tracestate)
+                .map(|ids| traced::Traced::new(ids, arrival))
+        });
         Self {
             trace,
             gw: gw.clone(),

@@ -159,7 +159,8 @@ pub(crate) async fn run<W: Wire + Send>(
     live: &Arc<Live>,
     wire: &mut W,
 ) -> io::Result<W::Done> {
-    let mut end = End::start(gw, live, wire.request_id(), wire.trace_fields());
+    // The trace fields are looked up only when tracing is on.
+    let mut end = End::start(gw, live, wire.request_id(), || wire.trace_fields());
     if let Some(e) = wire.edge() {
         return answered(wire, &mut end, Own::Edge(e)).await;
     }
