@@ -504,3 +504,89 @@ async fn prometheus_keeps_a_refusals_trace_as_an_exemplar() {
     let r = send(api, "GET", &q, &[], "").await;
     assert!(r.body.contains(TRACE), "{}", r.body);
 }
+
+/// Envoy's rate limit service: a `ShouldRateLimit` call whose gRPC
+/// metadata carries a sampled `traceparent` (as Envoy sends its span) is a
+/// server span in that trace, with OpenTelemetry's RPC attributes, its
+/// domain, and whether it was over a limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rls_call_is_a_span_under_envoys() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+        RateLimitDescriptor, rate_limit_descriptor::Entry,
+    };
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let receiver = Receiver::start("http");
+    let gw = support::gateway(
+        &format!(
+            "tracing:\n  otlp: {{endpoint: 'http://127.0.0.1:{}', protocol: http/protobuf}}\n  sample: 0\nrls:\n  listen: 127.0.0.1:0\n  domains:\n    - domain: app\n      descriptors:\n        - key: client\n          rate_limit: {{unit: minute, requests_per_unit: 1}}\n",
+            receiver.port
+        ),
+        "echo",
+        None,
+    )
+    .await;
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", gw.rls.unwrap()))
+        .await
+        .unwrap();
+    let ask = || {
+        let mut r = tonic::Request::new(RateLimitRequest {
+            domain: "app".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "client".into(),
+                    value: "a".into(),
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        r.metadata_mut().insert(
+            "traceparent",
+            format!("00-{TRACE}-{PARENT}-01").parse().unwrap(),
+        );
+        r
+    };
+    client.should_rate_limit(ask()).await.unwrap();
+    client.should_rate_limit(ask()).await.unwrap();
+    // Not sampled here (`sample: 0`) and no parent: no span.
+    client
+        .should_rate_limit(RateLimitRequest {
+            domain: "app".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "client".into(),
+                    value: "b".into(),
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let spans = receiver.wait(2, |s| {
+        s["name"] == "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    });
+    for s in &spans {
+        assert_eq!(s["trace_id"], TRACE);
+        assert_eq!(s["parent"], PARENT);
+        assert_eq!(s["kind"], 2);
+        assert_eq!(attr(s, "rpc.system"), "grpc");
+        assert_eq!(attr(s, "ratewarden.domain"), "app");
+    }
+    let limited: Vec<bool> = spans
+        .iter()
+        .map(|s| attr(s, "ratewarden.limited").as_bool().unwrap())
+        .collect();
+    assert!(
+        limited.contains(&true) && limited.contains(&false),
+        "{limited:?}"
+    );
+    std::thread::sleep(Duration::from_millis(1_200));
+    assert_eq!(
+        receiver.spans.lock().unwrap().len(),
+        2,
+        "the unsampled call made no span"
+    );
+    gw.shutdown().await;
+}

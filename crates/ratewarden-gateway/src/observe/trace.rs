@@ -546,6 +546,49 @@ impl Exporter {
     }
 }
 
+/// A `ShouldRateLimit` call's span (kind server, OpenTelemetry's RPC
+/// attributes): from `from` to now, over `descriptors` descriptors of
+/// `domain`, over a limit or not, or failed with a gRPC status's message.
+pub(crate) fn rls_span(
+    ids: Ids,
+    from: quanta::Instant,
+    domain: &str,
+    descriptors: usize,
+    outcome: Result<bool, &str>,
+) -> proto::Span {
+    let mut attributes = vec![
+        proto::s("rpc.system", "grpc"),
+        proto::s("rpc.service", "envoy.service.ratelimit.v3.RateLimitService"),
+        proto::s("rpc.method", "ShouldRateLimit"),
+        proto::s("ratewarden.domain", domain),
+        proto::i("ratewarden.descriptors", descriptors as i64),
+    ];
+    let status = match outcome {
+        Ok(over) => {
+            attributes.push(proto::b("ratewarden.limited", over));
+            attributes.push(proto::i("rpc.grpc.status_code", 0));
+            None
+        }
+        Err(message) => Some(proto::Status {
+            message: message.to_owned(),
+            code: proto::STATUS_ERROR,
+        }),
+    };
+    proto::Span {
+        trace_id: ids.trace_id.to_vec(),
+        span_id: ids.span_id.to_vec(),
+        trace_state: ids.state.as_deref().unwrap_or("").to_owned(),
+        parent_span_id: ids.parent.map(|p| p.to_vec()).unwrap_or_default(),
+        name: "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit".into(),
+        kind: proto::KIND_SERVER,
+        start_time_unix_nano: unix_nanos(from),
+        end_time_unix_nano: unix_nanos(quanta::Instant::now()),
+        attributes,
+        events: vec![],
+        status,
+    }
+}
+
 /// Unix nanoseconds at `at` (the flow's clock).
 pub(crate) fn unix_nanos(at: quanta::Instant) -> u64 {
     crate::observe::request_id::wall(at).as_nanos() as u64

@@ -123,10 +123,35 @@ async fn should_rate_limit(
     trees: &Trees,
     req: http::Request<h2::RecvStream>,
 ) -> Result<bytes::Bytes, Status> {
+    // The call's span, when tracing is on and it is sampled: its parent
+    // from the call's gRPC metadata (Envoy passes its span there).
+    let live = gw.live();
+    let traced = live.tracer.as_ref().and_then(|t| {
+        let h = req.headers();
+        t.begin(
+            h.get("traceparent").map(http::HeaderValue::as_bytes),
+            h.get("tracestate").map(http::HeaderValue::as_bytes),
+        )
+        .map(|ids| (ids, quanta::Instant::now()))
+    });
     let message = read_message(gw, req, MAX_MESSAGE).await?;
     let request = wire::decode(&message)
         .map_err(|e| Status::invalid_argument(format!("the request does not decode: {e}")))?;
-    decide(gw, trees, &request).await
+    let answer = decide(gw, trees, &request).await;
+    if let (Some((ids, from)), Some(tracer)) = (traced, &live.tracer) {
+        let outcome = match &answer {
+            Ok((_, over)) => Ok(*over),
+            Err(s) => Err(s.message.as_str()),
+        };
+        tracer.send([crate::observe::trace::rls_span(
+            ids,
+            from,
+            request.domain,
+            request.descriptors.len(),
+            outcome,
+        )]);
+    }
+    answer.map(|(framed, _)| framed)
 }
 
 /// A unary call's request message, at most `max_message` bytes: one
@@ -343,11 +368,12 @@ fn op_key(entries: &[(&str, &str)]) -> String {
 type Few<T> = wire::Few<T, 4>;
 
 /// Decides one `ShouldRateLimit` call: its answer, as one gRPC frame.
+/// The call's answer, framed, and whether it was over a limit.
 async fn decide(
     gw: &Gateway,
     trees: &Trees,
     req: &wire::Request<'_>,
-) -> Result<bytes::Bytes, Status> {
+) -> Result<(bytes::Bytes, bool), Status> {
     if req.domain.is_empty() {
         return Err(Status::invalid_argument(
             "rate limit domain must not be empty",
@@ -643,7 +669,7 @@ async fn decide(
         &statuses,
         &headers,
     );
-    Ok(bytes::Bytes::from(framed))
+    Ok((bytes::Bytes::from(framed), over))
 }
 
 /// `ops` decided together, through the admission path's one store call
