@@ -32,7 +32,7 @@ fn pages() -> Vec<PathBuf> {
 
 /// The fenced blocks of `text` whose info string is `info`, with the line
 /// each starts on.
-fn blocks<'a>(text: &'a str, info: &str) -> Vec<(usize, String)> {
+fn blocks(text: &str, info: &str) -> Vec<(usize, String)> {
     let mut out = vec![];
     let mut inside: Option<(usize, String)> = None;
     for (n, line) in text.lines().enumerate() {
