@@ -336,8 +336,9 @@ fn the_kubernetes_manifests_are_valid() {
 }
 
 /// Every transcript in the book (```` ```console,transcript ````: `$ `
-/// lines are commands, the lines after them what they print) runs, and
-/// prints what the page says. Its commands are `ratewarden`'s, run in a
+/// lines are commands, the lines after them what they print; a line
+/// ending in `...` stands for any that begins so) runs, and prints what
+/// the page says. Its commands are `ratewarden`'s, run in a
 /// scratch directory holding the page's ```` ```yaml,file=NAME ```` blocks;
 /// every such block is used by a transcript of its page.
 #[test]
@@ -397,10 +398,20 @@ fn every_transcript_prints_what_the_book_says() {
                     String::from_utf8_lossy(&out.stdout),
                     String::from_utf8_lossy(&out.stderr)
                 );
-                assert_eq!(
-                    got.trim_end(),
-                    want.trim_end(),
-                    "{}:{line}: `{cmd}` printed something else",
+                // A line the book ends with `...` stands for any line that
+                // begins so (a time taken, say).
+                let (got, want) = (got.trim_end(), want.trim_end());
+                let same = got.lines().count() == want.lines().count()
+                    && got
+                        .lines()
+                        .zip(want.lines())
+                        .all(|(g, w)| match w.strip_suffix("...") {
+                            Some(prefix) => g.starts_with(prefix),
+                            None => g == w,
+                        });
+                assert!(
+                    same,
+                    "{}:{line}: `{cmd}` printed something else:\n{got}\n--- the book says:\n{want}",
                     page.display()
                 );
                 ran += 1;
@@ -449,4 +460,57 @@ fn the_book_builds() {
         }
     }
     let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+/// Every metric the gateway's code can export has its row in the metrics
+/// reference, and every row names one it exports.
+#[test]
+fn the_metrics_reference_names_every_metric() {
+    let reference = std::fs::read_to_string(root().join("docs/src/reference/metrics.md")).unwrap();
+    let mut exported = std::collections::BTreeSet::new();
+    let mut dirs = vec![root().join("crates/ratewarden-gateway/src")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                for (i, _) in text.match_indices("# TYPE ratewarden_") {
+                    let name: String = text[i + 7..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    exported.insert(name);
+                }
+            }
+        }
+    }
+    // Histograms' TYPE lines are written with the name passed in.
+    for h in [
+        "ratewarden_decision_duration_seconds",
+        "ratewarden_upstream_duration_seconds",
+    ] {
+        exported.insert(h.to_owned());
+    }
+    exported.retain(|n| n != "ratewarden_");
+    assert!(exported.len() > 20, "{exported:?}");
+    let rows: std::collections::BTreeSet<String> = reference
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(str::to_owned)
+        .collect();
+    for m in &exported {
+        assert!(
+            rows.contains(m),
+            "`{m}` is exported and not in reference/metrics.md"
+        );
+    }
+    for r in &rows {
+        assert!(
+            exported.contains(r),
+            "reference/metrics.md names `{r}`, which nothing exports"
+        );
+    }
 }
