@@ -234,6 +234,16 @@ pub(super) fn decision_json(d: &Decision, live: &Live) -> Value {
                 "lease": r.lease,
                 "tier": r.rule.tier(),
                 "override": r.rule.is_override(),
+                // What settles it: an app's middleware reports a
+                // `count: failures` rule's outcome from its answer's status.
+                "count": if r.rule.counts_failures() { "failures" } else { "all" },
+                "failure_status": r.rule.counts_failures().then(|| {
+                    live.config
+                        .policy
+                        .rule(r.rule.name())
+                        .map(|p| p.failure_status.clone())
+                        .unwrap_or_default()
+                }),
             })
         })
         .collect();
