@@ -417,3 +417,82 @@ async fn express_4_and_5_in_two_processes_are_exact() {
         );
     }
 }
+
+/// The admin token: sent when set; a refused one is an error that says so
+/// at startup (`ping()`), in both packages; the packages' versions are the
+/// crate's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_admin_token_says_so_at_startup() {
+    let dir = scratch_dir("rw-clients");
+    let file = dir.join("rw.yaml");
+    std::fs::write(
+        &file,
+        "admin: {listen: 127.0.0.1:0, token: right-token}\nrules:\n  - {name: hot, limit: 5, window: 1m}\n",
+    )
+    .unwrap();
+    let rw = spawn_binary(&file, "echo", &[], Some(dir));
+    let url = format!("http://{}", rw.admin);
+    let script = r#"
+import sys
+from ratewarden import Client, RatewardenError, __version__
+url = sys.argv[1]
+try:
+    Client(url, token="wrong").ping()
+    print("wrong token accepted")
+except RatewardenError as e:
+    print("wrong:", e)
+Client(url, token="right-token").ping()
+print("right: allowed", Client(url, token="right-token").check("hot", "k").allowed)
+print("version", __version__)
+"#;
+    let out = Command::new(python())
+        .args(["-c", script, &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("wrong: the gateway refused the admin token (401)"),
+        "{text}"
+    );
+    assert!(text.contains("right: allowed True"), "{text}");
+    assert!(
+        text.contains(&format!("version {}", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    let node = support::tool("node", "nodejs");
+    let js = r#"
+const { createClient, RatewardenError } = await import(process.argv[1] + '/index.js');
+const url = process.argv[2];
+try { await createClient({ url, token: 'wrong' }).ping(); console.log('wrong token accepted'); }
+catch (e) { console.log('wrong:', e instanceof RatewardenError, e.message); }
+await createClient({ url, token: 'right-token' }).ping();
+console.log('right: allowed', (await createClient({ url, token: 'right-token' }).check('hot', 'k')).allowed);
+"#;
+    let out = Command::new(node)
+        .args(["--input-type=module", "-e", js])
+        .arg(root().join("clients/node"))
+        .arg(&url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("wrong: true the gateway refused the admin token (401)"),
+        "{text}"
+    );
+    assert!(text.contains("right: allowed true"), "{text}");
+    let pkg = std::fs::read_to_string(root().join("clients/node/package.json")).unwrap();
+    assert!(
+        pkg.contains(&format!("\"version\": \"{}\"", env!("CARGO_PKG_VERSION"))),
+        "{pkg}"
+    );
+}
