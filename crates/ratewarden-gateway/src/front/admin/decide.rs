@@ -252,13 +252,27 @@ pub(super) fn decision_json(d: &Decision, live: &Live) -> Value {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), Value::String(v)))
         .collect();
+    let status = d.status(live.config.status.as_u16());
+    // A refusal's problem body, as the proxy writes it: an app's
+    // middleware answers with it.
+    let problem = (!d.allowed)
+        .then(|| {
+            let title = StatusCode::from_u16(status)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+                .unwrap_or("Too Many Requests");
+            d.problem_json(status, title)
+        })
+        .flatten()
+        .and_then(|b| serde_json::from_str::<Value>(&b).ok());
     json!({
         "allowed": d.allowed,
-        "status": (!d.allowed).then(|| d.status(live.config.status.as_u16())),
+        "status": (!d.allowed).then_some(status),
         "retry_after": d.retry_after_secs(),
         "delay": secs(d.delay),
         "rules": rules,
         "headers": headers,
+        "problem": problem,
     })
 }
 
