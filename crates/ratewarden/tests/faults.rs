@@ -777,6 +777,13 @@ async fn a_real_partition_through_the_kernel_stays_within_the_bound() {
     );
     assert!(found < Duration::from_secs(7), "{found:?}");
     assert!(!a.in_outage(), "A kept its link");
+    // B has not announced itself for 10 s; A still counts it (its share,
+    // were A to lose Redis too, stays what it left B).
+    assert_eq!(
+        a.primary().instances(),
+        2,
+        "A forgot the partitioned gateway"
+    );
     assert_eq!(during.errors, 0);
     assert!(
         during.max() < timeout + Duration::from_millis(150),
@@ -855,4 +862,40 @@ async fn a_gateway_starting_partitioned_waits_no_longer_than_its_timeout() {
     );
     let counted = net.cli(&["--scan", "--pattern", "s:*"]);
     assert!(!counted.is_empty(), "Redis holds the store's keys");
+}
+
+/// Two faults in a row: gateway B's link stalls (a partition of its half)
+/// and, once B has been silent past the announcements' TTL, gateway A
+/// loses Redis too. Both decide locally. A must still count B: had it
+/// dropped B from its count, it would take the whole limit as its share
+/// beside B's half (seen in CI: 50 admitted at a bound of 44). The total
+/// stays within `limit + max(limit, N) + F`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_then_an_outage_of_the_other_half_stays_within_the_bound() {
+    let timeout = Duration::from_millis(200);
+    let t = two("pp:", timeout);
+    let r = Arc::new(rule("two-faults", 20));
+    prime(&t.stores, &r, "pp", 5).await;
+    let before = 10;
+    t.proxies[1].stall(true, true);
+    // B silent for longer than INSTANCE_TTL, A still on Redis.
+    let first = traffic(&t.stores, &r, &["pp"], 2, Duration::from_secs(8)).await;
+    assert_eq!(t.stores[0].primary().instances(), 2, "A forgot B");
+    t.proxies[0].stall(true, true);
+    let second = traffic(&t.stores, &r, &["pp"], 2, Duration::from_secs(8)).await;
+    let admitted = before
+        + first.admitted.get("pp").copied().unwrap_or(0)
+        + second.admitted.get("pp").copied().unwrap_or(0);
+    eprintln!(
+        "partition then outage: before {before}, first {:?}, second {:?}, A in outage {}, total {admitted}",
+        first.admitted,
+        second.admitted,
+        t.stores[0].in_outage()
+    );
+    assert!(
+        t.stores[0].in_outage() && t.stores[1].in_outage(),
+        "both local at the end"
+    );
+    // limit + max(limit, N) + F, F at most each gateway's 2 callers.
+    assert!(admitted <= 20 + 20 + 4, "{admitted}");
 }

@@ -226,7 +226,7 @@ pub(crate) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Bod
                     ));
                 }
                 text.push_str(&format!(
-                "# HELP ratewarden_store_gateways Gateways announced in the shared store lately, as this one last read (each takes its share of a limit during an outage).\n# TYPE ratewarden_store_gateways gauge\nratewarden_store_gateways {}\n",
+                "# HELP ratewarden_store_gateways Gateways sharing the store: the most announced at once within the last 10 minutes, as this one read them (each takes its share of a limit during an outage).\n# TYPE ratewarden_store_gateways gauge\nratewarden_store_gateways {}\n",
                 store.instances()
             ));
                 let memory = store.memory();

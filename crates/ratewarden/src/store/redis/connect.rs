@@ -45,6 +45,16 @@ pub(super) const ANNOUNCE_EVERY: Duration = Duration::from_secs(1);
 /// A gateway not announced for this long is no longer counted.
 pub const INSTANCE_TTL: Duration = Duration::from_secs(5);
 
+/// The count of gateways a share is taken from is the most read at once
+/// within this long. A gateway cut off from Redis (a partition of its
+/// half) stops announcing while it still decides, locally, at its share:
+/// were the others to stop counting it after [`INSTANCE_TTL`], and then
+/// lose Redis too, each would take a larger share than it left them, and
+/// together they would admit more than the outage bound (seen: 50 at a
+/// bound of 44). Held, a gateway that left is counted a while longer: the
+/// others' shares stay smaller meanwhile, the safe side.
+pub(super) const PEAK_HOLD: Duration = Duration::from_secs(600);
+
 /// Announces one gateway and counts those announced within a TTL, by
 /// Redis's own clock. KEYS[1] the set; ARGV: the gateway's id, the TTL in
 /// ms.
@@ -238,7 +248,8 @@ impl RedisStore {
     }
 
     /// Gateways that announced themselves in the store within
-    /// [`INSTANCE_TTL`], as last read (1 until read).
+    /// [`INSTANCE_TTL`]: the most read at once within [`PEAK_HOLD`] (1
+    /// until read).
     pub fn instances(&self) -> u64 {
         self.inner.instances.load(Ordering::Relaxed).max(1)
     }
@@ -271,13 +282,27 @@ impl RedisStore {
                     })
                     .await;
                     if let Ok(Ok(n)) = counted {
-                        store.inner.instances.store(n.max(1), Ordering::Relaxed);
+                        store.note_instances(n.max(1));
                     }
                 }
                 drop(store);
                 tokio::time::sleep(ANNOUNCE_EVERY).await;
             }
         });
+    }
+
+    /// `n` gateways counted now: the count shares are taken from rises at
+    /// once, and falls only when no larger count has been read for
+    /// [`PEAK_HOLD`].
+    pub(super) fn note_instances(&self, n: u64) {
+        let now = self.inner.clock.now().get();
+        let inner = &self.inner;
+        let held = inner.instances.load(Ordering::Relaxed);
+        let at = inner.instances_at.load(Ordering::Relaxed);
+        if n >= held || now.saturating_sub(at) >= PEAK_HOLD.as_micros() as u64 {
+            inner.instances.store(n, Ordering::Relaxed);
+            inner.instances_at.store(now, Ordering::Relaxed);
+        }
     }
 
     /// Forgets the connections: the next call connects afresh (and, under

@@ -78,8 +78,11 @@ struct Inner {
     /// Whether a liveness ping is under way.
     asking: std::sync::atomic::AtomicBool,
     /// Gateways that announced themselves in the store within
-    /// [`INSTANCE_TTL`], as last read ([`RedisStore::instances`]).
+    /// [`INSTANCE_TTL`]: the most read at once within [`PEAK_HOLD`]
+    /// ([`RedisStore::instances`]).
     instances: AtomicU64,
+    /// When that count was last read (store clock, µs).
+    instances_at: AtomicU64,
     /// Whether the announcing task runs.
     announcing: std::sync::atomic::AtomicBool,
 }
@@ -156,6 +159,7 @@ impl RedisStore {
                 config,
                 topology,
                 instances: AtomicU64::new(1),
+                instances_at: AtomicU64::new(0),
                 announcing: std::sync::atomic::AtomicBool::new(false),
             }),
         })
