@@ -12,14 +12,15 @@ install_missing() {
   if [ ${#missing[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${missing[@]}"; fi
 }
 
-# Everything started goes into PIDS and is stopped at exit; WORK is removed.
+# Everything started goes into PIDS and is stopped at exit; WORK is removed
+# (kept, and named, with KEEP=1).
 WORK=$(mktemp -d)
 PIDS=()
 CGROUP=""
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$WORK"
+  if [ -n "${KEEP:-}" ]; then echo "kept: $WORK" >&2; else rm -rf "$WORK"; fi
   if [ -n "$CGROUP" ]; then rmdir "$CGROUP" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
