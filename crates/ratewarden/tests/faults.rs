@@ -114,9 +114,11 @@ async fn latency_past_the_timeout_stays_late_through_the_silence() {
 /// open) is still found down: after the silence and an unanswered ping the
 /// store connects afresh, the new connection is not made, and decisions
 /// follow `on_error` within the stated outage bound; healed, they are
-/// Redis's again.
+/// Redis's again. The unanswered pings (one every few hundred ms while
+/// calls keep coming) are logged once per 10 s, not each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackhole_is_still_an_outage_and_heals() {
+    common::logs::keep();
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port);
     let s = store(RedisConfig {
@@ -135,6 +137,13 @@ async fn a_blackhole_is_still_an_outage_and_heals() {
         !s.local().is_empty(),
         "a link that never answers was never taken for an outage"
     );
+    let said = common::logs::containing(&["redis silent", &proxy.url()]);
+    assert_eq!(
+        said.len(),
+        1,
+        "one line for a 10 s stall (the first after 3 s of silence, the next 10 s later): {said:#?}"
+    );
+    assert!(said[0].starts_with("WARN"), "{said:?}");
     proxy.heal();
     proxy.cut();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -594,6 +603,42 @@ async fn replies_cut_then_healed_stay_within_the_bound() {
     );
     assert_eq!(during.errors, 0);
     assert!(total <= 20 + 20 + 8, "{total}");
+}
+
+/// A whole Cluster that stops answering with its connections open (every
+/// node paused): calls are late, and the liveness pings asked after the
+/// silence fail each within the client's own timeout. They were logged one
+/// WARN line each (every 500 ms in a soak); now once per 10 s, with their
+/// count, and the line no longer says it connects afresh, which the
+/// cluster's client does for itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_cluster_is_logged_once_per_ten_seconds() {
+    common::logs::keep();
+    let cluster = RedisCluster::start();
+    let s = store(RedisConfig {
+        cluster: cluster.urls(),
+        key_prefix: "sc:".into(),
+        timeout: Duration::from_millis(200),
+        ..RedisConfig::default()
+    });
+    let r = Arc::new(rule("sc", 1_000_000));
+    let op = [Op::new(&r, "k")];
+    assert!(s.decide(&op, 1, Mode::Apply).await.unwrap()[0].allowed());
+    for n in &cluster.nodes {
+        n.pause(true);
+    }
+    let _ = load(&s, &r, "k", 2, Duration::from_secs(7)).await;
+    for n in &cluster.nodes {
+        n.pause(false);
+    }
+    let seed = format!("127.0.0.1:{}", cluster.nodes[0].port);
+    let said = common::logs::containing(&["redis silent", &seed]);
+    assert_eq!(said.len(), 1, "one line for a 7 s silence: {said:#?}");
+    assert!(
+        said[0].contains("the cluster client reconnects to its nodes"),
+        "{said:?}"
+    );
+    assert!(s.late_answers() > 0, "the calls were late");
 }
 
 /// A manual `CLUSTER FAILOVER` (sent to the replica of the key's master)

@@ -265,6 +265,18 @@ impl RedisServer {
         }
     }
 
+    /// Stops the server (SIGSTOP) or lets it go on (SIGCONT): its
+    /// connections stay open and nothing answers, a blackhole at the server.
+    pub fn pause(&self, paused: bool) {
+        let pid = self.child.as_ref().expect("a running server").id();
+        let signal = if paused { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill(1)");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -503,4 +515,5 @@ impl RedisCluster {
     }
 }
 pub mod fault;
+pub mod logs;
 pub mod netns;

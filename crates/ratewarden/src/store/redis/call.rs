@@ -17,6 +17,8 @@ use super::*;
 /// silence alone sent a slow link's decisions local, as a new connection
 /// could not be made within one call's timeout).
 pub(super) const SILENCE: Duration = Duration::from_secs(3);
+/// At most one WARN line about unanswered liveness pings per this long.
+pub(super) const SILENT_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The kinds of [`StoreError`], as counted.
 pub(super) const KINDS: [&str; 5] = StoreError::KINDS;
@@ -456,12 +458,42 @@ impl RedisStore {
                         .store(store.inner.clock.now().get(), Ordering::Relaxed);
                 }
                 _ => {
-                    tracing::warn!(redis = %store.target(), error = %error, silent = ?silent, "redis silent: no answer to a ping either; connecting afresh");
+                    store.silent_ping(&error, silent);
                     store.reconnect();
                 }
             }
             store.inner.asking.store(false, Ordering::Release);
         });
+    }
+
+    /// A liveness ping went unanswered. Logged at most once per
+    /// [`SILENT_LOG_EVERY`] with the count meanwhile: a stall lasting
+    /// minutes asks every [`SILENCE`], and once said is enough.
+    fn silent_ping(&self, error: &str, silent: Duration) {
+        let inner = &self.inner;
+        let pings = inner.silent_pings.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = inner.clock.now().get();
+        let last = inner.silent_logged.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < SILENT_LOG_EVERY.as_micros() as u64 {
+            return;
+        }
+        if inner
+            .silent_logged
+            .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        inner.silent_pings.store(0, Ordering::Relaxed);
+        // A cluster's client keeps a connection per node and makes them
+        // again itself; a standalone server's (or Sentinel's) are dropped
+        // here and made afresh by the next call.
+        let then = if inner.topology == Topology::Cluster {
+            "the cluster client reconnects to its nodes"
+        } else {
+            "connecting afresh"
+        };
+        tracing::warn!(redis = %self.target(), error = %error, silent = ?silent, unanswered_pings = pings, "redis silent: no answer to a ping either; {then}");
     }
 
     /// Groups of ops that can go in one script call: all of them on a
@@ -487,11 +519,13 @@ impl RedisStore {
         if let Some(sc) = &c.sentinel {
             return format!("sentinel {} via {}", sc.master, redact(&sc.nodes[0]));
         }
-        let url = c
-            .url
-            .as_deref()
-            .or(c.cluster.first().map(String::as_str))
-            .unwrap_or("");
-        redact(url)
+        // A cluster's first seed, even where `url` is set too (as
+        // `RedisConfig::default()` sets it): the seeds are what is used.
+        let url = if self.inner.topology == Topology::Cluster {
+            c.cluster.first().map(String::as_str)
+        } else {
+            c.url.as_deref()
+        };
+        redact(url.unwrap_or(""))
     }
 }
