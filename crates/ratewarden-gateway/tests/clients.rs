@@ -472,6 +472,14 @@ try { await createClient({ url, token: 'wrong' }).ping(); console.log('wrong tok
 catch (e) { console.log('wrong:', e instanceof RatewardenError, e.message); }
 await createClient({ url, token: 'right-token' }).ping();
 console.log('right: allowed', (await createClient({ url, token: 'right-token' }).check('hot', 'k')).allowed);
+// CommonJS gets the same client: its error class is the one thrown, and a
+// bad option throws at once (an unhandled rejection would end the process).
+const { createRequire } = await import('node:module');
+const cjs = createRequire(import.meta.url)(process.argv[1] + '/index.cjs');
+try { await cjs.createClient({ url, token: 'wrong' }).ping(); }
+catch (e) { console.log('cjs wrong:', e instanceof cjs.RatewardenError, e instanceof RatewardenError); }
+try { cjs.createClient({ url }); cjs.createClient({}); console.log('no url accepted'); }
+catch (e) { console.log('cjs no url:', e instanceof cjs.RatewardenError, e.message); }
 "#;
     let out = Command::new(node)
         .args(["--input-type=module", "-e", js])
@@ -490,6 +498,11 @@ console.log('right: allowed', (await createClient({ url, token: 'right-token' })
         "{text}"
     );
     assert!(text.contains("right: allowed true"), "{text}");
+    assert!(text.contains("cjs wrong: true true"), "{text}");
+    assert!(
+        text.contains("cjs no url: true createClient needs the admin listener's url"),
+        "{text}"
+    );
     let pkg = std::fs::read_to_string(root().join("clients/node/package.json")).unwrap();
     assert!(
         pkg.contains(&format!("\"version\": \"{}\"", env!("CARGO_PKG_VERSION"))),
