@@ -158,11 +158,14 @@ fn parse_all<T>(
         } else {
             None
         };
-        let seen = mended.iter().any(|(l, _)| *l == loc.line());
+        let required = err.message.ends_with("is required here");
+        // Another error on a line mended already follows from the mend,
+        // unless it is a required key missing: a flow mapping (`{...}`) is
+        // one line, and its misspelt key once hid the missing one.
+        let seen = !required && mended.iter().any(|(l, _)| *l == loc.line());
         // A required key missing where an earlier mend took it out, or that
         // an unknown key stood for: reported already.
-        let follows =
-            err.message.ends_with("is required here") && mended.iter().any(|(_, k)| *k == err.key);
+        let follows = required && mended.iter().any(|(_, k)| *k == err.key);
         if !(follows || (seen && fix.is_none())) {
             errors.push(err.clone());
         }

@@ -247,6 +247,30 @@ fn type_errors_and_rule_errors_name_the_key_at_fault() {
     assert_eq!(e.key, "case_insensitive", "{e}");
 }
 
+/// A misspelt key and a missing one in the same rule are both reported,
+/// in block style and in flow style (`{...}` on one line, where the mend of
+/// the misspelt key once hid the missing one).
+#[test]
+fn a_misspelt_key_and_a_missing_one_are_both_reported_in_either_style() {
+    for rule in [
+        "  - limitt: 5\n    window: 60s\n",
+        "  - {limitt: 5, window: 60s}\n",
+    ] {
+        let got: Vec<String> = errors(&format!("{HEAD}{rule}"))
+            .iter()
+            .map(|e| format!("{} {}", e.key, e.message))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "limitt unknown key `limitt`; did you mean `limit`?",
+                "name `name` is required here"
+            ],
+            "{rule}"
+        );
+    }
+}
+
 #[test]
 fn a_misspelt_key_part_gets_a_did_you_mean() {
     let e = error(&format!(
