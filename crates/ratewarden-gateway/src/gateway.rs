@@ -81,6 +81,14 @@ impl std::fmt::Debug for Live {
     }
 }
 
+/// `consumers.max`, or its default.
+fn consumers_max(config: &Config) -> usize {
+    config
+        .consumers
+        .as_ref()
+        .map_or(crate::config::CONSUMERS_MAX, |c| c.max)
+}
+
 impl Live {
     fn new(
         mut config: Config,
@@ -281,13 +289,7 @@ impl Gateway {
             .clone()
             .unwrap_or_else(|| Arc::new(ratewarden::clock::SystemClock::new()));
         let overrides = Arc::new(Overrides::new(config.overrides_max, table_clock.clone()));
-        let consumers = Arc::new(Consumers::new(
-            config
-                .consumers
-                .as_ref()
-                .map_or(crate::config::CONSUMERS_MAX, |c| c.max),
-            table_clock,
-        ));
+        let consumers = Arc::new(Consumers::new(consumers_max(&config), table_clock));
         let live = Live::new(
             config,
             Arc::new(Limiter::new(store)),
@@ -461,6 +463,7 @@ impl Gateway {
             Some(&old.router),
             &self.metrics,
         );
+        self.consumers.set_max(consumers_max(&config));
         self.live.store(Arc::new(Live::new(
             config,
             limiter,

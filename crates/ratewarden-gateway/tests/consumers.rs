@@ -340,6 +340,44 @@ async fn key_new_and_key_hash_make_what_consumers_file_takes() {
     );
 }
 
+/// `consumers.max` is applied by a reload, as every other key is: raised,
+/// the consumer it refused is made; the table keeps what it held.
+#[tokio::test]
+async fn a_reload_applies_a_new_consumers_max() {
+    let up = Upstream::start().await;
+    let dir = support::scratch_dir("rw-consumers-max");
+    let file = dir.join("ratewarden.yaml");
+    std::fs::write(&file, yaml("")).unwrap();
+    let gw = support::spawn_binary(&file, &up.url(), &[], None);
+    make(gw.admin, "acme", "pro").await;
+    make(gw.admin, "globex", "free").await;
+    let post = || {
+        send(
+            gw.admin,
+            "POST",
+            "/v1/consumers",
+            &[("content-type", "application/json")],
+            r#"{"name":"initech"}"#,
+        )
+    };
+    assert_eq!(post().await.status, 409, "over `max: 2`");
+    std::fs::write(&file, yaml("").replace("max: 2", "max: 3")).unwrap();
+    support::wait_for_metric(
+        gw.admin,
+        "ratewarden_config_reloads_total{result=\"success\"} 1",
+    )
+    .await;
+    let r = post().await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let list = json(&send(gw.admin, "GET", "/v1/consumers", &[], "").await.body);
+    assert_eq!(list["max"], 3, "{list}");
+    assert_eq!(
+        list["consumers"].as_array().map(Vec::len),
+        Some(3),
+        "{list}"
+    );
+}
+
 #[tokio::test]
 async fn consumers_need_key_secret_and_from_consumer_needs_consumers() {
     use ratewarden_gateway::config::{self, Overrides};

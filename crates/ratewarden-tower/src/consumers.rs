@@ -89,7 +89,8 @@ impl Index {
 
 /// The consumers a front end knows, by key hash and by name.
 pub struct Consumers {
-    max: usize,
+    /// Set again by each reload ([`Consumers::set_max`]).
+    max: std::sync::atomic::AtomicUsize,
     clock: Arc<dyn Clock>,
     index: RwLock<Index>,
 }
@@ -97,7 +98,7 @@ pub struct Consumers {
 impl std::fmt::Debug for Consumers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumers")
-            .field("max", &self.max)
+            .field("max", &self.max())
             .field("len", &self.len())
             .finish()
     }
@@ -107,7 +108,7 @@ impl Consumers {
     /// An empty table of at most `max` consumers, expiring by `clock`.
     pub fn new(max: usize, clock: Arc<dyn Clock>) -> Self {
         Self {
-            max,
+            max: std::sync::atomic::AtomicUsize::new(max),
             clock,
             index: RwLock::new(Index::default()),
         }
@@ -115,7 +116,14 @@ impl Consumers {
 
     /// The most it holds.
     pub fn max(&self) -> usize {
-        self.max
+        self.max.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A new bound (a reload's `consumers.max`). Lowered below the count
+    /// held, it keeps every consumer and refuses new ones until enough are
+    /// gone.
+    pub fn set_max(&self, max: usize) {
+        self.max.store(max, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// How many it holds (expired ones too, until removed).
@@ -159,8 +167,9 @@ impl Consumers {
         if index.by_key.contains_key(&c.key_hash) {
             return Err(AddError::KeyTaken);
         }
-        if index.by_name.len() >= self.max {
-            return Err(AddError::Full(self.max));
+        let max = self.max();
+        if index.by_name.len() >= max {
+            return Err(AddError::Full(max));
         }
         let c = Arc::new(c);
         index.by_name.insert(c.name.clone(), c.clone());
