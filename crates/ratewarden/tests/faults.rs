@@ -31,6 +31,16 @@ fn store(config: RedisConfig) -> Arc<Fallback<RedisStore>> {
     ))
 }
 
+/// A store on `cluster`, its keys under `prefix`, calls allowed `timeout_ms`.
+fn on_cluster(cluster: &RedisCluster, prefix: &str, timeout_ms: u64) -> Arc<Fallback<RedisStore>> {
+    store(RedisConfig {
+        cluster: cluster.urls(),
+        key_prefix: prefix.into(),
+        timeout: Duration::from_millis(timeout_ms),
+        ..RedisConfig::default()
+    })
+}
+
 /// Decisions on `key` from `tasks` callers for `for_how_long`: how many
 /// were admitted.
 async fn load(
@@ -213,12 +223,7 @@ fn move_slot(nodes: &[&RedisServer], slot: &str, src: &RedisServer, dst: &RedisS
 async fn a_slot_moving_under_traffic_admits_no_more_than_the_limit() {
     let cluster = RedisCluster::start();
     for run in 0..4 {
-        let s = store(RedisConfig {
-            cluster: cluster.urls(),
-            key_prefix: format!("m{run}:"),
-            timeout: Duration::from_millis(500),
-            ..RedisConfig::default()
-        });
+        let s = on_cluster(&cluster, &format!("m{run}:"), 500);
         let r = Arc::new(rule("hot", 20));
         let op = [Op::new(&r, "k")];
         assert!(s.decide(&op, 1, Mode::Apply).await.unwrap()[0].allowed());
@@ -615,12 +620,7 @@ async fn replies_cut_then_healed_stay_within_the_bound() {
 async fn a_silent_cluster_is_logged_once_per_ten_seconds() {
     common::logs::keep();
     let cluster = RedisCluster::start();
-    let s = store(RedisConfig {
-        cluster: cluster.urls(),
-        key_prefix: "sc:".into(),
-        timeout: Duration::from_millis(200),
-        ..RedisConfig::default()
-    });
+    let s = on_cluster(&cluster, "sc:", 200);
     let r = Arc::new(rule("sc", 1_000_000));
     let op = [Op::new(&r, "k")];
     assert!(s.decide(&op, 1, Mode::Apply).await.unwrap()[0].allowed());
@@ -647,12 +647,7 @@ async fn a_silent_cluster_is_logged_once_per_ten_seconds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manual_cluster_failover_under_traffic_loses_no_decision() {
     let cluster = RedisCluster::start_with_replicas();
-    let s = store(RedisConfig {
-        cluster: cluster.urls(),
-        key_prefix: "mf:".into(),
-        timeout: Duration::from_millis(500),
-        ..RedisConfig::default()
-    });
+    let s = on_cluster(&cluster, "mf:", 500);
     let r = Arc::new(rule("mf", 1_000_000));
     let state_key = s.primary().key_names(&Op::new(&r, "k")).0;
     let op = [Op::new(&r, "k")];
@@ -720,12 +715,7 @@ async fn a_node_that_joins_is_used_once_its_slots_are_assigned() {
         assert!(Instant::now() < deadline, "the newcomer never joined");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let s = store(RedisConfig {
-        cluster: cluster.urls(),
-        key_prefix: "j:".into(),
-        timeout: Duration::from_millis(500),
-        ..RedisConfig::default()
-    });
+    let s = on_cluster(&cluster, "j:", 500);
     let r = Arc::new(rule("join", 20));
     let state_key = s.primary().key_names(&Op::new(&r, "k")).0;
     let op = [Op::new(&r, "k")];
