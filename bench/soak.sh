@@ -19,8 +19,8 @@
 # (±50) added each way, 10 s of a link stalled both ways, 20 s of 0.1% of
 # commands reset after they reach Redis, then healed. Every 10 s the config
 # file is rewritten (a real reload); every 10 minutes redis-server stops for
-# 10 s. Every 10 s: the gateway's RSS (kB), open descriptors and threads
-# (read halfway through the sample),
+# 10 s. Every 10 s: the gateway's RSS (kB), open descriptors, threads, live
+# runtime tasks and in-process keys (read halfway through the sample),
 # the new-key traffic's p99 and statuses, the hot client's 200s. The bound
 # for the hot client per 10 s sample: 10 windows of 200, one more for a
 # sample's edges, and an outage's first and last windows at most one more
@@ -171,7 +171,7 @@ EOF
 statuses '"u" .. math.random(1, 2000000000)' > "$WORK/churn.lua"
 statuses '"hot"' > "$WORK/hot.lua"
 BOUND=2604
-printf '%6s %9s %5s %4s %9s %6s  %-16s %s\n' t_s rss_kB fds thr p99_ms hot_ok fault statuses | tee "$WORK/samples"
+printf '%6s %9s %5s %4s %5s %7s %9s %6s  %-16s %s\n' t_s rss_kB fds thr tasks keys p99_ms hot_ok fault statuses | tee "$WORK/samples"
 start=$(date +%s)
 gen=0; down=""; fault_now=healed; over=0
 while [ $(( $(date +%s) - start )) -lt $((MINUTES * 60)) ]; do
@@ -220,13 +220,18 @@ while [ $(( $(date +%s) - start )) -lt $((MINUTES * 60)) ]; do
   rss=$(awk '/^VmRSS/ {print $2}' "/proc/$GW/status")
   thr=$(awk '/^Threads/ {print $2}' "/proc/$GW/status")
   fds=$(ls "/proc/$GW/fd" | wc -l)
+  # The runtime's live tasks, and the keys the in-process store holds (the
+  # outage's fallback).
+  metrics=$(curl -s --max-time 2 "http://127.0.0.1:$ADMIN/metrics" || true)
+  tasks=$(awk '/^ratewarden_runtime_tasks / {print $2}' <<< "$metrics"); tasks=${tasks:-?}
+  keys=$(awk '/^ratewarden_memory_keys / {print $2}' <<< "$metrics"); keys=${keys:-?}
   wait $churnpid $hotpid || true
   line=$(grep '^p99_ms=' "$WORK/churn.out" || true)
   hot=$(grep -o '200:[0-9]*' "$WORK/hot.out" | cut -d: -f2 || true); hot=${hot:-0}
   [ "$hot" -gt "$BOUND" ] && over=$((over + 1))
   p99=${line#p99_ms=}; p99=${p99%% *}
-  printf '%6d %9d %5d %4d %9s %6d  %-16s %s\n' "$(( $(date +%s) - start ))" "$rss" "$fds" "$thr" \
-    "${p99:-?}" "$hot" "$fault_now" "${line#* }" | tee -a "$WORK/samples"
+  printf '%6d %9d %5d %4d %5s %7s %9s %6d  %-16s %s\n' "$(( $(date +%s) - start ))" "$rss" "$fds" "$thr" \
+    "$tasks" "$keys" "${p99:-?}" "$hot" "$fault_now" "${line#* }" | tee -a "$WORK/samples"
 done
 fault heal
 echo "hot samples over the bound ($BOUND): $over"
@@ -243,7 +248,8 @@ import sys
 rows = [l.split() for l in open(sys.argv[1]).read().splitlines()[1:] if l.strip()]
 out, bound = sys.argv[2], int(sys.argv[3])
 t = [int(r[0]) for r in rows]; rss = [int(r[1]) / 1024 for r in rows]
-fds = [int(r[2]) for r in rows]; hot = [int(r[5]) for r in rows]
+fds = [int(r[2]) for r in rows]; hot = [int(r[7]) for r in rows]
+tasks = [int(r[4]) if r[4].isdigit() else 0 for r in rows]
 W, H, P = 900, 170, 50
 def panel(y0, ys, top, label, colour, line=None):
     s = [f'<text x="{P}" y="{y0 - 6}" font-size="13" font-family="DejaVu Sans, sans-serif">{label}</text>',
@@ -258,21 +264,23 @@ def panel(y0, ys, top, label, colour, line=None):
     s.append(f'<text x="{W - P + 4}" y="{y0 + 10}" font-size="11" font-family="DejaVu Sans, sans-serif">{top:g}</text>')
     s.append(f'<text x="{W - P + 4}" y="{y0 + H - 40}" font-size="11" font-family="DejaVu Sans, sans-serif">0</text>')
     return s
-svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{3 * H + 20}" viewBox="0 0 {W} {3 * H + 20}">',
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{4 * H + 20}" viewBox="0 0 {W} {4 * H + 20}">',
        '<rect width="100%" height="100%" fill="white"/>']
 svg += panel(20, rss, max(rss) * 1.2, "gateway RSS (MB)", "#1f77b4")
 svg += panel(20 + H, fds, max(fds) * 1.2, "open descriptors", "#2ca02c")
-svg += panel(20 + 2 * H, hot, bound * 1.2, f"hot client's 200s per 10 s (dashed: the bound, {bound})", "#ff7f0e", bound)
-svg.append(f'<text x="{P}" y="{3 * H + 12}" font-size="11" font-family="DejaVu Sans, sans-serif">0 s</text>')
-svg.append(f'<text x="{W - P - 40}" y="{3 * H + 12}" font-size="11" font-family="DejaVu Sans, sans-serif">{t[-1]} s</text>')
+svg += panel(20 + 2 * H, tasks, max(max(tasks), 1) * 1.2, "runtime tasks (ratewarden_runtime_tasks)", "#9467bd")
+svg += panel(20 + 3 * H, hot, bound * 1.2, f"hot client's 200s per 10 s (dashed: the bound, {bound})", "#ff7f0e", bound)
+svg.append(f'<text x="{P}" y="{4 * H + 12}" font-size="11" font-family="DejaVu Sans, sans-serif">0 s</text>')
+svg.append(f'<text x="{W - P - 40}" y="{4 * H + 12}" font-size="11" font-family="DejaVu Sans, sans-serif">{t[-1]} s</text>')
 svg.append('</svg>')
 open(out, "w").write("\n".join(svg))
 warm_s = int(sys.argv[4])
-warm = [r for r, a in zip(zip(rss, fds), t) if a >= warm_s]
+warm = [r for r, a in zip(zip(rss, fds, tasks), t) if a >= warm_s]
 if warm:
-    r0, f0 = warm[0]
-    lo, hi = min(r for r, _ in warm), max(r for r, _ in warm)
+    r0, f0, k0 = warm[0]
+    lo, hi = min(r for r, _, _ in warm), max(r for r, _, _ in warm)
     print(f"after warm-up ({warm_s} s): RSS {lo:.1f}-{hi:.1f} MB (first {r0:.1f}; span {100 * (hi - lo) / lo:.1f}% of the least), "
-          f"descriptors {min(f for _, f in warm)}-{max(f for _, f in warm)} (first {f0})")
+          f"descriptors {min(f for _, f, _ in warm)}-{max(f for _, f, _ in warm)} (first {f0}), "
+          f"tasks {min(k for _, _, k in warm)}-{max(k for _, _, k in warm)} (first {k0})")
 print(f"picture: {out}")
 PY

@@ -788,3 +788,57 @@ fn the_refusal_summary_is_written_at_exit_without_more_traffic() {
     assert_eq!(count("rejected"), 1, "{lines:#?}");
     assert_eq!(count("3 more refusals under rule r"), 1, "{lines:#?}");
 }
+
+/// `ratewarden_runtime_tasks` counts the gateway's live tasks: 20 kept-alive
+/// client connections raise it by at least 20, and closing them brings it
+/// back (what `bench/soak.sh` samples to show no task leaks).
+#[tokio::test]
+async fn runtime_tasks_rise_with_connections_and_fall_when_they_close() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = support::scratch_dir("rw-tasks");
+    let file = dir.join("rw.yaml");
+    std::fs::write(&file, "rules:\n  - {name: r, limit: 1000, window: 1m}\n").unwrap();
+    let gw = support::spawn_binary(&file, "echo", &[], Some(dir));
+    let tasks = || async {
+        let m = send(gw.admin, "GET", "/metrics", &[], "").await.body;
+        m.lines()
+            .find_map(|l| l.strip_prefix("ratewarden_runtime_tasks "))
+            .unwrap_or_else(|| panic!("no ratewarden_runtime_tasks in {m}"))
+            .parse::<u64>()
+            .unwrap()
+    };
+    let before = tasks().await;
+    let mut conns = vec![];
+    for _ in 0..20 {
+        let mut c = tokio::net::TcpStream::connect(gw.listen).await.unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = c.read(&mut buf).await.unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        conns.push(c);
+    }
+    let open = tasks().await;
+    assert!(
+        open >= before + 20,
+        "{before} tasks, then {open} with 20 connections open"
+    );
+    drop(conns);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = tasks().await;
+        if now <= before + 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{before} tasks before, {now} after the 20 connections closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -250,6 +250,17 @@ pub(crate) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Bod
                  # HELP ratewarden_lease_local_decisions_total Decisions answered from leased slices, without a store call.\n\
                  # TYPE ratewarden_lease_local_decisions_total counter\nratewarden_lease_local_decisions_total {local}\n"
             ));
+                // Tasks alive in the runtime this listener runs on (the
+                // gateway's one runtime): connections, calls, timers. Flat
+                // under steady load; a count that only grows is a leak.
+                let tasks = tokio::runtime::Handle::try_current()
+                    .map_or(0, |h| h.metrics().num_alive_tasks());
+                text.push_str(&format!(
+                "# HELP ratewarden_runtime_tasks Tasks alive in the gateway's runtime: connections, store calls, timers.
+                 # TYPE ratewarden_runtime_tasks gauge
+ratewarden_runtime_tasks {tasks}
+"
+            ));
                 live.router.render(&mut text);
                 text
             };
