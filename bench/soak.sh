@@ -282,5 +282,15 @@ if warm:
     print(f"after warm-up ({warm_s} s): RSS {lo:.1f}-{hi:.1f} MB (first {r0:.1f}; span {100 * (hi - lo) / lo:.1f}% of the least), "
           f"descriptors {min(f for _, f, _ in warm)}-{max(f for _, f, _ in warm)} (first {f0}), "
           f"tasks {min(k for _, _, k in warm)}-{max(k for _, _, k in warm)} (first {k0})")
+# Like against like: descriptors and tasks follow the connections a fault
+# holds open or lets close, so the leak check compares the samples without
+# a fault (and without a kill or failover in them).
+calm = [(int(r[1]) / 1024, int(r[2]), int(r[4])) for r in rows
+        if int(r[0]) >= warm_s and r[8] == "healed" and r[4].isdigit()]
+if calm:
+    span = lambda i: (min(c[i] for c in calm), max(c[i] for c in calm))
+    (rl, rh), (fl, fh), (kl, kh) = span(0), span(1), span(2)
+    print(f"after warm-up, {len(calm)} samples without a fault: RSS {rl:.1f}-{rh:.1f} MB ({100 * (rh - rl) / rl:.1f}%), "
+          f"descriptors {fl}-{fh} ({100 * (fh - fl) / fl:.1f}%), tasks {kl}-{kh} ({100 * (kh - kl) / kl:.1f}%)")
 print(f"picture: {out}")
 PY
