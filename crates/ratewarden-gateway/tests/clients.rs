@@ -56,6 +56,19 @@ fn python() -> PathBuf {
     python
 }
 
+/// Runs `cmd`; its stdout, once it has succeeded (else its output, named
+/// `what`, fails the test).
+fn run(what: &str, cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// A server process of the test's, killed when dropped.
 struct App(Child, u16);
 
@@ -304,16 +317,12 @@ async fn fastapi_gives_a_streams_slot_back_when_it_ends_and_when_the_client_leav
 fn both_packages_build() {
     let python = python();
     let out_dir = scratch_dir("rw-build");
-    let out = Command::new(&python)
-        .args(["-m", "build", "--no-isolation", "--outdir"])
-        .arg(&*out_dir)
-        .arg(root().join("clients/python"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "python -m build: {}",
-        String::from_utf8_lossy(&out.stderr)
+    run(
+        "python -m build",
+        Command::new(&python)
+            .args(["-m", "build", "--no-isolation", "--outdir"])
+            .arg(&*out_dir)
+            .arg(root().join("clients/python")),
     );
     let names: Vec<String> = std::fs::read_dir(&*out_dir)
         .unwrap()
@@ -322,16 +331,12 @@ fn both_packages_build() {
     assert!(names.iter().any(|n| n.ends_with(".whl")), "{names:?}");
     assert!(names.iter().any(|n| n.ends_with(".tar.gz")), "{names:?}");
     let npm = support::tool("npm", "npm");
-    let out = Command::new(npm)
-        .args(["pack", "--pack-destination"])
-        .arg(&*out_dir)
-        .current_dir(root().join("clients/node"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "npm pack: {}",
-        String::from_utf8_lossy(&out.stderr)
+    run(
+        "npm pack",
+        Command::new(npm)
+            .args(["pack", "--pack-destination"])
+            .arg(&*out_dir)
+            .current_dir(root().join("clients/node")),
     );
     assert!(
         std::fs::read_dir(&*out_dir).unwrap().any(|e| e
@@ -445,15 +450,9 @@ Client(url, token="right-token").ping()
 print("right: allowed", Client(url, token="right-token").check("hot", "k").allowed)
 print("version", __version__)
 "#;
-    let out = Command::new(python())
-        .args(["-c", script, &url])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = run(
+        "the Python script",
+        Command::new(python()).args(["-c", script, &url]),
     );
     assert!(
         text.contains("wrong: the gateway refused the admin token (401)"),
@@ -481,17 +480,12 @@ catch (e) { console.log('cjs wrong:', e instanceof cjs.RatewardenError, e instan
 try { cjs.createClient({ url }); cjs.createClient({}); console.log('no url accepted'); }
 catch (e) { console.log('cjs no url:', e instanceof cjs.RatewardenError, e.message); }
 "#;
-    let out = Command::new(node)
-        .args(["--input-type=module", "-e", js])
-        .arg(root().join("clients/node"))
-        .arg(&url)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = run(
+        "the Node script",
+        Command::new(node)
+            .args(["--input-type=module", "-e", js])
+            .arg(root().join("clients/node"))
+            .arg(&url),
     );
     assert!(
         text.contains("wrong: true the gateway refused the admin token (401)"),
