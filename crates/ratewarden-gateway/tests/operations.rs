@@ -807,6 +807,22 @@ async fn runtime_tasks_rise_with_connections_and_fall_when_they_close() {
             .parse::<u64>()
             .unwrap()
     };
+    // Every line of the exposition is a comment, a sample or blank, each
+    // from its first column (a format string's line once began with spaces).
+    let m = send(gw.admin, "GET", "/metrics", &[], "").await.body;
+    for line in m.lines() {
+        assert!(
+            line.is_empty()
+                || line.starts_with("# HELP ratewarden_")
+                || line.starts_with("# TYPE ratewarden_")
+                || line.starts_with("ratewarden_"),
+            "not a line of the text format: {line:?}"
+        );
+    }
+    assert!(
+        m.contains("\n# TYPE ratewarden_runtime_tasks gauge\nratewarden_runtime_tasks "),
+        "{m}"
+    );
     let before = tasks().await;
     let mut conns = vec![];
     for _ in 0..20 {

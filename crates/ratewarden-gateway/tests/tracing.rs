@@ -107,6 +107,19 @@ fn attr<'a>(span: &'a Value, key: &str) -> &'a Value {
     &span["attrs"][key]
 }
 
+/// The real binary in front of `upstream`, its traces sent to the
+/// collector on `port` over `protocol`; `rest` follows `tracing.otlp`.
+fn traced(port: u16, protocol: &str, rest: &str, upstream: &str) -> support::Binary {
+    let dir = scratch_dir("rw-trace");
+    let file = dir.join("rw.yaml");
+    std::fs::write(
+        &file,
+        format!("tracing:\n  otlp: {{endpoint: 'http://127.0.0.1:{port}', protocol: {protocol}}}\n{rest}"),
+    )
+    .unwrap();
+    spawn_binary(&file, upstream, &[], Some(dir))
+}
+
 /// A forwarded request under the client's sampled `traceparent`: the
 /// server span is the client span's child, in its trace, with the HTTP
 /// conventions and the decision; the decision's span (the store) and the
@@ -117,17 +130,12 @@ fn attr<'a>(span: &'a Value, key: &str) -> &'a Value {
 async fn a_forwarded_request_and_a_refused_one_as_spans_over_http() {
     let receiver = Receiver::start("http");
     let up = Upstream::start().await;
-    let dir = scratch_dir("rw-trace");
-    let file = dir.join("rw.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "tracing:\n  otlp: {{endpoint: 'http://127.0.0.1:{}', protocol: http/protobuf}}\n  sample: 1\n  service_name: edge\nrules:\n  - {{name: per-ip, key: [identity], limit: 2, window: 1m}}\n",
-            receiver.port
-        ),
-    )
-    .unwrap();
-    let gw = spawn_binary(&file, &up.url(), &[], Some(dir));
+    let gw = traced(
+        receiver.port,
+        "http/protobuf",
+        "  sample: 1\n  service_name: edge\nrules:\n  - {name: per-ip, key: [identity], limit: 2, window: 1m}\n",
+        &up.url(),
+    );
     let sent = format!("00-{TRACE}-{PARENT}-01");
     let r = send(
         gw.listen,
@@ -322,16 +330,8 @@ fn rss_kb(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_collector_costs_the_request_path_nothing_and_memory_stays_flat() {
     let up = Upstream::start().await;
-    let dir = scratch_dir("rw-trace");
-    let file = dir.join("rw.yaml");
     // A port with nothing on it.
-    let dead = support::free_port();
-    std::fs::write(
-        &file,
-        format!("tracing:\n  otlp: {{endpoint: 'http://127.0.0.1:{dead}', protocol: grpc}}\n  sample: 1\n"),
-    )
-    .unwrap();
-    let gw = spawn_binary(&file, &up.url(), &[], Some(dir));
+    let gw = traced(support::free_port(), "grpc", "  sample: 1\n", &up.url());
     let pid = gw.child.id();
     let burst = |n: usize| async move {
         let mut tasks = vec![];
@@ -387,17 +387,12 @@ async fn prometheus_keeps_a_refusals_trace_as_an_exemplar() {
     let prometheus = support::tool("prometheus", "prometheus");
     let receiver = Receiver::start("http");
     let up = Upstream::start().await;
-    let dir = scratch_dir("rw-trace");
-    let file = dir.join("rw.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "tracing:\n  otlp: {{endpoint: 'http://127.0.0.1:{}', protocol: http/protobuf}}\nrules:\n  - {{name: tight, key: [identity], limit: 1, window: 1h}}\n",
-            receiver.port
-        ),
-    )
-    .unwrap();
-    let gw = spawn_binary(&file, &up.url(), &[], Some(dir));
+    let gw = traced(
+        receiver.port,
+        "http/protobuf",
+        "rules:\n  - {name: tight, key: [identity], limit: 1, window: 1h}\n",
+        &up.url(),
+    );
     // OpenMetrics when asked: counters named without `_total`, `# EOF`.
     let om = send(
         gw.admin,

@@ -256,10 +256,8 @@ pub(crate) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Bod
                 let tasks = tokio::runtime::Handle::try_current()
                     .map_or(0, |h| h.metrics().num_alive_tasks());
                 text.push_str(&format!(
-                "# HELP ratewarden_runtime_tasks Tasks alive in the gateway's runtime: connections, store calls, timers.
-                 # TYPE ratewarden_runtime_tasks gauge
-ratewarden_runtime_tasks {tasks}
-"
+                "# HELP ratewarden_runtime_tasks Tasks alive in the gateway's runtime: connections, store calls, timers.\n\
+                 # TYPE ratewarden_runtime_tasks gauge\nratewarden_runtime_tasks {tasks}\n"
             ));
                 live.router.render(&mut text);
                 text
