@@ -4,6 +4,8 @@
 //! errors".
 
 mod common;
+#[path = "common/logs.rs"]
+mod logs;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -128,7 +130,7 @@ async fn latency_past_the_timeout_stays_late_through_the_silence() {
 /// calls keep coming) are logged once per 10 s, not each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackhole_is_still_an_outage_and_heals() {
-    common::logs::keep();
+    logs::keep();
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port);
     let s = store(RedisConfig {
@@ -147,7 +149,7 @@ async fn a_blackhole_is_still_an_outage_and_heals() {
         !s.local().is_empty(),
         "a link that never answers was never taken for an outage"
     );
-    let said = common::logs::containing(&["redis silent", &proxy.url()]);
+    let said = logs::containing(&["redis silent", &proxy.url()]);
     assert_eq!(
         said.len(),
         1,
@@ -618,7 +620,7 @@ async fn replies_cut_then_healed_stay_within_the_bound() {
 /// cluster's client does for itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_cluster_is_logged_once_per_ten_seconds() {
-    common::logs::keep();
+    logs::keep();
     let cluster = RedisCluster::start();
     let s = on_cluster(&cluster, "sc:", 200);
     let r = Arc::new(rule("sc", 1_000_000));
@@ -632,7 +634,7 @@ async fn a_silent_cluster_is_logged_once_per_ten_seconds() {
         n.pause(false);
     }
     let seed = format!("127.0.0.1:{}", cluster.nodes[0].port);
-    let said = common::logs::containing(&["redis silent", &seed]);
+    let said = logs::containing(&["redis silent", &seed]);
     assert_eq!(said.len(), 1, "one line for a 7 s silence: {said:#?}");
     assert!(
         said[0].contains("the cluster client reconnects to its nodes"),

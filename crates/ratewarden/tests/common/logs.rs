@@ -2,6 +2,10 @@
 //! process-wide `tracing` subscriber that keeps each event's message and
 //! fields as text. Tests running beside each other write here too, so a
 //! test picks its own lines out by a field it alone has (a proxy's URL).
+//! Included by path, not from `mod.rs`: other binaries include that, and
+//! some have no `tracing`.
+
+#![allow(dead_code, unreachable_pub)]
 
 use std::fmt::Write as _;
 use std::sync::{Mutex, OnceLock};

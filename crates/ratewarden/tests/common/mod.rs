@@ -515,5 +515,4 @@ impl RedisCluster {
     }
 }
 pub mod fault;
-pub mod logs;
 pub mod netns;
