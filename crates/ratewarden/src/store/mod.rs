@@ -317,7 +317,28 @@ struct Outage {
     since: parking_lot::Mutex<Option<OutageState>>,
     /// Late answers, and when the last was logged.
     late: std::sync::atomic::AtomicU64,
-    late_logged: parking_lot::Mutex<Option<std::time::Instant>>,
+    late_logged: LogEvery,
+}
+
+/// When a repeated WARN line was last written: at most one per `EVERY`
+/// (a store's late answers, a silent Redis's unanswered pings), the
+/// caller counting what came meanwhile.
+#[derive(Debug, Default)]
+pub(crate) struct LogEvery(parking_lot::Mutex<Option<std::time::Instant>>);
+
+impl LogEvery {
+    /// At most one WARN line about the same trouble per this long.
+    pub(crate) const EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Whether a line may be written now (and, if so, it counts as written).
+    pub(crate) fn due(&self) -> bool {
+        let mut last = self.0.lock();
+        if last.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            return false;
+        }
+        *last = Some(std::time::Instant::now());
+        true
+    }
 }
 
 #[derive(Debug)]
@@ -327,9 +348,6 @@ struct OutageState {
     health: Health,
     error: String,
 }
-
-/// At most one WARN line about late answers per this long.
-const LATE_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl<P: Store> Fallback<P> {
     /// `primary`, falling back per `policy` (to `local` for [`OnError::Local`]).
@@ -385,13 +403,11 @@ impl<P: Store> Fallback<P> {
     }
 
     /// A call was sent and its answer did not come: logged at most once
-    /// per [`LATE_LOG_EVERY`], with the count meanwhile.
+    /// per [`LogEvery::EVERY`], with the count so far.
     fn late(&self, e: &StoreError) {
         use std::sync::atomic::Ordering;
         let n = self.outage.late.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut logged = self.outage.late_logged.lock();
-        if logged.is_none_or(|t| t.elapsed() >= LATE_LOG_EVERY) {
-            *logged = Some(std::time::Instant::now());
+        if self.outage.late_logged.due() {
             let what = match self.policy {
                 OnError::Allow => "admitted (on_error: allow)",
                 OnError::Local => {

@@ -17,8 +17,6 @@ use super::*;
 /// silence alone sent a slow link's decisions local, as a new connection
 /// could not be made within one call's timeout).
 pub(super) const SILENCE: Duration = Duration::from_secs(3);
-/// At most one WARN line about unanswered liveness pings per this long.
-pub(super) const SILENT_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The kinds of [`StoreError`], as counted.
 pub(super) const KINDS: [&str; 5] = StoreError::KINDS;
@@ -467,24 +465,16 @@ impl RedisStore {
     }
 
     /// A liveness ping went unanswered. Logged at most once per
-    /// [`SILENT_LOG_EVERY`] with the count meanwhile: a stall lasting
-    /// minutes asks every [`SILENCE`], and once said is enough.
+    /// [`LogEvery::EVERY`](crate::store::LogEvery::EVERY) with the count
+    /// since the last line: a stall lasting minutes asks again and again,
+    /// and once said is enough.
     fn silent_ping(&self, error: &str, silent: Duration) {
         let inner = &self.inner;
-        let pings = inner.silent_pings.fetch_add(1, Ordering::Relaxed) + 1;
-        let now = inner.clock.now().get();
-        let last = inner.silent_logged.load(Ordering::Relaxed);
-        if last != 0 && now.saturating_sub(last) < SILENT_LOG_EVERY.as_micros() as u64 {
+        inner.silent_pings.fetch_add(1, Ordering::Relaxed);
+        if !inner.silent_logged.due() {
             return;
         }
-        if inner
-            .silent_logged
-            .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        inner.silent_pings.store(0, Ordering::Relaxed);
+        let pings = inner.silent_pings.swap(0, Ordering::Relaxed);
         // A cluster's client keeps a connection per node and makes them
         // again itself; a standalone server's (or Sentinel's) are dropped
         // here and made afresh by the next call.

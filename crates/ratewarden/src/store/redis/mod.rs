@@ -77,10 +77,10 @@ struct Inner {
     last_answer: AtomicU64,
     /// Whether a liveness ping is under way.
     asking: std::sync::atomic::AtomicBool,
-    /// Unanswered liveness pings, and when (store clock, µs; 0 for never)
-    /// one was last logged: at most one WARN line per [`SILENT_LOG_EVERY`].
+    /// Unanswered liveness pings since the last line about them, and when
+    /// that was written.
     silent_pings: AtomicU64,
-    silent_logged: AtomicU64,
+    silent_logged: crate::store::LogEvery,
     /// Gateways that announced themselves in the store within
     /// [`INSTANCE_TTL`]: the most read at once within [`PEAK_HOLD`]
     /// ([`RedisStore::instances`]).
@@ -160,7 +160,7 @@ impl RedisStore {
                 last_answer: AtomicU64::new(clock.now().get()),
                 asking: std::sync::atomic::AtomicBool::new(false),
                 silent_pings: AtomicU64::new(0),
-                silent_logged: AtomicU64::new(0),
+                silent_logged: Default::default(),
                 clock,
                 config,
                 topology,
